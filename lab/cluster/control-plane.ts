@@ -1,0 +1,265 @@
+// Runs a real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver and optionally
+// kube-controller-manager, with generated certificates, a static admin token and a kubeconfig.
+// Every process is tied to its parent (parent-death signal) and stop() leaves no process or port.
+import { generateKeyPairSync, randomBytes } from "node:crypto";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Subprocess } from "bun";
+import { ensureTools, type ToolPaths } from "./tools.ts";
+
+export interface ControlPlaneOptions {
+  /** State directory; a fresh temporary one (removed on stop) when omitted. */
+  dir?: string;
+  /** Also run kube-controller-manager (PV binder, attach-detach, GC, namespace controllers). */
+  controllerManager?: boolean;
+  /** Progress lines for a person watching; silent by default. */
+  progress?: (line: string) => void;
+  tools?: ToolPaths;
+  /** Passed to kube-apiserver; short values make watches end often, which tests use. */
+  minRequestTimeoutSeconds?: number;
+}
+
+export interface ControlPlane {
+  dir: string;
+  server: string;
+  token: string;
+  caPem: string;
+  kubeconfigPath: string;
+  ports: { etcd: number; etcdPeer: number; apiserver: number };
+  pids(): number[];
+  /** Terminates every process (TERM, then KILL after a grace period) and frees every port. Idempotent. */
+  stop(): Promise<void>;
+}
+
+/** Controllers worth running for storage flows; names as kube-controller-manager 1.36 spells them. */
+export const KCM_CONTROLLERS = [
+  "persistentvolume-binder-controller",
+  "persistentvolume-attach-detach-controller",
+  "persistentvolume-expander-controller",
+  "persistentvolumeclaim-protection-controller",
+  "persistentvolume-protection-controller",
+  "garbage-collector-controller",
+  "namespace-controller",
+];
+
+/** A port the kernel just handed out on 127.0.0.1; the listener is closed before returning. */
+export async function freePort(): Promise<number> {
+  const sock = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = sock.port;
+  sock.stop(true);
+  return port;
+}
+
+/** True when nothing listens on 127.0.0.1:port. */
+export async function portIsFree(port: number): Promise<boolean> {
+  try {
+    const sock = Bun.listen({ hostname: "127.0.0.1", port, socket: { data() {} } });
+    sock.stop(true);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function run(cmd: string[], cwd: string): Promise<void> {
+  const p = Bun.spawn(cmd, { cwd, stdout: "pipe", stderr: "pipe" });
+  const code = await p.exited;
+  if (code !== 0) throw new Error(`${cmd[0]} failed (${code}): ${await new Response(p.stderr).text()}`);
+}
+
+/** A throwaway CA and a serving certificate for 127.0.0.1/localhost, written into dir. */
+async function writeCertificates(dir: string): Promise<void> {
+  await run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=distort-lab-ca",
+    "-keyout", "ca.key", "-out", "ca.crt"], dir);
+  writeFileSync(join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n");
+  await run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
+    "-keyout", "apiserver.key", "-out", "apiserver.csr"], dir);
+  await run(["openssl", "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+    "-days", "30", "-extfile", "san.ext", "-out", "apiserver.crt"], dir);
+  const sa = generateKeyPairSync("rsa", { modulusLength: 2048 });
+  writeFileSync(join(dir, "sa.key"), sa.privateKey.export({ type: "pkcs8", format: "pem" }));
+  writeFileSync(join(dir, "sa.pub"), sa.publicKey.export({ type: "spki", format: "pem" }));
+}
+
+/** A kubeconfig for the admin token; the same shape a user's kubectl reads. */
+export function renderKubeconfig(server: string, caPem: string, token: string, user = "admin"): string {
+  const ca = Buffer.from(caPem).toString("base64");
+  return [
+    "apiVersion: v1",
+    "kind: Config",
+    "clusters:",
+    "- name: distort-lab",
+    "  cluster:",
+    `    server: ${server}`,
+    `    certificate-authority-data: ${ca}`,
+    "users:",
+    `- name: ${user}`,
+    "  user:",
+    `    token: ${token}`,
+    "contexts:",
+    "- name: distort-lab",
+    "  context:",
+    "    cluster: distort-lab",
+    `    user: ${user}`,
+    "current-context: distort-lab",
+    "",
+  ].join("\n");
+}
+
+async function waitFor(what: string, timeoutMs: number, proc: Subprocess, logPath: string, probe: () => Promise<boolean>) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null) {
+      throw new Error(`${what} exited with ${proc.exitCode} before becoming ready:\n${tail(logPath)}`);
+    }
+    if (await probe().catch(() => false)) return;
+    await Bun.sleep(100);
+  }
+  throw new Error(`${what} not ready after ${timeoutMs} ms:\n${tail(logPath)}`);
+}
+
+function tail(path: string, lines = 30): string {
+  try {
+    return readFileSync(path, "utf8").split("\n").slice(-lines).join("\n");
+  } catch {
+    return "(no log)";
+  }
+}
+
+/**
+ * Starts etcd and kube-apiserver (and kube-controller-manager when asked), waits for readiness
+ * and returns handles. On any failure everything started so far is stopped before the error
+ * propagates. Builds the tools first when the cache lacks them.
+ */
+export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise<ControlPlane> {
+  const progress = opts.progress ?? (() => {});
+  const tools = opts.tools ?? (await ensureTools());
+  const ownDir = opts.dir === undefined;
+  const dir = opts.dir ?? mkdtempSync(join(tmpdir(), "distort-cp-"));
+  mkdirSync(dir, { recursive: true });
+  const procs: Subprocess[] = [];
+  let stopped = false;
+
+  const stop = async () => {
+    if (stopped) return;
+    stopped = true;
+    // Reverse order: clients of etcd go first so they do not log a storm of connection errors.
+    for (const p of [...procs].reverse()) {
+      if (p.exitCode !== null || p.signalCode !== null) continue;
+      p.kill("SIGTERM");
+      const done = await Promise.race([p.exited.then(() => true), Bun.sleep(10_000).then(() => false)]);
+      if (!done) {
+        p.kill("SIGKILL");
+        await p.exited;
+      }
+    }
+    if (ownDir) rmSync(dir, { recursive: true, force: true });
+  };
+
+  const spawn = (name: string, argv: string[]) => {
+    const logPath = join(dir, `${name}.log`);
+    // setpriv's parent-death signal kills the process if this runtime dies without calling stop().
+    const proc = Bun.spawn(["setpriv", "--pdeathsig", "KILL", "--", ...argv], {
+      cwd: dir,
+      stdout: Bun.file(logPath),
+      stderr: Bun.file(logPath),
+      stdin: "ignore",
+    });
+    procs.push(proc);
+    return { proc, logPath };
+  };
+
+  try {
+    const t0 = performance.now();
+    await writeCertificates(dir);
+    const token = randomBytes(24).toString("hex");
+    writeFileSync(join(dir, "tokens.csv"), `${token},admin,admin-uid,"system:masters"\n`);
+    const caPem = readFileSync(join(dir, "ca.crt"), "utf8");
+    const [etcdPort, etcdPeer, apiPort] = [await freePort(), await freePort(), await freePort()];
+
+    const etcdUrl = `http://127.0.0.1:${etcdPort}`;
+    const etcd = spawn("etcd", [
+      tools.etcd,
+      "--name=distort",
+      `--data-dir=${join(dir, "etcd-data")}`,
+      `--listen-client-urls=${etcdUrl}`,
+      `--advertise-client-urls=${etcdUrl}`,
+      `--listen-peer-urls=http://127.0.0.1:${etcdPeer}`,
+      `--initial-advertise-peer-urls=http://127.0.0.1:${etcdPeer}`,
+      `--initial-cluster=distort=http://127.0.0.1:${etcdPeer}`,
+      "--unsafe-no-fsync=true",
+      "--log-level=warn",
+    ]);
+    await waitFor("etcd", 30_000, etcd.proc, etcd.logPath, async () => {
+      const r = await fetch(`${etcdUrl}/health`);
+      return r.ok && ((await r.json()) as { health?: string }).health === "true";
+    });
+    progress(`etcd ready on ${etcdUrl} (${Math.round(performance.now() - t0)} ms)`);
+
+    const server = `https://127.0.0.1:${apiPort}`;
+    const api = spawn("kube-apiserver", [
+      tools.kubeApiserver,
+      `--etcd-servers=${etcdUrl}`,
+      `--cert-dir=${dir}`,
+      `--tls-cert-file=${join(dir, "apiserver.crt")}`,
+      `--tls-private-key-file=${join(dir, "apiserver.key")}`,
+      `--secure-port=${apiPort}`,
+      "--bind-address=127.0.0.1",
+      "--advertise-address=127.0.0.1",
+      "--service-cluster-ip-range=10.0.0.0/24",
+      "--allow-privileged=true",
+      "--authorization-mode=RBAC",
+      `--token-auth-file=${join(dir, "tokens.csv")}`,
+      `--service-account-issuer=${server}/`,
+      `--service-account-key-file=${join(dir, "sa.pub")}`,
+      `--service-account-signing-key-file=${join(dir, "sa.key")}`,
+      "--disable-admission-plugins=ServiceAccount",
+      `--min-request-timeout=${opts.minRequestTimeoutSeconds ?? 1800}`,
+      "--v=1",
+    ]);
+    const auth = { headers: { authorization: `Bearer ${token}` }, tls: { ca: caPem } };
+    await waitFor("kube-apiserver", 90_000, api.proc, api.logPath, async () => {
+      const r = await fetch(`${server}/readyz`, auth);
+      return r.status === 200;
+    });
+    progress(`kube-apiserver ready on ${server} (${Math.round(performance.now() - t0)} ms)`);
+
+    const kubeconfigPath = join(dir, "kubeconfig");
+    writeFileSync(kubeconfigPath, renderKubeconfig(server, caPem, token), { mode: 0o600 });
+
+    if (opts.controllerManager) {
+      const kcmPort = await freePort();
+      const kcm = spawn("kube-controller-manager", [
+        tools.kubeControllerManager,
+        `--kubeconfig=${kubeconfigPath}`,
+        "--leader-elect=false",
+        "--use-service-account-credentials=false",
+        `--secure-port=${kcmPort}`,
+        "--bind-address=127.0.0.1",
+        `--controllers=${KCM_CONTROLLERS.join(",")}`,
+        `--service-account-private-key-file=${join(dir, "sa.key")}`,
+        "--v=1",
+      ]);
+      await waitFor("kube-controller-manager", 60_000, kcm.proc, kcm.logPath, async () => {
+        const r = await fetch(`https://127.0.0.1:${kcmPort}/healthz`, { tls: { rejectUnauthorized: false } });
+        return r.status === 200;
+      });
+      progress(`kube-controller-manager ready (${Math.round(performance.now() - t0)} ms)`);
+    }
+
+    return {
+      dir,
+      server,
+      token,
+      caPem,
+      kubeconfigPath,
+      ports: { etcd: etcdPort, etcdPeer, apiserver: apiPort },
+      pids: () => procs.map((p) => p.pid),
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}

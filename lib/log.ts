@@ -1,0 +1,58 @@
+// Structured JSON logging with correlation fields and secret redaction. A Logger is a port: code
+// receives one from its constructor and never writes to the console directly.
+
+export type Level = "debug" | "info" | "warn" | "error";
+const ORDER: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
+
+/** Field names whose values never reach a log line, at any depth. Compared case-insensitively. */
+// A bare "key" (a work-queue or cache key) is not secret; "privateKey", "apiKey", "dhchap_key" are.
+const SECRET_KEY = /secret|passw|token|dhchap|psk|credential|^authorization$|(private|api|access|auth|ssh|tls|dh)[-_]?key$/i;
+export const REDACTED = "<redacted>";
+
+/** Returns a copy of `value` with secret-looking fields replaced. Cycles and depth are bounded. */
+export function redact(value: unknown, depth = 0): unknown {
+  if (depth > 8 || value === null || typeof value !== "object") return value;
+  if (Array.isArray(value)) return value.map((v) => redact(v, depth + 1));
+  if (value instanceof Error) return { message: value.message, name: value.name };
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) {
+    out[k] = SECRET_KEY.test(k) ? REDACTED : redact(v, depth + 1);
+  }
+  return out;
+}
+
+export interface Logger {
+  debug(msg: string, fields?: Record<string, unknown>): void;
+  info(msg: string, fields?: Record<string, unknown>): void;
+  warn(msg: string, fields?: Record<string, unknown>): void;
+  error(msg: string, fields?: Record<string, unknown>): void;
+  /** A logger whose lines all carry `fields` (correlation keys such as volume, node, controller). */
+  with(fields: Record<string, unknown>): Logger;
+}
+
+export type Sink = (line: string) => void;
+
+/** JSON-lines logger. `sink` defaults to stderr so stdout stays free for command output. */
+export function createLogger(
+  opts: { level?: Level; sink?: Sink; fields?: Record<string, unknown>; now?: () => Date } = {},
+): Logger {
+  const min = ORDER[opts.level ?? "info"];
+  const sink = opts.sink ?? ((line: string) => process.stderr.write(`${line}\n`));
+  const now = opts.now ?? (() => new Date());
+  const base = opts.fields ?? {};
+  const emit = (level: Level, msg: string, fields?: Record<string, unknown>) => {
+    if (ORDER[level] < min) return;
+    const rec = redact({ ...base, ...fields }) as Record<string, unknown>;
+    sink(JSON.stringify({ ts: now().toISOString(), level, msg, ...rec }));
+  };
+  return {
+    debug: (m, f) => emit("debug", m, f),
+    info: (m, f) => emit("info", m, f),
+    warn: (m, f) => emit("warn", m, f),
+    error: (m, f) => emit("error", m, f),
+    with: (fields) => createLogger({ ...opts, fields: { ...base, ...fields } }),
+  };
+}
+
+/** A logger that drops everything; for tests that do not inspect logs. */
+export const silentLogger: Logger = createLogger({ sink: () => {} });
