@@ -1,0 +1,120 @@
+// NVMeDevice (cluster-scoped): one physical NVMe controller on a storage node, identified by its exact
+// serial. The agent creates it from discovery; the manager records claim ownership and free capacity.
+import * as v from "valibot";
+import {
+  API_VERSION,
+  BackendSchema,
+  ClaimRefSchema,
+  cel,
+  conditions,
+  immutable,
+  int64,
+  name,
+  ObjectMetaSchema,
+  ObservedGenerationSchema,
+  type PrinterColumn,
+  positiveBytes,
+  type SelectableField,
+  str,
+} from "./common.ts";
+
+export const NVMeDevicePhaseSchema = v.pipe(
+  v.picklist(["Available", "Claimed", "Unavailable"]),
+  v.description(
+    "Available: unclaimed; Claimed: reserved by status.claimRef; Unavailable: absent from the last complete scan (claim identity kept for recovery).",
+  ),
+);
+export type NVMeDevicePhase = v.InferOutput<typeof NVMeDevicePhaseSchema>;
+
+export const NVMeDeviceSpecSchema = v.pipe(
+  v.object({
+    nodeName: v.pipe(name("Kubernetes node the controller is attached to."), immutable("spec.nodeName")),
+    pciAddress: v.pipe(
+      v.string(),
+      v.maxLength(16),
+      // Lower-case, zero-padded domain:bus:device.function; domains above 0xffff exist (Intel VMD).
+      v.regex(
+        /^[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$/,
+        "spec.pciAddress must be normalized (0000:00:00.0)",
+      ),
+      v.description("Normalized PCI address, lower-case domain:bus:device.function (e.g. 0000:3b:00.0)."),
+    ),
+    serial: v.pipe(
+      str("Exact hardware serial number; the stable identity claims and partitions match on.", 256, 1),
+      immutable("spec.serial"),
+    ),
+    model: str("Model number reported by the controller.", 256),
+    allocatableBytes: positiveBytes(
+      "Capacity of namespace ID 1 offered for placement: 1% reserved for backend metadata, rounded down to 4 MiB.",
+    ),
+    numaNode: v.pipe(
+      v.number(),
+      v.integer(),
+      v.minValue(-1),
+      v.maxValue(4095),
+      v.description("NUMA node of the PCI device; -1 when unknown."),
+    ),
+  }),
+  v.description("Hardware facts discovered by the agent."),
+);
+export type NVMeDeviceSpec = v.InferOutput<typeof NVMeDeviceSpecSchema>;
+
+const claimedNeedsRef = "status.claimRef is required when status.phase is Claimed";
+
+export const NVMeDeviceStatusSchema = v.pipe(
+  v.object({
+    phase: NVMeDevicePhaseSchema,
+    claimRef: v.optional(ClaimRefSchema),
+    freeBytes: v.optional(
+      int64("allocatableBytes minus the rounded sizes of partitions placed on this device (manager)."),
+    ),
+    activeBackend: v.optional(
+      v.pipe(
+        BackendSchema,
+        v.description(
+          "Backend currently owning the controller; a lock against mixing SPDK and kernel allocations.",
+        ),
+      ),
+    ),
+    conditions: conditions("Observations of the device by the agent and the manager."),
+    observedGeneration: ObservedGenerationSchema,
+  }),
+  v.forward(
+    v.partialCheck(
+      [["phase"], ["claimRef"]],
+      (s) => s.phase !== "Claimed" || s.claimRef !== undefined,
+      claimedNeedsRef,
+    ),
+    ["claimRef"],
+  ),
+  cel("self.phase != 'Claimed' || has(self.claimRef)", claimedNeedsRef, {
+    fieldPath: ".claimRef",
+    reason: "FieldValueRequired",
+  }),
+  v.description("Ownership and capacity, written by the manager and the agent."),
+);
+export type NVMeDeviceStatus = v.InferOutput<typeof NVMeDeviceStatusSchema>;
+
+export const NVMeDeviceSchema = v.object({
+  apiVersion: v.literal(API_VERSION),
+  kind: v.literal("NVMeDevice"),
+  metadata: ObjectMetaSchema,
+  spec: NVMeDeviceSpecSchema,
+  status: v.optional(NVMeDeviceStatusSchema),
+});
+export type NVMeDevice = v.InferOutput<typeof NVMeDeviceSchema>;
+
+export const NVMeDevicePrinterColumns: readonly PrinterColumn[] = [
+  { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
+  { name: "Serial", type: "string", jsonPath: ".spec.serial" },
+  { name: "Allocatable", type: "integer", jsonPath: ".spec.allocatableBytes", description: "bytes" },
+  { name: "Free", type: "integer", jsonPath: ".status.freeBytes", description: "bytes" },
+  { name: "Phase", type: "string", jsonPath: ".status.phase" },
+  { name: "Backend", type: "string", jsonPath: ".status.activeBackend" },
+  { name: "Claim", type: "string", jsonPath: ".status.claimRef.name", priority: 1 },
+  { name: "Model", type: "string", jsonPath: ".spec.model", priority: 1 },
+  { name: "PCI", type: "string", jsonPath: ".spec.pciAddress", priority: 1 },
+  { name: "Age", type: "date", jsonPath: ".metadata.creationTimestamp" },
+];
+
+export const NVMeDeviceSelectableFields: readonly SelectableField[] = [".spec.nodeName", ".spec.serial"];

@@ -1,0 +1,211 @@
+// NVMePartition (namespaced): one volume carved from a claimed drive and exported over NVMe-oF. CSI creates
+// it, the manager places it (nodeName, deviceSerial, claimRef), the agent provisions, exports and reports it.
+import * as v from "valibot";
+import {
+  API_VERSION,
+  BackendSchema,
+  ClaimRefSchema,
+  cel,
+  conditions,
+  immutable,
+  immutableOnceSet,
+  int64,
+  ipAddress,
+  name,
+  nqn,
+  ObjectMetaSchema,
+  ObservedGenerationSchema,
+  PortSchema,
+  type PrinterColumn,
+  positiveBytes,
+  type SelectableField,
+  str,
+  TransportSchema,
+} from "./common.ts";
+
+export const VolumeManagerSchema = v.pipe(
+  v.picklist(["partition", "spdk-lvol", "parted"]),
+  v.description(
+    "How capacity is carved. partition: the backend's default (spdk-lvol under spdk, parted under kernel).",
+  ),
+);
+export type VolumeManager = v.InferOutput<typeof VolumeManagerSchema>;
+
+export const SecretKeyRefSchema = v.pipe(
+  v.object({
+    name: name("Secret name, in the partition's namespace."),
+    key: str("Key within the Secret holding the DH-HMAC-CHAP secret.", 253, 1),
+  }),
+  v.description("DH-HMAC-CHAP key for in-band authentication, read from a Secret (never inlined)."),
+);
+export type SecretKeyRef = v.InferOutput<typeof SecretKeyRefSchema>;
+
+export const TargetOptionsSchema = v.pipe(
+  v.object({
+    transport: v.optional(TransportSchema, "rdma"),
+    portalPort: v.optional(
+      v.pipe(PortSchema, v.description("Listener service port; the node's default port when unset.")),
+    ),
+    coreMask: v.optional(
+      v.pipe(
+        v.string(),
+        v.maxLength(66),
+        // Non-zero: nvmf_tgt refuses an empty reactor set.
+        v.regex(
+          /^0x[0-9a-fA-F]*[1-9a-fA-F][0-9a-fA-F]*$/,
+          "spec.targetOptions.coreMask must be non-zero hex like 0x3",
+        ),
+        v.description("SPDK reactor core mask (non-zero hex, e.g. 0x3); spdk backend only."),
+      ),
+    ),
+    dhchapSecretRef: v.optional(SecretKeyRefSchema),
+  }),
+  v.description("Backend-specific export options. Immutable: initiators already hold the old portal."),
+);
+export type TargetOptions = v.InferOutput<typeof TargetOptionsSchema>;
+
+const lvolNeedsSpdk = "spec.volumeManager spdk-lvol requires spec.backend spdk";
+const partedNeedsKernel = "spec.volumeManager parted requires spec.backend kernel";
+const placementTogether = "spec.nodeName and spec.deviceSerial must be set together";
+const coreMaskNeedsSpdk = "spec.targetOptions.coreMask requires spec.backend spdk";
+
+export const NVMePartitionSpecSchema = v.pipe(
+  v.object({
+    sizeBytes: v.pipe(
+      positiveBytes("Requested capacity in bytes; may grow (volume expansion), never shrink."),
+      cel("self >= oldSelf", "spec.sizeBytes may not shrink"),
+    ),
+    nodeName: v.optional(name("Storage node chosen by placement; empty until placed, immutable once set.")),
+    deviceSerial: v.optional(
+      str(
+        "Serial of the parent NVMeDevice chosen by placement; empty until placed, immutable once set.",
+        256,
+        1,
+      ),
+    ),
+    claimRef: v.optional(
+      v.pipe(ClaimRefSchema, v.description("The NVMeDeviceClaim that authorized placement on the device.")),
+    ),
+    backend: v.optional(v.pipe(BackendSchema, immutable("spec.backend")), "spdk"),
+    volumeManager: v.optional(v.pipe(VolumeManagerSchema, immutable("spec.volumeManager")), "partition"),
+    targetOptions: v.optional(TargetOptionsSchema),
+  }),
+  immutableOnceSet("spec", "nodeName"),
+  immutableOnceSet("spec", "deviceSerial"),
+  cel(
+    "has(self.targetOptions) == has(oldSelf.targetOptions) && (!has(self.targetOptions) || self.targetOptions == oldSelf.targetOptions)",
+    "spec.targetOptions is immutable",
+    { fieldPath: ".targetOptions", reason: "FieldValueForbidden" },
+  ),
+  v.forward(
+    v.partialCheck(
+      [["nodeName"], ["deviceSerial"]],
+      (s) => (s.nodeName === undefined) === (s.deviceSerial === undefined),
+      placementTogether,
+    ),
+    ["deviceSerial"],
+  ),
+  cel("has(self.nodeName) == has(self.deviceSerial)", placementTogether, { fieldPath: ".deviceSerial" }),
+  v.forward(
+    v.partialCheck(
+      [["volumeManager"], ["backend"]],
+      (s) => s.volumeManager !== "spdk-lvol" || s.backend === "spdk",
+      lvolNeedsSpdk,
+    ),
+    ["volumeManager"],
+  ),
+  cel("self.volumeManager != 'spdk-lvol' || self.backend == 'spdk'", lvolNeedsSpdk, {
+    fieldPath: ".volumeManager",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["volumeManager"], ["backend"]],
+      (s) => s.volumeManager !== "parted" || s.backend === "kernel",
+      partedNeedsKernel,
+    ),
+    ["volumeManager"],
+  ),
+  cel("self.volumeManager != 'parted' || self.backend == 'kernel'", partedNeedsKernel, {
+    fieldPath: ".volumeManager",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["targetOptions", "coreMask"], ["backend"]],
+      (s) => s.targetOptions?.coreMask === undefined || s.backend === "spdk",
+      coreMaskNeedsSpdk,
+    ),
+    ["targetOptions", "coreMask"],
+  ),
+  cel(
+    "!has(self.targetOptions) || !has(self.targetOptions.coreMask) || self.backend == 'spdk'",
+    coreMaskNeedsSpdk,
+    {
+      fieldPath: ".targetOptions.coreMask",
+    },
+  ),
+  v.description("Requested volume and, once placed, where it lives."),
+);
+export type NVMePartitionSpec = v.InferOutput<typeof NVMePartitionSpecSchema>;
+
+export const NVMePartitionStateSchema = v.pipe(
+  v.picklist(["Pending", "Placed", "Provisioning", "Exported", "Deleting", "Failed"]),
+  v.description(
+    "Lifecycle state; conditions carry the reason for Failed and for claim-authorization refusals.",
+  ),
+);
+export type NVMePartitionState = v.InferOutput<typeof NVMePartitionStateSchema>;
+
+export const NVMePartitionStatusSchema = v.pipe(
+  v.object({
+    state: NVMePartitionStateSchema,
+    externalId: v.optional(
+      str(
+        "Backend identity (vol-<hash of metadata.uid>); immutable once set, used for exact cleanup.",
+        128,
+        1,
+      ),
+    ),
+    volumeHandle: v.optional(str("Opaque CSI volume handle; immutable once set.", 128, 1)),
+    backendPath: v.optional(
+      str("Exact backend volume: SPDK lvol bdev name (UUID) or kernel partition device path.", 1024, 1),
+    ),
+    nqn: v.optional(nqn("NQN of the exporting subsystem.")),
+    portalIP: v.optional(ipAddress("status.portalIP", "Listener address initiators connect to.")),
+    portalPort: v.optional(v.pipe(PortSchema, v.description("Listener service port."))),
+    transport: v.optional(
+      v.pipe(TransportSchema, v.description("Transport the listener serves (what nvme connect must use).")),
+    ),
+    allocatedBytes: v.optional(int64("Bytes actually allocated by the volume manager (after rounding).")),
+    conditions: conditions("Observations, including claim-authorization and export failures."),
+    observedGeneration: ObservedGenerationSchema,
+  }),
+  immutableOnceSet("status", "externalId"),
+  immutableOnceSet("status", "volumeHandle"),
+  v.description("Export state, written by the agent (and the manager for placement)."),
+);
+export type NVMePartitionStatus = v.InferOutput<typeof NVMePartitionStatusSchema>;
+
+export const NVMePartitionSchema = v.object({
+  apiVersion: v.literal(API_VERSION),
+  kind: v.literal("NVMePartition"),
+  metadata: ObjectMetaSchema,
+  spec: NVMePartitionSpecSchema,
+  status: v.optional(NVMePartitionStatusSchema),
+});
+export type NVMePartition = v.InferOutput<typeof NVMePartitionSchema>;
+
+export const NVMePartitionPrinterColumns: readonly PrinterColumn[] = [
+  { name: "Size", type: "integer", jsonPath: ".spec.sizeBytes", description: "bytes" },
+  { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
+  { name: "Backend", type: "string", jsonPath: ".spec.backend" },
+  { name: "State", type: "string", jsonPath: ".status.state" },
+  { name: "NQN", type: "string", jsonPath: ".status.nqn", priority: 1 },
+  { name: "Serial", type: "string", jsonPath: ".spec.deviceSerial", priority: 1 },
+  { name: "Portal", type: "string", jsonPath: ".status.portalIP", priority: 1 },
+  { name: "Age", type: "date", jsonPath: ".metadata.creationTimestamp" },
+];
+
+export const NVMePartitionSelectableFields: readonly SelectableField[] = [
+  ".spec.nodeName",
+  ".spec.deviceSerial",
+];

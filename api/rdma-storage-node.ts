@@ -1,0 +1,83 @@
+// RDMAStorageNode (namespaced): the agent's heartbeat and summary of one storage node (RDMA endpoint,
+// capacity, exports, inventory health). Placement refuses nodes whose record is stale, unready or incomplete.
+import * as v from "valibot";
+import {
+  API_VERSION,
+  conditions,
+  dateTime,
+  immutable,
+  int64,
+  ipAddress,
+  name,
+  ObjectMetaSchema,
+  ObservedGenerationSchema,
+  type PrinterColumn,
+  type SelectableField,
+  TransportSchema,
+} from "./common.ts";
+
+/** Condition types written on RDMAStorageNode.status. */
+export const RDMAStorageNodeConditionTypes = {
+  /** Heartbeat fresh and RDMA endpoint usable; the manager sets False when the heartbeat goes stale. */
+  Ready: "Ready",
+  /** Kernel-bound NVMe discovery completed without errors. */
+  KernelInventoryReady: "KernelInventoryReady",
+  /** SPDK-bound NVMe discovery completed without errors. */
+  SpdkInventoryReady: "SpdkInventoryReady",
+  /** Both sources complete: absence of a device may be trusted. Placement requires True. */
+  NVMeInventoryReady: "NVMeInventoryReady",
+} as const;
+
+export const RDMAStorageNodeSpecSchema = v.pipe(
+  v.object({
+    nodeName: v.pipe(name("Kubernetes node this record describes."), immutable("spec.nodeName")),
+  }),
+  v.description("Which node, written by the agent at creation."),
+);
+export type RDMAStorageNodeSpec = v.InferOutput<typeof RDMAStorageNodeSpecSchema>;
+
+export const RDMAStorageNodeStatusSchema = v.pipe(
+  v.object({
+    rdmaIP: v.optional(
+      ipAddress("status.rdmaIP", "Address of the active RDMA port's interface (portal IP)."),
+    ),
+    transport: v.optional(v.pipe(TransportSchema, v.description("Transport the node's listeners use."))),
+    linkSpeedMbps: v.optional(int64("Link speed of the active port in Mb/s.")),
+    totalBytes: v.optional(int64("Sum of allocatable bytes of devices claimed on this node.")),
+    freeBytes: v.optional(int64("Sum of free bytes of devices claimed on this node.")),
+    exportCount: v.optional(int64("Partitions currently exported by this node.")),
+    lastHeartbeatTime: v.optional(dateTime("When the agent's reporter last refreshed this status.")),
+    conditions: conditions("Ready, KernelInventoryReady, SpdkInventoryReady, NVMeInventoryReady."),
+    observedGeneration: ObservedGenerationSchema,
+  }),
+  v.description("Node summary, written by the agent's reporter every scan; Ready expired by the manager."),
+);
+export type RDMAStorageNodeStatus = v.InferOutput<typeof RDMAStorageNodeStatusSchema>;
+
+export const RDMAStorageNodeSchema = v.object({
+  apiVersion: v.literal(API_VERSION),
+  kind: v.literal("RDMAStorageNode"),
+  metadata: ObjectMetaSchema,
+  spec: RDMAStorageNodeSpecSchema,
+  status: v.optional(RDMAStorageNodeStatusSchema),
+});
+export type RDMAStorageNode = v.InferOutput<typeof RDMAStorageNodeSchema>;
+
+export const RDMAStorageNodePrinterColumns: readonly PrinterColumn[] = [
+  { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
+  { name: "RDMA-IP", type: "string", jsonPath: ".status.rdmaIP" },
+  { name: "Transport", type: "string", jsonPath: ".status.transport" },
+  { name: "Ready", type: "string", jsonPath: '.status.conditions[?(@.type=="Ready")].status' },
+  {
+    name: "Inventory",
+    type: "string",
+    jsonPath: '.status.conditions[?(@.type=="NVMeInventoryReady")].status',
+    priority: 1,
+  },
+  { name: "Free", type: "integer", jsonPath: ".status.freeBytes", description: "bytes" },
+  { name: "Exports", type: "integer", jsonPath: ".status.exportCount" },
+  { name: "Heartbeat", type: "date", jsonPath: ".status.lastHeartbeatTime", priority: 1 },
+  { name: "Age", type: "date", jsonPath: ".metadata.creationTimestamp" },
+];
+
+export const RDMAStorageNodeSelectableFields: readonly SelectableField[] = [".spec.nodeName"];
