@@ -25,7 +25,11 @@ export class StorageError extends Error {
   /** Structured context for logs (volume, node, nqn...). Never put secrets here. */
   readonly details: Readonly<Record<string, unknown>>;
 
-  constructor(kind: ErrorKind, message: string, opts: { cause?: unknown; details?: Record<string, unknown> } = {}) {
+  constructor(
+    kind: ErrorKind,
+    message: string,
+    opts: { cause?: unknown; details?: Record<string, unknown> } = {},
+  ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.kind = kind;
     this.details = opts.details ?? {};

@@ -6,7 +6,8 @@ const ORDER: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 
 
 /** Field names whose values never reach a log line, at any depth. Compared case-insensitively. */
 // A bare "key" (a work-queue or cache key) is not secret; "privateKey", "apiKey", "dhchap_key" are.
-const SECRET_KEY = /secret|passw|token|dhchap|psk|credential|^authorization$|(private|api|access|auth|ssh|tls|dh)[-_]?key$/i;
+const SECRET_KEY =
+  /secret|passw|token|dhchap|psk|credential|^authorization$|(private|api|access|auth|ssh|tls|dh)[-_]?key$/i;
 export const REDACTED = "<redacted>";
 
 /** Returns a copy of `value` with secret-looking fields replaced. Cycles and depth are bounded. */

@@ -1,9 +1,9 @@
 // The lab control plane starts from the cached Go builds, serves a stamped kube-apiserver with
 // token auth, and leaves no process or port behind: neither after stop() nor when its parent dies.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { join } from "node:path";
 import { existsSync } from "node:fs";
-import { portIsFree, startControlPlane, type ControlPlane } from "./control-plane.ts";
+import { join } from "node:path";
+import { type ControlPlane, portIsFree, startControlPlane } from "./control-plane.ts";
 import { KUBE_VERSION } from "./tools.ts";
 
 function alive(pid: number): boolean {
@@ -24,7 +24,10 @@ afterAll(async () => {
 });
 
 test("serves a version-stamped apiserver behind the CA and token in the kubeconfig", async () => {
-  const res = await fetch(`${cp.server}/version`, { headers: { authorization: `Bearer ${cp.token}` }, tls: { ca: cp.caPem } });
+  const res = await fetch(`${cp.server}/version`, {
+    headers: { authorization: `Bearer ${cp.token}` },
+    tls: { ca: cp.caPem },
+  });
   expect(res.status).toBe(200);
   const body = (await res.json()) as { gitVersion: string; major: string; minor: string };
   expect(body.gitVersion).toBe(KUBE_VERSION);
@@ -34,7 +37,12 @@ test("serves a version-stamped apiserver behind the CA and token in the kubeconf
 });
 
 test("kubectl from the same build reads the cluster through the written kubeconfig", async () => {
-  const kubectl = join(process.env.DISTORT_CACHE ?? join(process.env.HOME ?? "/root", ".cache", "distort"), "kube", KUBE_VERSION, "kubectl");
+  const kubectl = join(
+    process.env.DISTORT_CACHE ?? join(process.env.HOME ?? "/root", ".cache", "distort"),
+    "kube",
+    KUBE_VERSION,
+    "kubectl",
+  );
   expect(existsSync(kubectl)).toBe(true);
   const p = Bun.spawnSync([kubectl, "--kubeconfig", cp.kubeconfigPath, "get", "namespaces", "-o", "name"]);
   expect(p.exitCode).toBe(0);

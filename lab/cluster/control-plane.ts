@@ -2,7 +2,7 @@
 // kube-controller-manager, with generated certificates, a static admin token and a kubeconfig.
 // Every process is tied to its parent (parent-death signal) and stop() leaves no process or port.
 import { generateKeyPairSync, randomBytes } from "node:crypto";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync, readFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
@@ -70,13 +70,66 @@ async function run(cmd: string[], cwd: string): Promise<void> {
 
 /** A throwaway CA and a serving certificate for 127.0.0.1/localhost, written into dir. */
 async function writeCertificates(dir: string): Promise<void> {
-  await run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=distort-lab-ca",
-    "-keyout", "ca.key", "-out", "ca.crt"], dir);
-  writeFileSync(join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n");
-  await run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
-    "-keyout", "apiserver.key", "-out", "apiserver.csr"], dir);
-  await run(["openssl", "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-    "-days", "30", "-extfile", "san.ext", "-out", "apiserver.crt"], dir);
+  await run(
+    [
+      "openssl",
+      "req",
+      "-x509",
+      "-newkey",
+      "rsa:2048",
+      "-nodes",
+      "-days",
+      "30",
+      "-subj",
+      "/CN=distort-lab-ca",
+      "-keyout",
+      "ca.key",
+      "-out",
+      "ca.crt",
+    ],
+    dir,
+  );
+  writeFileSync(
+    join(dir, "san.ext"),
+    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+  );
+  await run(
+    [
+      "openssl",
+      "req",
+      "-newkey",
+      "rsa:2048",
+      "-nodes",
+      "-subj",
+      "/CN=kube-apiserver",
+      "-keyout",
+      "apiserver.key",
+      "-out",
+      "apiserver.csr",
+    ],
+    dir,
+  );
+  await run(
+    [
+      "openssl",
+      "x509",
+      "-req",
+      "-in",
+      "apiserver.csr",
+      "-CA",
+      "ca.crt",
+      "-CAkey",
+      "ca.key",
+      "-CAcreateserial",
+      "-days",
+      "30",
+      "-extfile",
+      "san.ext",
+      "-out",
+      "apiserver.crt",
+    ],
+    dir,
+  );
   const sa = generateKeyPairSync("rsa", { modulusLength: 2048 });
   writeFileSync(join(dir, "sa.key"), sa.privateKey.export({ type: "pkcs8", format: "pem" }));
   writeFileSync(join(dir, "sa.pub"), sa.publicKey.export({ type: "spki", format: "pem" }));
@@ -107,7 +160,13 @@ export function renderKubeconfig(server: string, caPem: string, token: string, u
   ].join("\n");
 }
 
-async function waitFor(what: string, timeoutMs: number, proc: Subprocess, logPath: string, probe: () => Promise<boolean>) {
+async function waitFor(
+  what: string,
+  timeoutMs: number,
+  proc: Subprocess,
+  logPath: string,
+  probe: () => Promise<boolean>,
+) {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (proc.exitCode !== null) {

@@ -1,10 +1,10 @@
 // Installs the chart's CRDs (helm/distort/crds/*.yaml) into a cluster and waits until each is
 // Established, the way helm's crds/ directory would before any object of the kinds is created.
-import * as k8s from "@kubernetes/client-node";
+
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
 import { parse } from "yaml";
-import { kubeError } from "../../lib/kube/resource.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 
 export const CRD_DIR = join(import.meta.dir, "..", "..", "helm", "distort", "crds");
@@ -18,27 +18,41 @@ export function readCrds(dir = CRD_DIR): k8s.V1CustomResourceDefinition[] {
 
 function established(crd: k8s.V1CustomResourceDefinition): boolean {
   const conds = crd.status?.conditions ?? [];
-  return ["Established", "NamesAccepted"].every((t) => conds.some((c) => c.type === t && c.status === "True"));
+  return ["Established", "NamesAccepted"].every((t) =>
+    conds.some((c) => c.type === t && c.status === "True"),
+  );
 }
 
-/** Creates or updates every CRD, then waits (up to timeoutMs) until all are Established. */
-export async function installCrds(conn: KubeConnection, dir = CRD_DIR, timeoutMs = 30_000): Promise<string[]> {
+/**
+ * Creates or updates every CRD, then waits (up to timeoutMs) until all are Established. Writes go
+ * as raw JSON: client-node's typed model would drop schema keys it renames (enum, default,
+ * x-kubernetes-validations), silently disabling validation.
+ */
+export async function installCrds(
+  conn: KubeConnection,
+  dir = CRD_DIR,
+  timeoutMs = 30_000,
+): Promise<string[]> {
   const api = conn.api(k8s.ApiextensionsV1Api);
+  const base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
   const names: string[] = [];
   for (const crd of readCrds(dir)) {
     const name = crd.metadata?.name as string;
     names.push(name);
-    try {
-      await api.createCustomResourceDefinition({ body: crd });
-    } catch (err) {
-      const e = kubeError(err, `create CRD ${name}`);
-      if (e.kind !== "already-exists") throw e;
-      const current = await api.readCustomResourceDefinition({ name });
-      await api.replaceCustomResourceDefinition({
-        name,
-        body: { ...crd, metadata: { ...crd.metadata, resourceVersion: current.metadata?.resourceVersion } },
-      });
+    const json = { contentType: "application/json" };
+    let res = await conn.request(base, { ...json, method: "POST", body: JSON.stringify(crd) });
+    if (res.status === 409) {
+      const current = (await (
+        await conn.request(`${base}/${name}`)
+      ).json()) as k8s.V1CustomResourceDefinition;
+      const body = {
+        ...crd,
+        metadata: { ...crd.metadata, resourceVersion: current.metadata?.resourceVersion },
+      };
+      res = await conn.request(`${base}/${name}`, { ...json, method: "PUT", body: JSON.stringify(body) });
     }
+    if (!res.ok)
+      throw new Error(`installing CRD ${name}: HTTP ${res.status} ${(await res.text()).slice(0, 500)}`);
   }
   const deadline = Date.now() + timeoutMs;
   for (const name of names) {

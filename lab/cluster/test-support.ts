@@ -1,10 +1,11 @@
 // Gives integration tests a real control plane: the one the suite runner started (its kubeconfig
 // in DISTORT_TEST_KUBECONFIG) or, when a file runs alone, one of its own that afterAll stops.
 // CRDs are installed either way. Tests isolate themselves with unique namespaces and names.
-import * as k8s from "@kubernetes/client-node";
+
 import { randomBytes } from "node:crypto";
+import * as k8s from "@kubernetes/client-node";
 import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
-import { startControlPlane, type ControlPlane } from "./control-plane.ts";
+import { type ControlPlane, startControlPlane } from "./control-plane.ts";
 import { installCrds } from "./crds.ts";
 
 export interface TestCluster {
@@ -40,7 +41,11 @@ export async function testCluster(): Promise<TestCluster> {
 }
 
 /** Polls `fn` until it returns a value other than undefined/false, or fails after timeoutMs. */
-export async function eventually<T>(fn: () => T | Promise<T>, timeoutMs = 10_000, what = "condition"): Promise<Exclude<T, undefined | false>> {
+export async function eventually<T>(
+  fn: () => T | Promise<T>,
+  timeoutMs = 10_000,
+  what = "condition",
+): Promise<Exclude<T, undefined | false>> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   for (;;) {
@@ -50,7 +55,8 @@ export async function eventually<T>(fn: () => T | Promise<T>, timeoutMs = 10_000
     } catch (err) {
       last = err;
     }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ""}`);
+    if (Date.now() > deadline)
+      throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ""}`);
     await Bun.sleep(25);
   }
 }
