@@ -1,0 +1,74 @@
+// `bun run test`: every tier that exists, in order of cost — type check, lint, unit tests, then
+// integration tests against one shared real control plane. Ends with one summary line
+// "N passed, N failed" across all tiers; exits non-zero if anything failed.
+import { startControlPlane } from "../lab/cluster/control-plane.ts";
+import { ensureTools } from "../lab/cluster/tools.ts";
+
+const root = `${import.meta.dir}/..`;
+const bin = (name: string) => `${root}/node_modules/.bin/${name}`;
+let passed = 0;
+let failed = 0;
+const say = (s: string) => process.stdout.write(`${s}\n`);
+
+/** Runs a command with inherited output, capturing it too so bun test's counts can be read. */
+async function step(name: string, cmd: string[], env: Record<string, string> = {}): Promise<string> {
+  say(`\n== ${name}: ${cmd.join(" ")}`);
+  const t0 = performance.now();
+  const p = Bun.spawn(cmd, { cwd: root, env: { ...process.env, ...env }, stdout: "pipe", stderr: "pipe" });
+  const out: string[] = [];
+  const pump = async (s: ReadableStream<Uint8Array>, w: NodeJS.WriteStream) => {
+    const dec = new TextDecoder();
+    for await (const c of s) {
+      const t = dec.decode(c);
+      out.push(t);
+      w.write(t);
+    }
+  };
+  await Promise.all([pump(p.stdout, process.stdout), pump(p.stderr, process.stderr)]);
+  const code = await p.exited;
+  const text = out.join("");
+  const pass = Number(/^\s*(\d+) pass$/m.exec(text)?.[1] ?? 0);
+  const fail = Number(/^\s*(\d+) fail$/m.exec(text)?.[1] ?? 0);
+  if (pass + fail > 0) {
+    passed += pass;
+    failed += fail;
+    if (code !== 0 && fail === 0) failed++; // e.g. an error outside any test
+  } else {
+    // A check that is not a test runner counts as one test.
+    if (code === 0) passed++;
+    else failed++;
+  }
+  say(
+    `== ${name}: ${code === 0 ? "ok" : `FAILED (exit ${code})`} in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+  );
+  return text;
+}
+
+await step("typecheck", [bin("tsc"), "--noEmit", "-p", "tsconfig.json"]);
+await step("lint", [bin("biome"), "check", "."]);
+await step("buf lint", [bin("buf"), "lint"]);
+await step("unit", [
+  bin("bun"),
+  "test",
+  "--path-ignore-patterns=**/*.int.test.ts",
+  "./api",
+  "./lib",
+  "./lab",
+  "./scripts",
+]);
+
+say("\n== control plane for integration tests");
+const t0 = performance.now();
+await ensureTools();
+const cp = await startControlPlane({ controllerManager: true, progress: (l) => say(`  ${l}`) });
+say(`  started in ${Math.round(performance.now() - t0)} ms`);
+try {
+  await step("integration", [bin("bun"), "test", "--timeout", "120000", ".int.test.ts"], {
+    DISTORT_TEST_KUBECONFIG: cp.kubeconfigPath,
+  });
+} finally {
+  await cp.stop();
+}
+
+say(`\n${passed} passed, ${failed} failed`);
+process.exit(failed > 0 ? 1 : 0);
