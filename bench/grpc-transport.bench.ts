@@ -10,8 +10,8 @@ import { Code, ConnectError, type MethodImplSpec } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { Identity } from "../gen/csi/v1/csi_pb";
 import { StoragePluginService } from "../gen/nvidia/storage/plugins/v1/plugin_pb";
+import { buildGoProbe, runGoProbe } from "../lab/grpc-probe/probe.ts";
 import { StorageError } from "../lib/errors";
-import { buildGoProbe, runGoProbe } from "../lib/grpc/go-probe";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client";
 import { instrumentService, register, type ServiceRegistration } from "../lib/grpc/instrument";
 import { serveGrpc } from "../lib/grpc/server";
@@ -131,7 +131,7 @@ function benchServices(): ServiceRegistration[] {
 
 /**
  * Behaviour checks, in-process, each answering "what did the client see". Includes the Go probe
- * when it builds (lib/grpc/go-probe.ts), since kubelet and the sidecars are Go.
+ * when it builds (lab/grpc-probe/probe.ts), since kubelet and the sidecars are Go.
  */
 async function correctness(
   transport: Transport,

@@ -7,8 +7,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Controller, Identity } from "../../gen/csi/v1/csi_pb";
+import { buildGoProbe, runGoProbe } from "../../lab/grpc-probe/probe.ts";
 import { createLogger } from "../log";
-import { buildGoProbe, runGoProbe } from "./go-probe";
 import { type GrpcServer, register, serveGrpc } from "./server";
 
 const BUILD_TIMEOUT_MS = 300_000;

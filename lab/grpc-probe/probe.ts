@@ -3,16 +3,16 @@
 
 import { createHash } from "node:crypto";
 import { access, mkdir, readFile, rename, rm } from "node:fs/promises";
-import { homedir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import * as v from "valibot";
+import { cacheRoot } from "../cluster/tools.ts";
 
-/** The probe's Go module (go.mod, go.sum, main.go). */
-export const PROBE_SOURCE_DIR = resolve(import.meta.dir, "../../lab/grpc-probe");
+/** The probe's Go module (go.mod, go.sum, main.go), beside this file. */
+export const PROBE_SOURCE_DIR = import.meta.dir;
 
-/** Where DISTORT caches tools it builds: $HOME/.cache/distort/tools. */
+/** Where built tools live: <cache root>/tools (the same root as the control-plane builds). */
 export function defaultToolCacheDir(): string {
-  return join(homedir(), ".cache", "distort", "tools");
+  return join(cacheRoot(), "tools");
 }
 
 /** Hash of go.mod + main.go: a new binary exactly when the probe's code or dependencies change. */
