@@ -52,6 +52,7 @@ if (!process.argv.includes("--only-integration")) {
   await step("unit", [bin("bun"), "run", "test:unit"]);
 }
 
+await step("host packages", ["bash", "scripts/host-deps.sh"]);
 say("\n== control plane for integration tests");
 const t0 = performance.now();
 await ensureTools();
