@@ -17,6 +17,8 @@ export interface WatchCacheOptions {
   /** Watch one namespace; all namespaces when omitted. */
   namespace?: string;
   labelSelector?: string;
+  /** Server-side filter on selectable fields, e.g. "spec.nodeName=node-a". */
+  fieldSelector?: string;
   /** Period of resync callbacks; 0 disables them. */
   resyncMs?: number;
   /** Upper bound the server may keep one watch open, in seconds (randomised below it). */
@@ -154,6 +156,7 @@ export class WatchCache<T extends KubeObject> {
     const path = this.client.collectionPath(this.opts.namespace);
     const q = new URLSearchParams();
     if (this.opts.labelSelector) q.set("labelSelector", this.opts.labelSelector);
+    if (this.opts.fieldSelector) q.set("fieldSelector", this.opts.fieldSelector);
     const res = await this.client.conn.request(`${path}?${q}`);
     if (!res.ok) throw new Error(`list ${path}: HTTP ${res.status} ${(await res.text()).slice(0, 300)}`);
     const body = (await res.json()) as { items: unknown[]; metadata: { resourceVersion: string } };
@@ -222,6 +225,7 @@ export class WatchCache<T extends KubeObject> {
       timeoutSeconds: String(Math.floor(max / 2 + Math.random() * (max / 2))),
     });
     if (this.opts.labelSelector) q.set("labelSelector", this.opts.labelSelector);
+    if (this.opts.fieldSelector) q.set("fieldSelector", this.opts.fieldSelector);
     const abort = new AbortController();
     this.watchAbort = abort;
     const res = await this.client.conn.request(`${this.client.collectionPath(this.opts.namespace)}?${q}`, {

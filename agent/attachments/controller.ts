@@ -1,0 +1,233 @@
+// The node-local attachment reconciler: keeps each exported partition's target ACL equal to its
+// NVMeVolumeAttachment (section 3.8/4.4). The authorized host is added only after every other host
+// is revoked; AccessReady=True is written only once the ACL is exact; the finalizer stays until the
+// host is revoked, so a late unpublish can never leave two writers allowed.
+import type { NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
+import { kinds } from "../../api/index.ts";
+import type { Clock } from "../../lib/clock.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { WatchCache } from "../../lib/kube/cache.ts";
+import { setCondition } from "../../lib/kube/conditions.ts";
+import type { KubeConnection } from "../../lib/kube/connection.ts";
+import type { EventRecorder } from "../../lib/kube/events.ts";
+import { WorkQueue } from "../../lib/kube/queue.ts";
+import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
+import { type Controller, runController } from "../../lib/kube/runner.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
+import type { Logger } from "../../lib/log.ts";
+import type { Registry } from "../../lib/metrics.ts";
+import type { BackendName, TargetBackend } from "../backends/types.ts";
+import { desiredHosts } from "../partitions/controller.ts";
+
+export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
+
+export interface AttachmentControllerOptions {
+  conn: KubeConnection;
+  nodeName: string;
+  backends: Partial<Record<BackendName, TargetBackend>>;
+  logger: Logger;
+  clock: Clock;
+  registry?: Registry;
+  events?: EventRecorder;
+  workers?: number;
+}
+
+export type AttachmentDecision =
+  | { action: "ignore" }
+  | { action: "add-finalizer" }
+  | { action: "wait"; reason: string; message: string }
+  | { action: "grant"; nqn: string; backend: BackendName; hosts: string[] }
+  | { action: "revoke"; nqn?: string; backend?: BackendName; hosts: string[] };
+
+/**
+ * Pure decision for one attachment, given its partition (if any) and every attachment of that
+ * partition. Attachments of partitions on other nodes are not this agent's business.
+ */
+export function decideAttachment(
+  a: NVMeVolumeAttachment,
+  partition: NVMePartition | undefined,
+  siblings: readonly NVMeVolumeAttachment[],
+  nodeName: string,
+): AttachmentDecision {
+  const mine = partition?.spec.nodeName === nodeName && partition?.metadata.uid === a.spec.partitionUID;
+  const hasFinalizer = (a.metadata.finalizers ?? []).includes(ATTACHMENT_FINALIZER);
+  const nqn = partition?.status?.nqn;
+  const backend = partition?.spec.backend ?? "spdk";
+  if (a.metadata.deletionTimestamp) {
+    if (!hasFinalizer) return { action: "ignore" };
+    // Another node's agent owns that ACL and its finalizer.
+    const owner = partition?.metadata.uid === a.spec.partitionUID ? partition?.spec.nodeName : undefined;
+    if (owner && owner !== nodeName) {
+      return { action: "ignore" };
+    }
+    // A partition that is gone (its export went with it) or never exported has no ACL to revoke.
+    if (!mine || !nqn) return { action: "revoke", hosts: [] };
+    return {
+      action: "revoke",
+      nqn,
+      backend,
+      hosts: desiredHosts(
+        a.spec.partitionUID,
+        siblings.filter((s) => s.metadata.name !== a.metadata.name),
+      ),
+    };
+  }
+  // A missing or replaced partition is reported by the CSI controller, not by every agent.
+  if (!mine) return { action: "ignore" };
+  if (!hasFinalizer) return { action: "add-finalizer" };
+  if (partition.status?.state !== "Exported" || !nqn) {
+    return {
+      action: "wait",
+      reason: "NotExported",
+      message: `partition ${a.spec.partitionName} is not exported yet`,
+    };
+  }
+  return { action: "grant", nqn, backend, hosts: desiredHosts(a.spec.partitionUID, siblings) };
+}
+
+export class AttachmentController {
+  readonly attachments: WatchCache<NVMeVolumeAttachment>;
+  readonly partitions: WatchCache<NVMePartition>;
+  private readonly client: ResourceClient<NVMeVolumeAttachment>;
+  private readonly partClient: ResourceClient<NVMePartition>;
+  private readonly queue: WorkQueue;
+  private controller: Controller | undefined;
+
+  constructor(private readonly o: AttachmentControllerOptions) {
+    this.client = new ResourceClient(o.conn, kinds.NVMeVolumeAttachment);
+    this.attachments = new WatchCache(this.client, { logger: o.logger });
+    this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
+    this.partitions = new WatchCache(this.partClient, {
+      fieldSelector: `spec.nodeName=${o.nodeName}`,
+      logger: o.logger,
+    });
+    this.queue = new WorkQueue({ name: "attachments", clock: o.clock });
+    const enqueue = (a: NVMeVolumeAttachment) => this.queue.add(objectKey(a.metadata));
+    this.attachments.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
+    // Export (re)created or target restarted: the ACL must be re-applied for its attachments.
+    const byPartition = (p: NVMePartition) => {
+      for (const a of this.attachments.list()) if (a.spec.partitionUID === p.metadata.uid) enqueue(a);
+    };
+    this.partitions.on({ add: byPartition, update: (_o, n) => byPartition(n), delete: byPartition });
+  }
+
+  async start(): Promise<void> {
+    await Promise.all([this.partitions.start(), this.attachments.start()]);
+    this.controller = runController({
+      name: "attachments",
+      queue: this.queue,
+      workers: this.o.workers ?? 2,
+      logger: this.o.logger,
+      registry: this.o.registry,
+      clock: this.o.clock,
+      reconcile: (key) => this.reconcile(key),
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.controller?.stop();
+    await Promise.all([this.partitions.stop(), this.attachments.stop()]);
+  }
+
+  /** From the cache of this node's partitions, else from the API server (it may be another node's). */
+  private async partitionOf(a: NVMeVolumeAttachment): Promise<NVMePartition | undefined> {
+    const cached = this.partitions.get(
+      objectKey({ name: a.spec.partitionName, namespace: a.metadata.namespace }),
+    );
+    return cached ?? (await this.partClient.get(a.spec.partitionName, a.metadata.namespace));
+  }
+
+  private async setAccess(
+    a: NVMeVolumeAttachment,
+    status: "True" | "False",
+    reason: string,
+    message: string,
+  ) {
+    const now = new Date(this.o.clock.now());
+    await updateStatus(this.client, a.metadata.name, a.metadata.namespace, (latest) => {
+      if (latest.metadata.uid !== a.metadata.uid) return undefined;
+      const s = structuredClone(latest.status ?? { conditions: [] }) as NonNullable<
+        NVMeVolumeAttachment["status"]
+      >;
+      s.conditions = setCondition(
+        s.conditions ?? [],
+        { type: "AccessReady", status, reason, message, observedGeneration: latest.metadata.generation },
+        now,
+      );
+      // Only an exact ACL for THIS spec may claim this attachment lifetime.
+      if (status === "True") s.observedAttachmentId = latest.spec.attachmentId;
+      s.observedGeneration = latest.metadata.generation;
+      return s;
+    });
+  }
+
+  private backend(name: BackendName): TargetBackend {
+    const b = this.o.backends[name];
+    if (!b) throw new StorageError("unimplemented", `this agent serves no ${name} backend`);
+    return b;
+  }
+
+  async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
+    const a = this.attachments.get(key);
+    if (!a) return;
+    const p = await this.partitionOf(a);
+    const siblings = this.attachments.list().filter((x) => x.spec.partitionUID === a.spec.partitionUID);
+    const d = decideAttachment(a, p, siblings, this.o.nodeName);
+    switch (d.action) {
+      case "ignore":
+        return;
+      case "add-finalizer":
+        await this.client.replace({
+          ...a,
+          metadata: { ...a.metadata, finalizers: [...(a.metadata.finalizers ?? []), ATTACHMENT_FINALIZER] },
+        });
+        return;
+      case "wait":
+        await this.setAccess(a, "False", d.reason, d.message);
+        throw new StorageError("unavailable", d.message);
+      case "grant": {
+        await this.backend(d.backend).setHosts(d.nqn, d.hosts);
+        // Read back: AccessReady means the target really holds exactly this ACL.
+        const state = await this.backend(d.backend).inspectExport(d.nqn);
+        const have = [...(state?.hosts ?? [])].sort();
+        if (!state || have.join(",") !== d.hosts.join(",")) {
+          throw new StorageError(
+            "unavailable",
+            `ACL of ${d.nqn} reads back as [${have.join(", ")}], expected [${d.hosts.join(", ")}]`,
+          );
+        }
+        await this.setAccess(a, "True", "HostAllowed", `${a.spec.hostNQN} may connect to ${d.nqn}`);
+        return;
+      }
+      case "revoke": {
+        if (d.nqn && d.backend) {
+          try {
+            await this.backend(d.backend).setHosts(d.nqn, d.hosts);
+          } catch (err) {
+            // No subsystem means no ACL left to revoke.
+            if (!(err instanceof StorageError && err.kind === "not-found")) throw err;
+          }
+        }
+        const latest = await this.client.get(a.metadata.name, a.metadata.namespace);
+        if (latest && latest.metadata.uid === a.metadata.uid) {
+          await this.client.replace({
+            ...latest,
+            metadata: {
+              ...latest.metadata,
+              finalizers: (latest.metadata.finalizers ?? []).filter((f) => f !== ATTACHMENT_FINALIZER),
+            },
+          });
+        }
+        this.o.logger.info("attachment access revoked", { attachment: key, nqn: d.nqn });
+        await this.o.events?.record(
+          a,
+          "Normal",
+          "AccessRevoked",
+          "Revoke",
+          `${a.spec.hostNQN} removed from ${d.nqn ?? "(no export)"}`,
+        );
+        return;
+      }
+    }
+  }
+}

@@ -1,0 +1,271 @@
+// The SPDK target backend: drives nvmf_tgt over the persistent JSON-RPC client. Every export is
+// reconciled component by component (transport, subsystem, namespace 1, listener, host ACL) from
+// what nvmf_get_subsystems reports, so a partial export left by a crash or a target restart is
+// repaired on the next pass. Mutations of one subsystem run under its lock.
+import { createHash } from "node:crypto";
+import { StorageError } from "../../../lib/errors.ts";
+import type { Logger } from "../../../lib/log.ts";
+import type { SpdkRpc } from "../../../lib/spdk/client.ts";
+import { type SpdkMethods, subsystemLockKey } from "../../../lib/spdk/methods.ts";
+import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
+import type { DeviceRef, ExportSpec, ExportState, TargetBackend, Transport } from "../types.ts";
+
+/** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
+export interface DriverBinder {
+  bind(pciAddress: string): Promise<void>;
+}
+
+export interface SpdkTargetOptions {
+  methods: SpdkMethods;
+  rpc: SpdkRpc;
+  binder: DriverBinder;
+  logger: Logger;
+  /** Model number shown to initiators. */
+  modelNumber?: string;
+}
+
+const TRTYPE: Record<Transport, string> = { rdma: "RDMA", tcp: "TCP" };
+
+/** SPDK's controller name for a drive: stable per serial, short enough for bdev names. */
+export function controllerNameFor(serial: string): string {
+  return `nvme_${createHash("sha256").update(serial).digest("hex").slice(0, 12)}`;
+}
+
+export function adrfamOf(address: string): "IPv4" | "IPv6" {
+  return address.includes(":") ? "IPv6" : "IPv4";
+}
+
+function sameAddress(
+  a: { trtype: string; traddr: string; trsvcid?: string },
+  t: Transport,
+  addr: string,
+  port: number,
+) {
+  return a.trtype.toUpperCase() === TRTYPE[t] && a.traddr === addr && a.trsvcid === String(port);
+}
+
+function isKind(err: unknown, ...kinds: string[]): boolean {
+  return err instanceof StorageError && kinds.includes(err.kind);
+}
+
+export class SpdkTarget implements TargetBackend {
+  readonly name = "spdk" as const;
+  private readonly m: SpdkMethods;
+
+  constructor(private readonly opts: SpdkTargetOptions) {
+    this.m = opts.methods;
+  }
+
+  /**
+   * Attaches the drive's PCIe controller to SPDK (binding the driver first) unless a controller
+   * at that address is already attached, and checks that namespace 1 reports the expected serial.
+   */
+  async prepareDevice(device: DeviceRef): Promise<DeviceRef> {
+    const existing = await this.findController(device.pciAddress);
+    let name = existing;
+    if (!name) {
+      await this.opts.binder.bind(device.pciAddress);
+      name = controllerNameFor(device.serial);
+      try {
+        await this.m.bdevNvmeAttachController({ name, trtype: "PCIe", traddr: device.pciAddress });
+      } catch (err) {
+        if (!isKind(err, "already-exists")) throw err;
+        name = (await this.findController(device.pciAddress)) ?? name;
+      }
+    }
+    const bdevName = `${name}n1`;
+    const [bdev] = await this.m.bdevGetBdevs({ name: bdevName }).catch((err) => {
+      if (isKind(err, "not-found")) {
+        throw new StorageError(
+          "precondition",
+          `drive ${device.serial} has no namespace 1 under SPDK (${bdevName})`,
+        );
+      }
+      throw err;
+    });
+    const serial = bdev?.driver_specific?.nvme?.[0]?.ctrlr_data?.serial_number?.trim();
+    if (serial !== undefined && serial !== device.serial) {
+      throw new StorageError(
+        "precondition",
+        `controller at ${device.pciAddress} reports serial ${serial}, expected ${device.serial}: refusing to use it`,
+      );
+    }
+    return { ...device, bdevName };
+  }
+
+  private async findController(pciAddress: string): Promise<string | undefined> {
+    const ctrls = await this.m.bdevNvmeGetControllers();
+    const want = pciAddress.toLowerCase();
+    return ctrls.find((c) =>
+      c.ctrlrs.some((p) => p.trid.trtype.toUpperCase() === "PCIE" && p.trid.traddr.toLowerCase() === want),
+    )?.name;
+  }
+
+  private async subsystem(nqn: string): Promise<NvmfSubsystem | undefined> {
+    try {
+      const [s] = await this.m.nvmfGetSubsystems(nqn);
+      return s;
+    } catch (err) {
+      if (isKind(err, "not-found")) return undefined;
+      throw err;
+    }
+  }
+
+  async inspectExport(nqn: string): Promise<ExportState | undefined> {
+    const s = await this.subsystem(nqn);
+    if (!s) return undefined;
+    return {
+      nqn,
+      namespace: s.namespaces?.find((n) => n.nsid === 1)?.bdev_name,
+      listeners: s.listen_addresses.map((a) => ({
+        transport: (a.trtype.toLowerCase() === "tcp" ? "tcp" : "rdma") as Transport,
+        address: a.traddr,
+        port: Number(a.trsvcid),
+      })),
+      hosts: s.hosts.map((h) => h.nqn),
+    };
+  }
+
+  private async ensureTransport(t: Transport): Promise<boolean> {
+    const have = await this.m.nvmfGetTransports();
+    if (have.some((x) => x.trtype.toUpperCase() === TRTYPE[t])) return false;
+    try {
+      await this.m.nvmfCreateTransport({ trtype: TRTYPE[t] });
+      return true;
+    } catch (err) {
+      if (isKind(err, "already-exists")) return false;
+      throw err;
+    }
+  }
+
+  async ensureExport(spec: ExportSpec): Promise<string[]> {
+    const repaired: string[] = [];
+    if (await this.ensureTransport(spec.transport)) repaired.push("transport");
+    await this.opts.rpc.serialize(subsystemLockKey(spec.nqn), async () => {
+      let s = await this.subsystem(spec.nqn);
+      if (!s) {
+        try {
+          await this.m.nvmfCreateSubsystem({
+            nqn: spec.nqn,
+            serial_number: spec.serialNumber,
+            model_number: this.opts.modelNumber ?? "DISTORT",
+            allow_any_host: false,
+            max_namespaces: 1,
+          });
+        } catch (err) {
+          if (!isKind(err, "already-exists")) throw err;
+        }
+        repaired.push("subsystem");
+        s = await this.subsystem(spec.nqn);
+        if (!s) throw new StorageError("unavailable", `subsystem ${spec.nqn} vanished right after creation`);
+      }
+      if (s.allow_any_host) {
+        await this.m.nvmfSubsystemAllowAnyHost(spec.nqn, false);
+        repaired.push("host-policy");
+      }
+      // Exactly one namespace, nsid 1, backed by this volume's bdev.
+      const ns = s.namespaces ?? [];
+      const right = ns.find((n) => n.nsid === 1 && n.bdev_name === spec.volume.backendPath);
+      for (const n of ns) {
+        if (n !== right) {
+          await this.m.nvmfSubsystemRemoveNs(spec.nqn, n.nsid).catch((err) => {
+            if (!isKind(err, "not-found")) throw err;
+          });
+        }
+      }
+      if (!right) {
+        await this.m.nvmfSubsystemAddNs({
+          nqn: spec.nqn,
+          namespace: { bdev_name: spec.volume.backendPath, nsid: 1 },
+        });
+        repaired.push("namespace");
+      }
+      // Exactly the one listener; a stale portal is withdrawn.
+      const want = {
+        trtype: TRTYPE[spec.transport],
+        adrfam: adrfamOf(spec.address),
+        traddr: spec.address,
+        trsvcid: String(spec.port),
+      };
+      let hasListener = false;
+      for (const a of s.listen_addresses) {
+        if (sameAddress(a, spec.transport, spec.address, spec.port)) {
+          hasListener = true;
+          continue;
+        }
+        await this.m.nvmfSubsystemRemoveListener({
+          nqn: spec.nqn,
+          listen_address: {
+            trtype: a.trtype,
+            adrfam: a.adrfam as "IPv4",
+            traddr: a.traddr,
+            trsvcid: a.trsvcid,
+          },
+        });
+        repaired.push("stale-listener");
+      }
+      if (!hasListener) {
+        try {
+          await this.m.nvmfSubsystemAddListener({ nqn: spec.nqn, listen_address: want });
+        } catch (err) {
+          if (!isKind(err, "already-exists")) throw err;
+        }
+        repaired.push("listener");
+      }
+    });
+    if (repaired.length) this.opts.logger.info("export repaired", { nqn: spec.nqn, repaired });
+    return repaired;
+  }
+
+  async setHosts(nqn: string, hostNQNs: readonly string[]): Promise<void> {
+    await this.opts.rpc.serialize(subsystemLockKey(nqn), async () => {
+      const s = await this.subsystem(nqn);
+      if (!s) throw new StorageError("not-found", `subsystem ${nqn} does not exist`);
+      const want = new Set(hostNQNs);
+      // Revoke before granting, so a takeover never has two hosts allowed at once.
+      for (const h of s.hosts) {
+        if (!want.has(h.nqn)) {
+          await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch((err) => {
+            if (!isKind(err, "not-found")) throw err;
+          });
+        }
+      }
+      if (s.allow_any_host) await this.m.nvmfSubsystemAllowAnyHost(nqn, false);
+      const have = new Set(s.hosts.map((h) => h.nqn));
+      for (const h of want) {
+        if (have.has(h)) continue;
+        try {
+          await this.m.nvmfSubsystemAddHost({ nqn, host: h });
+        } catch (err) {
+          if (!isKind(err, "already-exists")) throw err;
+        }
+      }
+    });
+  }
+
+  async removeExport(nqn: string): Promise<void> {
+    await this.opts.rpc.serialize(subsystemLockKey(nqn), async () => {
+      const s = await this.subsystem(nqn);
+      if (!s) return;
+      const gone = (err: unknown) => {
+        if (!isKind(err, "not-found")) throw err;
+      };
+      for (const h of s.hosts) await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch(gone);
+      for (const a of s.listen_addresses) {
+        await this.m
+          .nvmfSubsystemRemoveListener({
+            nqn,
+            listen_address: {
+              trtype: a.trtype,
+              adrfam: a.adrfam as "IPv4",
+              traddr: a.traddr,
+              trsvcid: a.trsvcid,
+            },
+          })
+          .catch(gone);
+      }
+      for (const n of s.namespaces ?? []) await this.m.nvmfSubsystemRemoveNs(nqn, n.nsid).catch(gone);
+      await this.m.nvmfDeleteSubsystem(nqn).catch(gone);
+    });
+  }
+}

@@ -1,0 +1,89 @@
+// The two plug points of the agent (section 6.4 of the design): a VolumeManager carves capacity
+// out of a claimed drive, a TargetBackend exports a carved volume over NVMe-oF and keeps its host
+// ACL exact. Implementations: spdk (nvmf_tgt) + spdk-lvol, kernel (configfs nvmet) + parted.
+// Every method is idempotent and safe to repeat after a crash at any point.
+
+export type BackendName = "spdk" | "kernel";
+export type VolumeManagerName = "spdk-lvol" | "parted";
+export type Transport = "rdma" | "tcp";
+
+/** A claimed physical drive as the agent knows it; serial is the stable identity. */
+export interface DeviceRef {
+  /** NVMeDevice object name. */
+  name: string;
+  serial: string;
+  pciAddress: string;
+  /** Kernel block device of namespace 1 (e.g. /dev/nvme0n1), when the kernel owns the drive. */
+  blockDevice?: string;
+  /** SPDK bdev of namespace 1 (e.g. "nvme_1a2b3c4dn1"), once the SPDK backend attached the drive. */
+  bdevName?: string;
+}
+
+/** What to carve: identity derived from the partition's immutable UID, never from its name. */
+export interface VolumeSpec {
+  /** "vol-<hash of UID>"; also names the lvol and the GPT partition. */
+  externalId: string;
+  sizeBytes: number;
+  device: DeviceRef;
+}
+
+export interface Volume {
+  externalId: string;
+  /** What a target exports: an lvol bdev name (its UUID) or a partition device path. */
+  backendPath: string;
+  sizeBytes: number;
+}
+
+export interface VolumeManager {
+  readonly name: VolumeManagerName;
+  /** Creates the per-drive layout (lvstore, GPT label) if missing; keeps an existing one. */
+  prepareLayout(device: DeviceRef): Promise<void>;
+  /** The volume if it exists (looked up by externalId), else undefined. */
+  findVolume(spec: VolumeSpec): Promise<Volume | undefined>;
+  /** Finds or creates; never creates a second volume for the same externalId. */
+  ensureVolume(spec: VolumeSpec): Promise<Volume>;
+  /** Grows the volume to at least spec.sizeBytes; never shrinks. */
+  resizeVolume?(spec: VolumeSpec): Promise<Volume>;
+  /** Deletes; a volume that is already gone counts as deleted. */
+  deleteVolume(spec: VolumeSpec): Promise<void>;
+}
+
+export interface ExportSpec {
+  /** nqn.2026-02.io.distort:volume-<externalId> */
+  nqn: string;
+  volume: Volume;
+  transport: Transport;
+  /** Portal address (IPv4 or IPv6) and service port. */
+  address: string;
+  port: number;
+  /** Subsystem serial number shown to initiators; derived from externalId. */
+  serialNumber: string;
+}
+
+/** What the target currently has for one NQN, component by component. */
+export interface ExportState {
+  nqn: string;
+  /** Backing path of namespace 1, if present. */
+  namespace?: string;
+  listeners: { transport: Transport; address: string; port: number }[];
+  /** Host NQNs allowed; never "any host". */
+  hosts: string[];
+}
+
+export interface TargetBackend {
+  readonly name: BackendName;
+  /** Makes the drive usable by this backend (driver binding, controller attach). Idempotent. */
+  prepareDevice(device: DeviceRef): Promise<DeviceRef>;
+  /** The export as it exists now, or undefined when there is no subsystem. */
+  inspectExport(nqn: string): Promise<ExportState | undefined>;
+  /**
+   * Makes the export exactly `spec` (subsystem, namespace 1 backed by the volume, listener),
+   * repairing whatever is missing or different. Host ACL is left to setHosts. Returns the names
+   * of the components it had to create or repair (empty when it was already exact).
+   */
+  ensureExport(spec: ExportSpec): Promise<string[]>;
+  /** Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first). Never any-host. */
+  setHosts(nqn: string, hostNQNs: readonly string[]): Promise<void>;
+  /** Removes the export (hosts first, then listener, namespace, subsystem). Absent counts as done. */
+  removeExport(nqn: string): Promise<void>;
+}

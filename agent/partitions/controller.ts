@@ -1,0 +1,391 @@
+// The node-local partition reconciler (the imperative shell around decide.ts): watches the
+// partitions assigned to this node, the node's drives and the attachments, and drives the
+// backend and volume-manager ports through provisioning (13 steps) and deletion (reverse).
+// Every step is idempotent; `afterStep` lets tests crash the process between any two of them.
+import type { NVMeDevice, NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
+import { kinds } from "../../api/index.ts";
+import type { Clock } from "../../lib/clock.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { WatchCache } from "../../lib/kube/cache.ts";
+import { type Condition, setCondition } from "../../lib/kube/conditions.ts";
+import type { KubeConnection } from "../../lib/kube/connection.ts";
+import type { EventRecorder } from "../../lib/kube/events.ts";
+import { WorkQueue } from "../../lib/kube/queue.ts";
+import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
+import { type Controller, runController, TerminalError } from "../../lib/kube/runner.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
+import type { Logger } from "../../lib/log.ts";
+import type { Registry } from "../../lib/metrics.ts";
+import type {
+  BackendName,
+  DeviceRef,
+  TargetBackend,
+  Transport,
+  VolumeManager,
+  VolumeManagerName,
+} from "../backends/types.ts";
+import { decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import { serialNumberFor } from "./identity.ts";
+
+/** Steps after which a crash is meaningful (each one changed external or API state). */
+export const PROVISION_STEPS = [
+  "finalizer",
+  "device-lock",
+  "prepare-device",
+  "layout",
+  "volume",
+  "export",
+  "acl",
+  "status",
+] as const;
+export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-removed"] as const;
+export type Step = (typeof PROVISION_STEPS)[number] | (typeof DEPROVISION_STEPS)[number];
+
+export interface Portal {
+  address: string;
+  port: number;
+}
+
+export interface PartitionControllerOptions {
+  conn: KubeConnection;
+  nodeName: string;
+  backends: Partial<Record<BackendName, TargetBackend>>;
+  volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>>;
+  /** This node's NVMe-oF endpoint for a transport; undefined while none is usable. */
+  portal(transport: Transport): Promise<Portal | undefined>;
+  logger: Logger;
+  clock: Clock;
+  registry?: Registry;
+  events?: EventRecorder;
+  workers?: number;
+  /** How often an Exported partition is re-verified against the target (default 60 s). */
+  verifyPeriodMs?: number;
+  /** Called after each step; tests kill the process here to prove crash safety. */
+  afterStep?(step: Step, key: string): void | Promise<void>;
+}
+
+/** Host NQNs a partition's target ACL must hold: those of its live attachments. */
+export function desiredHosts(
+  uid: string | undefined,
+  attachments: readonly NVMeVolumeAttachment[],
+): string[] {
+  return [
+    ...new Set(
+      attachments
+        .filter((a) => a.spec.partitionUID === uid && !a.metadata.deletionTimestamp)
+        .map((a) => a.spec.hostNQN),
+    ),
+  ].sort();
+}
+
+export class PartitionController {
+  readonly partitions: WatchCache<NVMePartition>;
+  readonly devices: WatchCache<NVMeDevice>;
+  readonly attachments: WatchCache<NVMeVolumeAttachment>;
+  private readonly partClient: ResourceClient<NVMePartition>;
+  private readonly devClient: ResourceClient<NVMeDevice>;
+  private readonly queue: WorkQueue;
+  private controller: Controller | undefined;
+
+  constructor(private readonly o: PartitionControllerOptions) {
+    this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
+    this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
+    const log = o.logger;
+    this.partitions = new WatchCache(this.partClient, {
+      fieldSelector: `spec.nodeName=${o.nodeName}`,
+      logger: log,
+    });
+    this.devices = new WatchCache(this.devClient, {
+      fieldSelector: `spec.nodeName=${o.nodeName}`,
+      logger: log,
+    });
+    this.attachments = new WatchCache(new ResourceClient(o.conn, kinds.NVMeVolumeAttachment), {
+      logger: log,
+    });
+    this.queue = new WorkQueue({ name: "partitions", clock: o.clock });
+    const enqueue = (p: NVMePartition) => this.queue.add(objectKey(p.metadata));
+    this.partitions.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
+    // A drive or an attachment change can unblock (or block) the partitions that use it.
+    const bySerial = (d: NVMeDevice) => {
+      for (const p of this.partitions.list()) if (p.spec.deviceSerial === d.spec.serial) enqueue(p);
+    };
+    this.devices.on({ add: bySerial, update: (_o, n) => bySerial(n), delete: bySerial });
+    const byUid = (a: NVMeVolumeAttachment) => {
+      for (const p of this.partitions.list()) if (p.metadata.uid === a.spec.partitionUID) enqueue(p);
+    };
+    this.attachments.on({ add: byUid, update: (_o, n) => byUid(n), delete: byUid });
+  }
+
+  async start(): Promise<void> {
+    await Promise.all([this.devices.start(), this.attachments.start()]);
+    await this.partitions.start();
+    this.controller = runController({
+      name: "partitions",
+      queue: this.queue,
+      workers: this.o.workers ?? 4,
+      logger: this.o.logger,
+      registry: this.o.registry,
+      clock: this.o.clock,
+      reconcile: (key) => this.reconcile(key),
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.controller?.stop();
+    await Promise.all([this.partitions.stop(), this.devices.stop(), this.attachments.stop()]);
+  }
+
+  private async step(step: Step, key: string): Promise<void> {
+    await this.o.afterStep?.(step, key);
+  }
+
+  private deviceFor(p: NVMePartition): NVMeDevice | undefined {
+    return this.devices
+      .list()
+      .find((d) => d.spec.serial === p.spec.deviceSerial && d.spec.nodeName === this.o.nodeName);
+  }
+
+  private attachmentsFor(p: NVMePartition): NVMeVolumeAttachment[] {
+    return this.attachments.list().filter((a) => a.spec.partitionUID === p.metadata.uid);
+  }
+
+  /** Writes a status derived from the latest object; conditions keep their transition times. */
+  private async setStatus(
+    p: NVMePartition,
+    patch: (s: NonNullable<NVMePartition["status"]>) => void,
+    cond: Omit<Condition, "lastTransitionTime">,
+  ) {
+    const now = new Date(this.o.clock.now());
+    await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+      if (latest.metadata.uid !== p.metadata.uid) return undefined;
+      const s = structuredClone(latest.status ?? { state: "Pending", conditions: [] }) as NonNullable<
+        NVMePartition["status"]
+      >;
+      patch(s);
+      s.conditions = setCondition(
+        s.conditions ?? [],
+        { ...cond, observedGeneration: latest.metadata.generation },
+        now,
+      );
+      s.observedGeneration = latest.metadata.generation;
+      return s;
+    });
+  }
+
+  private async report(
+    p: NVMePartition,
+    state: "Pending" | "Provisioning" | "Failed" | "Deleting",
+    why: Why,
+    ready: "False" | "Unknown" = "False",
+  ) {
+    await this.setStatus(
+      p,
+      (s) => {
+        s.state = state;
+      },
+      {
+        type: "Ready",
+        status: ready,
+        reason: why.reason,
+        message: why.message,
+      },
+    );
+  }
+
+  private backendOf(t: Target): { backend: TargetBackend; vm: VolumeManager } {
+    const backend = this.o.backends[t.backend];
+    const vm = this.o.volumeManagers[t.volumeManager];
+    if (!backend || !vm) {
+      throw new TerminalError(
+        new StorageError(
+          "unimplemented",
+          `this agent serves no ${!backend ? `${t.backend} backend` : `${t.volumeManager} volume manager`}`,
+        ),
+      );
+    }
+    return { backend, vm };
+  }
+
+  async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
+    const p = this.partitions.get(key);
+    if (!p) return;
+    const d = decide({
+      partition: p,
+      nodeName: this.o.nodeName,
+      device: this.deviceFor(p),
+      attachments: this.attachmentsFor(p).map((a) => a.metadata.name),
+    });
+    const log = this.o.logger.with({ partition: key });
+    switch (d.action) {
+      case "ignore":
+      case "done":
+        return;
+      case "add-finalizer": {
+        // A full update with the cached resourceVersion: a merge patch would replace other finalizers.
+        await this.partClient.replace({
+          ...p,
+          metadata: { ...p.metadata, finalizers: [...(p.metadata.finalizers ?? []), PARTITION_FINALIZER] },
+        });
+        await this.step("finalizer", key);
+        return;
+      }
+      case "wait":
+        await this.report(p, "Pending", d.why);
+        throw new StorageError("unavailable", d.why.message);
+      case "refuse":
+        await this.report(p, "Failed", d.why);
+        await this.o.events?.record(p, "Warning", d.why.reason, "Provision", d.why.message);
+        throw new TerminalError(new StorageError("precondition", d.why.message));
+      case "block-deletion":
+        await this.report(p, "Deleting", d.why);
+        return { requeueAfterMs: 30_000 };
+      case "provision":
+        return this.provision(key, p, d.target, d.lockDevice, log);
+      case "deprovision":
+        await this.deprovision(key, p, d.target, log);
+        return;
+    }
+  }
+
+  private async lockDevice(p: NVMePartition, backend: BackendName): Promise<void> {
+    const dev = this.deviceFor(p) as NVMeDevice;
+    let conflict: string | undefined;
+    await updateStatus(this.devClient, dev.metadata.name, undefined, (latest) => {
+      const active = latest.status?.activeBackend;
+      if (active === backend) return undefined;
+      if (active) {
+        conflict = active;
+        return undefined;
+      }
+      return {
+        ...(latest.status ?? { phase: "Available", conditions: [] }),
+        activeBackend: backend,
+      } as NonNullable<NVMeDevice["status"]>;
+    });
+    if (conflict) {
+      const why = {
+        reason: "BackendConflict",
+        message: `device ${dev.metadata.name} was just locked to the ${conflict} backend; a ${backend} partition cannot share it`,
+      };
+      await this.report(p, "Failed", why);
+      throw new TerminalError(new StorageError("precondition", why.message));
+    }
+  }
+
+  private async provision(key: string, p: NVMePartition, t: Target, lock: boolean, log: Logger) {
+    const { backend, vm } = this.backendOf(t);
+    if (lock) {
+      await this.lockDevice(p, t.backend);
+      await this.step("device-lock", key);
+    }
+    if (p.status?.state !== "Exported") {
+      await this.report(
+        p,
+        "Provisioning",
+        { reason: "Provisioning", message: `carving ${t.volume.sizeBytes} bytes on ${t.volume.device.name}` },
+        "Unknown",
+      );
+    }
+    const device: DeviceRef = await backend.prepareDevice(t.volume.device);
+    await this.step("prepare-device", key);
+    await vm.prepareLayout(device);
+    await this.step("layout", key);
+    const volume = await vm.ensureVolume({ ...t.volume, device });
+    await this.step("volume", key);
+    const transport = p.spec.targetOptions?.transport ?? "rdma";
+    const portal = await this.o.portal(transport);
+    if (!portal) {
+      const why = {
+        reason: "NoPortal",
+        message: `node ${this.o.nodeName} has no usable ${transport} endpoint`,
+      };
+      await this.report(p, "Pending", why);
+      throw new StorageError("unavailable", why.message);
+    }
+    const port = p.spec.targetOptions?.portalPort ?? portal.port;
+    const repaired = await backend.ensureExport({
+      nqn: t.nqn,
+      volume,
+      transport,
+      address: portal.address,
+      port,
+      serialNumber: serialNumberFor(t.volume.externalId),
+    });
+    await this.step("export", key);
+    await backend.setHosts(t.nqn, desiredHosts(p.metadata.uid, this.attachmentsFor(p)));
+    await this.step("acl", key);
+    const wasExported = p.status?.state === "Exported";
+    if (wasExported && repaired.length > 0) {
+      log.warn("export was incomplete and has been repaired", { repaired });
+      await this.o.events?.record(
+        p,
+        "Warning",
+        "ExportRepaired",
+        "Verify",
+        `repaired: ${repaired.join(", ")}`,
+      );
+    }
+    await this.setStatus(
+      p,
+      (s) => {
+        s.state = "Exported";
+        s.externalId = t.volume.externalId;
+        s.backendPath = volume.backendPath;
+        s.nqn = t.nqn;
+        s.portalIP = portal.address;
+        s.portalPort = port;
+        s.transport = transport;
+        s.allocatedBytes = volume.sizeBytes;
+      },
+      {
+        type: "Ready",
+        status: "True",
+        reason: "Exported",
+        message: `${t.nqn} on ${transport}://${portal.address}:${port}`,
+      },
+    );
+    await this.step("status", key);
+    if (!wasExported) {
+      log.info("partition exported", { nqn: t.nqn, bytes: volume.sizeBytes });
+      await this.o.events?.record(
+        p,
+        "Normal",
+        "Exported",
+        "Provision",
+        `${t.nqn} on ${portal.address}:${port}`,
+      );
+    }
+    return { requeueAfterMs: this.o.verifyPeriodMs ?? 60_000 };
+  }
+
+  private async deprovision(key: string, p: NVMePartition, t: Target, log: Logger) {
+    const { backend, vm } = this.backendOf(t);
+    const dev = this.deviceFor(p);
+    if (!dev || dev.status?.phase === "Unavailable") {
+      // The volume lives on that drive: dropping the finalizer now would leak it for good.
+      const why = {
+        reason: "DeviceUnavailable",
+        message: `cleanup waits for device ${p.spec.deviceSerial} to be present on ${this.o.nodeName}`,
+      };
+      await this.report(p, "Deleting", why);
+      throw new StorageError("unavailable", why.message);
+    }
+    await backend.removeExport(t.nqn);
+    await this.step("unexport", key);
+    const device = await backend.prepareDevice(t.volume.device);
+    await vm.deleteVolume({ ...t.volume, device });
+    await this.step("delete-volume", key);
+    const latest = await this.partClient.get(p.metadata.name, p.metadata.namespace);
+    if (latest && latest.metadata.uid === p.metadata.uid) {
+      await this.partClient.replace({
+        ...latest,
+        metadata: {
+          ...latest.metadata,
+          finalizers: (latest.metadata.finalizers ?? []).filter((f) => f !== PARTITION_FINALIZER),
+        },
+      });
+    }
+    await this.step("finalizer-removed", key);
+    log.info("partition cleaned up", { nqn: t.nqn });
+  }
+}

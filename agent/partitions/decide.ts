@@ -1,0 +1,155 @@
+// The partition reconciler's pure core: from one NVMePartition and what the agent observed about
+// it (its drive, attachments still referencing it), decide what to do next. No I/O here; the
+// controller runs the decision through the backend and volume-manager ports.
+import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
+import type { BackendName, VolumeManagerName, VolumeSpec } from "../backends/types.ts";
+import { externalIdFor, nqnFor, roundUp } from "./identity.ts";
+
+export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
+
+export interface Observed {
+  partition: NVMePartition;
+  /** The node this agent serves. */
+  nodeName: string;
+  /** The NVMeDevice on this node whose serial is spec.deviceSerial, if reported. */
+  device?: NVMeDevice;
+  /** NVMeVolumeAttachments naming this partition's UID (their names). */
+  attachments: readonly string[];
+}
+
+/** Where a refusal or a wait is reported: a condition reason plus a message for operators. */
+export interface Why {
+  reason: string;
+  message: string;
+}
+
+export interface Target {
+  backend: BackendName;
+  volumeManager: VolumeManagerName;
+  volume: VolumeSpec;
+  nqn: string;
+}
+
+export type Decision =
+  /** Not this agent's partition (another node, or not placed yet). */
+  | { action: "ignore"; why: string }
+  /** Install the cleanup finalizer before creating anything external. */
+  | { action: "add-finalizer" }
+  /** Cannot proceed until something else changes; retry with backoff. */
+  | { action: "wait"; why: Why }
+  /** The request can never succeed as it is: report, do not retry until the object changes. */
+  | { action: "refuse"; why: Why }
+  /** Create or repair everything; `lockDevice` when the drive has no active backend yet. */
+  | { action: "provision"; target: Target; lockDevice: boolean }
+  /** Deletion requested but attachments still reference the partition. */
+  | { action: "block-deletion"; why: Why }
+  /** Remove the export, delete the volume, then drop the finalizer. */
+  | { action: "deprovision"; target: Target }
+  /** Deleting, and nothing of ours is left to clean (no finalizer). */
+  | { action: "done" };
+
+/** Maps the CRD-facing volume manager name to the registered implementation. */
+export function resolveVolumeManager(
+  backend: BackendName,
+  vm: NVMePartition["spec"]["volumeManager"],
+): VolumeManagerName {
+  if (vm === "partition" || vm === undefined) return backend === "spdk" ? "spdk-lvol" : "parted";
+  return vm;
+}
+
+function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
+  const backend = p.spec.backend ?? "spdk";
+  const uid = p.metadata.uid as string;
+  const externalId = p.status?.externalId ?? externalIdFor(uid);
+  return {
+    backend,
+    volumeManager: resolveVolumeManager(backend, p.spec.volumeManager),
+    nqn: nqnFor(externalId),
+    volume: {
+      externalId,
+      sizeBytes: roundUp(p.spec.sizeBytes),
+      device: {
+        name: device?.metadata.name ?? "",
+        serial: p.spec.deviceSerial ?? "",
+        pciAddress: device?.spec.pciAddress ?? "",
+      },
+    },
+  };
+}
+
+/**
+ * Decides the next action. Pure and total: every input yields a decision. Deletion wins over
+ * everything else; a partition is provisioned only once its finalizer is in place, its drive is
+ * reported on this node, owned by the same claim, and not locked to the other backend.
+ */
+export function decide(o: Observed): Decision {
+  const p = o.partition;
+  if (!p.spec.nodeName) return { action: "ignore", why: "not placed yet" };
+  if (p.spec.nodeName !== o.nodeName) return { action: "ignore", why: `assigned to node ${p.spec.nodeName}` };
+  if (!p.metadata.uid) return { action: "ignore", why: "no UID yet" };
+  const hasFinalizer = (p.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+
+  if (p.metadata.deletionTimestamp) {
+    if (!hasFinalizer) return { action: "done" };
+    if (o.attachments.length > 0) {
+      return {
+        action: "block-deletion",
+        why: {
+          reason: "AttachmentsExist",
+          message: `deletion waits for ${o.attachments.length} attachment(s) to be released: ${o.attachments.slice(0, 5).join(", ")}`,
+        },
+      };
+    }
+    return { action: "deprovision", target: target(p, o.device) };
+  }
+
+  if (!hasFinalizer) return { action: "add-finalizer" };
+  const d = o.device;
+  if (!d) {
+    return {
+      action: "wait",
+      why: {
+        reason: "DeviceNotFound",
+        message: `no NVMeDevice with serial ${p.spec.deviceSerial} is reported on ${o.nodeName}`,
+      },
+    };
+  }
+  if (d.spec.serial !== p.spec.deviceSerial || d.spec.nodeName !== o.nodeName) {
+    return {
+      action: "refuse",
+      why: {
+        reason: "DeviceMismatch",
+        message: `device ${d.metadata.name} is not serial ${p.spec.deviceSerial} on ${o.nodeName}`,
+      },
+    };
+  }
+  if (d.status?.phase === "Unavailable") {
+    return {
+      action: "wait",
+      why: { reason: "DeviceUnavailable", message: `device ${d.metadata.name} is not present on the node` },
+    };
+  }
+  const claim = p.spec.claimRef;
+  const owner = d.status?.claimRef;
+  if (claim && (!owner || owner.uid !== claim.uid)) {
+    return {
+      action: "refuse",
+      why: {
+        reason: "ClaimMismatch",
+        message: `device ${d.metadata.name} is not owned by claim ${claim.namespace}/${claim.name} (uid ${claim.uid})`,
+      },
+    };
+  }
+  const t = target(p, d);
+  const active = d.status?.activeBackend;
+  if (active && active !== t.backend) {
+    return {
+      action: "refuse",
+      why: {
+        reason: "BackendConflict",
+        message: `device ${d.metadata.name} already serves the ${active} backend; a ${t.backend} partition on it would mix kernel and SPDK allocations`,
+      },
+    };
+  }
+  return { action: "provision", target: t, lockDevice: !active };
+}

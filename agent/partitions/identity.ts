@@ -1,0 +1,43 @@
+// Deterministic names of everything the agent creates for a partition, derived from its immutable
+// UID (never its namespace/name), so a crash-restart finds what an earlier pass created and a
+// deleted-and-recreated partition of the same name never adopts its predecessor's volume.
+import { createHash } from "node:crypto";
+
+/** Allocation unit shared by the kernel (GPT) and SPDK (lvol clusters) paths. */
+export const ALLOCATION_UNIT = 4 * 1024 * 1024;
+
+export const NQN_PREFIX = "nqn.2026-02.io.distort:volume-";
+
+function sha256hex(s: string): string {
+  return createHash("sha256").update(s).digest("hex");
+}
+
+/** "vol-" + 20 hex digits of SHA-256(uid): 80 bits, unique for any realistic number of volumes. */
+export function externalIdFor(uid: string): string {
+  if (!uid) throw new Error("a partition without a UID has no identity yet");
+  return `vol-${sha256hex(uid).slice(0, 20)}`;
+}
+
+export function nqnFor(externalId: string): string {
+  return `${NQN_PREFIX}${externalId}`;
+}
+
+/** The externalId inside one of our NQNs, or undefined for a foreign subsystem. */
+export function externalIdOfNqn(nqn: string): string | undefined {
+  return nqn.startsWith(NQN_PREFIX) ? nqn.slice(NQN_PREFIX.length) : undefined;
+}
+
+/** Subsystem serial number (SPDK allows 20 ASCII characters). */
+export function serialNumberFor(externalId: string): string {
+  return `DST${externalId.slice(4, 21)}`.toUpperCase();
+}
+
+/** lvstore name on a drive: from the drive's serial, which survives renames and rebinding. */
+export function lvstoreNameFor(deviceSerial: string): string {
+  return `lvs_${sha256hex(deviceSerial).slice(0, 16)}`;
+}
+
+/** Rounds up to the allocation unit; sizes are positive integers (validated by the CRD). */
+export function roundUp(bytes: number): number {
+  return Math.ceil(bytes / ALLOCATION_UNIT) * ALLOCATION_UNIT;
+}
