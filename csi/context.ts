@@ -1,0 +1,54 @@
+// The contract between the CSI controller and the CSI node: keys of the volume context
+// (CreateVolume -> PV -> NodeStage) and of the publish context (ControllerPublish -> NodeStage).
+// Values are strings (CSI maps); both sides parse them with these schemas.
+import * as v from "valibot";
+
+export const DRIVER_NAME = "storage.distort.io";
+
+/** volume_context keys, set by CreateVolume from the Exported NVMePartition. */
+export const VolumeContextKeys = {
+  nqn: "storage.distort.io/nqn",
+  portalIP: "storage.distort.io/portalIP",
+  portalPort: "storage.distort.io/portalPort",
+  transport: "storage.distort.io/transport",
+  /** Namespace UUID/NGUID of namespace 1, when the target reports one: NodeStage finds the device by it. */
+  namespaceUUID: "storage.distort.io/namespaceUUID",
+  /** From StorageClass parameters: nvme connect reconnect settings (seconds). */
+  ctrlLossTmo: "storage.distort.io/ctrlLossTmo",
+  reconnectDelay: "storage.distort.io/reconnectDelay",
+  fastIoFailTmo: "storage.distort.io/fastIoFailTmo",
+} as const;
+
+/** publish_context keys, set by ControllerPublishVolume once AccessReady is True. */
+export const PublishContextKeys = {
+  /** The host NQN the target ACL allows; NodeStage connects with exactly this one. */
+  hostNQN: "storage.distort.io/hostNQN",
+  attachmentId: "storage.distort.io/attachmentId",
+} as const;
+
+const numeric = (what: string, min: number, max: number) =>
+  v.pipe(
+    v.string(),
+    v.regex(/^-?\d+$/, `${what} must be an integer`),
+    v.transform(Number),
+    v.minValue(min, `${what} must be >= ${min}`),
+    v.maxValue(max, `${what} must be <= ${max}`),
+  );
+
+export const VolumeContextSchema = v.object({
+  [VolumeContextKeys.nqn]: v.pipe(v.string(), v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "nqn is not an NQN"), v.maxLength(223)),
+  [VolumeContextKeys.portalIP]: v.pipe(v.string(), v.ip("portalIP is not an IP address")),
+  [VolumeContextKeys.portalPort]: numeric("portalPort", 1, 65535),
+  [VolumeContextKeys.transport]: v.picklist(["rdma", "tcp"], "transport must be rdma or tcp"),
+  [VolumeContextKeys.namespaceUUID]: v.optional(v.string()),
+  [VolumeContextKeys.ctrlLossTmo]: v.optional(numeric("ctrlLossTmo", -1, 86400)),
+  [VolumeContextKeys.reconnectDelay]: v.optional(numeric("reconnectDelay", 1, 3600)),
+  [VolumeContextKeys.fastIoFailTmo]: v.optional(numeric("fastIoFailTmo", -1, 86400)),
+});
+export type VolumeContext = v.InferOutput<typeof VolumeContextSchema>;
+
+export const PublishContextSchema = v.object({
+  [PublishContextKeys.hostNQN]: v.pipe(v.string(), v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "hostNQN is not an NQN")),
+  [PublishContextKeys.attachmentId]: v.pipe(v.string(), v.minLength(1)),
+});
+export type PublishContext = v.InferOutput<typeof PublishContextSchema>;
