@@ -1,0 +1,140 @@
+// Byte-addressed block I/O behind every emulated bdev: an extent of a (sparse) file for drives and
+// AIO bdevs, zero-filled memory for malloc bdevs. Lvol and fabric bdevs implement the same port.
+import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
+import { Errno, ErrnoError } from "./rpc-error.ts";
+
+/**
+ * The data path of a bdev. Offsets and lengths are bytes; callers keep them inside `sizeBytes`
+ * (out of range is ErrnoError EINVAL). Failures are ErrnoError (EIO for a gone device).
+ * Implementations may be called concurrently; each call is applied atomically.
+ */
+export interface BlockIo {
+  /** Current size in bytes (lvols and fabric namespaces can be resized). */
+  readonly sizeBytes: number;
+  read(offset: number, length: number): Promise<Buffer>;
+  write(offset: number, data: Uint8Array): Promise<void>;
+}
+
+/** Throws EINVAL unless [offset, offset+length) lies within [0, size). */
+export function checkRange(offset: number, length: number, size: number): void {
+  if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0) {
+    throw new ErrnoError(Errno.EINVAL, `bad range ${offset}+${length}`);
+  }
+  if (offset + length > size) throw new ErrnoError(Errno.EINVAL, `range ${offset}+${length} beyond ${size}`);
+}
+
+/**
+ * A window [base, base+size) of a file opened once. Synchronous positional I/O keeps every call
+ * atomic and ordered, which is what a simulator needs more than throughput. close() makes later
+ * calls fail with EIO, as I/O to a removed device does.
+ */
+export class FileExtentIo implements BlockIo {
+  #fd: number | undefined;
+
+  constructor(
+    readonly path: string,
+    readonly base: number,
+    readonly sizeBytes: number,
+    opts: { readonly?: boolean } = {},
+  ) {
+    this.#fd = openSync(path, opts.readonly ? "r" : "r+");
+  }
+
+  /** A file opened whole, sized by its current length. */
+  static whole(path: string, opts: { readonly?: boolean } = {}): FileExtentIo {
+    const fd = openSync(path, "r");
+    const size = fstatSync(fd).size;
+    closeSync(fd);
+    return new FileExtentIo(path, 0, size, opts);
+  }
+
+  async read(offset: number, length: number): Promise<Buffer> {
+    const fd = this.#open();
+    checkRange(offset, length, this.sizeBytes);
+    const out = Buffer.alloc(length);
+    let done = 0;
+    try {
+      while (done < length) {
+        const n = readSync(fd, out, done, length - done, this.base + offset + done);
+        if (n === 0) break; // a sparse tail past EOF reads as zeros, already in `out`
+        done += n;
+      }
+    } catch (err) {
+      throw new ErrnoError(Errno.EIO, (err as Error).message);
+    }
+    return out;
+  }
+
+  async write(offset: number, data: Uint8Array): Promise<void> {
+    const fd = this.#open();
+    checkRange(offset, data.length, this.sizeBytes);
+    let done = 0;
+    try {
+      while (done < data.length) {
+        done += writeSync(fd, data, done, data.length - done, this.base + offset + done);
+      }
+    } catch (err) {
+      // A read-only AIO file lands here too: the write fails like a rejected command.
+      throw new ErrnoError(Errno.EIO, (err as Error).message);
+    }
+  }
+
+  /** Releases the file; idempotent. */
+  close(): void {
+    if (this.#fd !== undefined) closeSync(this.#fd);
+    this.#fd = undefined;
+  }
+
+  #open(): number {
+    if (this.#fd === undefined) throw new ErrnoError(Errno.EIO, `${this.path} is closed`);
+    return this.#fd;
+  }
+}
+
+const CHUNK = 1 << 20;
+
+/** Zero-initialised RAM of a fixed size, allocated in 1 MiB chunks on first write (malloc bdev). */
+export class MemoryIo implements BlockIo {
+  readonly #chunks = new Map<number, Buffer>();
+
+  constructor(readonly sizeBytes: number) {}
+
+  async read(offset: number, length: number): Promise<Buffer> {
+    checkRange(offset, length, this.sizeBytes);
+    const out = Buffer.alloc(length);
+    this.#walk(offset, length, (chunk, at, pos, n) => {
+      const c = this.#chunks.get(chunk);
+      if (c) c.copy(out, pos, at, at + n);
+    });
+    return out;
+  }
+
+  async write(offset: number, data: Uint8Array): Promise<void> {
+    checkRange(offset, data.length, this.sizeBytes);
+    const src = Buffer.from(data.buffer, data.byteOffset, data.length);
+    this.#walk(offset, data.length, (chunk, at, pos, n) => {
+      let c = this.#chunks.get(chunk);
+      if (!c) {
+        c = Buffer.alloc(CHUNK);
+        this.#chunks.set(chunk, c);
+      }
+      src.copy(c, at, pos, pos + n);
+    });
+  }
+
+  #walk(
+    offset: number,
+    length: number,
+    fn: (chunk: number, at: number, pos: number, n: number) => void,
+  ): void {
+    let pos = 0;
+    while (pos < length) {
+      const abs = offset + pos;
+      const chunk = Math.floor(abs / CHUNK);
+      const at = abs - chunk * CHUNK;
+      const n = Math.min(CHUNK - at, length - pos);
+      fn(chunk, at, pos, n);
+      pos += n;
+    }
+  }
+}

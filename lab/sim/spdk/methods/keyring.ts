@@ -1,0 +1,44 @@
+// keyring_* methods: file-backed keys that DH-HMAC-CHAP and TLS PSK settings refer to by name.
+import * as v from "valibot";
+import type { App } from "../app.ts";
+import { type MethodSpec, RUNTIME } from "../method-table.ts";
+import { DECODE_FAILED_PARAMS, decode, noParams, str } from "../params.ts";
+
+/** The keyring methods of `app`. */
+export function keyringMethods(app: App): MethodSpec[] {
+  return [
+    {
+      name: "keyring_file_add_key",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(req, v.looseObject({ name: str, path: str }), DECODE_FAILED_PARAMS);
+        app.keyring.addFile(p.name, p.path);
+        return true;
+      },
+    },
+    {
+      name: "keyring_file_remove_key",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(req, v.strictObject({ name: str }), DECODE_FAILED_PARAMS);
+        app.keyring.remove(p.name);
+        return true;
+      },
+    },
+    {
+      name: "keyring_get_keys",
+      states: RUNTIME,
+      handler: (req) => {
+        noParams(req, "keyring_get_keys requires no parameters");
+        return app.keyring.list().map((k) => ({
+          name: k.name,
+          module: "keyring_file",
+          removed: false,
+          probed: false,
+          refcnt: 1 + k.refs,
+          path: k.path,
+        }));
+      },
+    },
+  ];
+}

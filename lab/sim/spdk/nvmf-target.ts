@@ -1,0 +1,444 @@
+// The NVMe-oF target of one emulated app: transports, subsystems with namespaces, listeners and
+// host ACLs, and the controllers initiators connect through the SimFabric. Runtime state only:
+// a crash loses all of it, exactly like nvmf_tgt loses its configuration on restart.
+import type { Logger } from "../../../lib/log.ts";
+import type { Bdev, BdevRegistry } from "./bdev.ts";
+import type { FabricListener, FabricServerConnection, SimFabric } from "./fabric.ts";
+import type { Message, NamespaceInfo } from "./fabric-protocol.ts";
+import type { JsonValue } from "./json-stream.ts";
+import { DISCOVERY_NQN } from "./nqn.ts";
+import { errnoOf } from "./rpc-error.ts";
+
+/** Transports nvmf_tgt can be built with. */
+export type Trtype = "TCP" | "RDMA";
+/** Address families as SPDK prints them. */
+export type Adrfam = "IPv4" | "IPv6" | "IB" | "FC" | "INTRA_HOST";
+
+/** A listen address (trid) as SPDK prints it. */
+export interface ListenAddress {
+  readonly trtype: Trtype;
+  readonly adrfam: Adrfam;
+  readonly traddr: string;
+  readonly trsvcid: string;
+}
+
+/** Transport options, in nvmf_get_transports' print order per transport. */
+export type TransportOpts = { [key: string]: JsonValue };
+
+/** A namespace of a subsystem; its bdev is claimed exclusive_write while it is exported. */
+export interface Namespace {
+  readonly nsid: number;
+  readonly bdev: Bdev;
+  readonly uuid: string;
+  /** 32 uppercase hex digits. */
+  readonly nguid: string;
+  readonly eui64: string | undefined;
+}
+
+/** An allowed host, with the DH-HMAC-CHAP key names it must use (not checked by the simulation). */
+export interface Host {
+  readonly nqn: string;
+  readonly dhchapKey?: string;
+  readonly dhchapCtrlrKey?: string;
+}
+
+/** A connected controller of a subsystem (one fabric connection). */
+export interface TargetController {
+  readonly cntlid: number;
+  readonly hostnqn: string;
+  readonly hostid: string;
+  readonly listen: ListenAddress;
+  readonly peer: { traddr: string; trsvcid: string };
+  readonly conn: FabricServerConnection;
+  readonly pollGroup: number;
+  /** I/O commands in flight; an I/O qpair exists while this is positive. */
+  inflight: number;
+  /** An I/O qpair was ever connected (reported as num_io_qpairs). */
+  ioQpairs: number;
+}
+
+/** A subsystem; `discovery` is the well-known one every target has. */
+export class Subsystem {
+  readonly hosts: Host[] = [];
+  readonly listeners: ListenAddress[] = [];
+  readonly namespaces = new Map<number, Namespace>();
+  readonly controllers: TargetController[] = [];
+  allowAnyHost: boolean;
+  #nextCntlid: number;
+
+  constructor(
+    readonly nqn: string,
+    readonly subtype: "NVMe" | "Discovery",
+    readonly serialNumber: string,
+    readonly modelNumber: string,
+    readonly maxNamespaces: number,
+    readonly minCntlid: number,
+    readonly maxCntlid: number,
+    allowAnyHost: boolean,
+  ) {
+    this.allowAnyHost = allowAnyHost;
+    this.#nextCntlid = minCntlid;
+  }
+
+  /** The next controller ID in [min_cntlid, max_cntlid], wrapping around, skipping live ones. */
+  allocateCntlid(): number | undefined {
+    const span = this.maxCntlid - this.minCntlid + 1;
+    for (let k = 0; k < span; k++) {
+      const id = this.#nextCntlid;
+      this.#nextCntlid = id >= this.maxCntlid ? this.minCntlid : id + 1;
+      if (!this.controllers.some((c) => c.cntlid === id)) return id;
+    }
+    return undefined;
+  }
+
+  hostAllowed(hostnqn: string): boolean {
+    return this.allowAnyHost || this.hosts.some((h) => h.nqn === hostnqn);
+  }
+
+  findListener(a: ListenAddress): ListenAddress | undefined {
+    return this.listeners.find((l) => sameAddress(l, a));
+  }
+
+  /** Namespaces in NSID order. */
+  sortedNamespaces(): Namespace[] {
+    return [...this.namespaces.values()].sort((a, b) => a.nsid - b.nsid);
+  }
+}
+
+/** Equal trids for listener purposes: transport, family, address and service. */
+export function sameAddress(a: ListenAddress, b: ListenAddress): boolean {
+  return a.trtype === b.trtype && a.adrfam === b.adrfam && a.traddr === b.traddr && a.trsvcid === b.trsvcid;
+}
+
+/** Per poll group counters, as nvmf_get_stats reports them. */
+export interface PollGroupStats {
+  adminQpairs: number;
+  ioQpairs: number;
+  currentAdminQpairs: number;
+  currentIoQpairs: number;
+  completedNvmeIo: number;
+}
+
+interface BoundListener {
+  readonly addr: ListenAddress;
+  readonly fabric: FabricListener | undefined;
+  readonly users: Set<Subsystem>;
+}
+
+/** A target library call failed (SPDK's spdk_nvmf_* returned an error); the RPC layer picks the reply. */
+export class TargetError extends Error {}
+
+/**
+ * The target. Synchronous methods validate and mutate atomically; the asynchronous ones (listener
+ * changes, subsystem deletion) bind or close sockets and must be serialised by the caller. Errors
+ * are TargetError, or ErrnoError EPERM when a bdev is already claimed.
+ */
+export class NvmfTarget {
+  readonly transports = new Map<Trtype, TransportOpts>();
+  readonly #subsystems = new Map<string, Subsystem>();
+  readonly #bound = new Map<string, BoundListener>();
+  readonly #pollGroups: PollGroupStats[];
+  #nextPollGroup = 0;
+
+  constructor(
+    private readonly registry: BdevRegistry,
+    private readonly fabric: SimFabric | undefined,
+    pollGroups: number,
+    private readonly log: Logger,
+  ) {
+    this.#pollGroups = Array.from({ length: pollGroups }, () => ({
+      adminQpairs: 0,
+      ioQpairs: 0,
+      currentAdminQpairs: 0,
+      currentIoQpairs: 0,
+      completedNvmeIo: 0,
+    }));
+    this.#subsystems.set(
+      DISCOVERY_NQN,
+      new Subsystem(DISCOVERY_NQN, "Discovery", "", "", 0, 1, 0xffef, true),
+    );
+    registry.addRemovalHook((b) => this.#onBdevRemoved(b));
+    registry.addResizeHook(async (b) => {
+      for (const s of this.#subsystems.values()) {
+        if ([...s.namespaces.values()].some((n) => n.bdev === b)) this.#announceNamespaces(s);
+      }
+    });
+  }
+
+  /** Subsystems in NQN order (SPDK keeps them in a tree keyed by NQN); discovery included. */
+  subsystems(): Subsystem[] {
+    return [...this.#subsystems.values()].sort((a, b) => (a.nqn < b.nqn ? -1 : a.nqn > b.nqn ? 1 : 0));
+  }
+
+  subsystem(nqn: string): Subsystem | undefined {
+    return this.#subsystems.get(nqn);
+  }
+
+  /** Adds a subsystem; TargetError when the NQN is taken. */
+  addSubsystem(s: Subsystem): void {
+    if (this.#subsystems.has(s.nqn)) throw new TargetError(`subsystem ${s.nqn} exists`);
+    this.#subsystems.set(s.nqn, s);
+  }
+
+  /** Stops and removes a subsystem: controllers disconnected, listeners and namespaces dropped. */
+  async deleteSubsystem(s: Subsystem): Promise<void> {
+    for (const c of [...s.controllers]) c.conn.close();
+    for (const l of [...s.listeners]) await this.removeListener(s, l);
+    for (const ns of [...s.namespaces.values()]) this.#dropNamespace(s, ns);
+    this.#subsystems.delete(s.nqn);
+  }
+
+  /**
+   * Adds a namespace (NSID 0 or absent: the lowest free one) and announces it to connected hosts.
+   * TargetError for a missing bdev or a taken or out-of-range NSID, ErrnoError EPERM for a bdev
+   * claimed elsewhere (an lvstore base, another namespace).
+   */
+  addNamespace(
+    s: Subsystem,
+    bdevName: string,
+    opts: { nsid?: number; uuid?: string; nguid?: string; eui64?: string },
+  ): number {
+    const bdev = this.registry.get(bdevName);
+    if (!bdev) throw new TargetError(`bdev ${bdevName} not found`);
+    let nsid = opts.nsid ?? 0;
+    const max = s.maxNamespaces === 0 ? 0xfffffffe : s.maxNamespaces;
+    if (nsid === 0) {
+      nsid = 1;
+      while (s.namespaces.has(nsid)) nsid++;
+      if (nsid > max) throw new TargetError("no free NSID");
+    } else if (nsid > max || s.namespaces.has(nsid)) {
+      throw new TargetError(`NSID ${nsid} unavailable`);
+    }
+    // nvmf opens the bdev with an exclusive-write claim: a bdev serves one namespace at a time.
+    this.registry.claim(bdev, "exclusive_write", `nvmf:${s.nqn}:${nsid}`);
+    const uuid = opts.uuid ?? bdev.uuid;
+    const nguid = opts.nguid ?? uuid.replaceAll("-", "").toUpperCase();
+    s.namespaces.set(nsid, { nsid, bdev, uuid, nguid, eui64: opts.eui64 });
+    this.#announceNamespaces(s);
+    return nsid;
+  }
+
+  /** Removes namespace `nsid`; TargetError when absent. */
+  removeNamespace(s: Subsystem, nsid: number): void {
+    const ns = s.namespaces.get(nsid);
+    if (!ns) throw new TargetError(`NSID ${nsid} not found`);
+    this.#dropNamespace(s, ns);
+  }
+
+  #dropNamespace(s: Subsystem, ns: Namespace): void {
+    s.namespaces.delete(ns.nsid);
+    this.registry.release(ns.bdev, `nvmf:${s.nqn}:${ns.nsid}`);
+    this.#announceNamespaces(s);
+  }
+
+  /** A bdev going away takes its namespaces with it (hot remove). */
+  async #onBdevRemoved(bdev: Bdev): Promise<void> {
+    for (const s of this.#subsystems.values()) {
+      for (const ns of [...s.namespaces.values()]) {
+        if (ns.bdev === bdev) {
+          this.log.info("namespace hot-removed with its bdev", {
+            nqn: s.nqn,
+            nsid: ns.nsid,
+            bdev: bdev.name,
+          });
+          this.#dropNamespace(s, ns);
+        }
+      }
+    }
+  }
+
+  /**
+   * Starts listening for `s` on `addr` (sharing the socket with other subsystems on the same
+   * address). TargetError when the listener exists or the address cannot be bound.
+   */
+  async addListener(s: Subsystem, addr: ListenAddress): Promise<void> {
+    if (s.findListener(addr)) throw new TargetError("Listener already exists");
+    const key = listenerKey(addr);
+    let bound = this.#bound.get(key);
+    if (!bound) {
+      let fabricListener: FabricListener | undefined;
+      if (this.fabric) {
+        try {
+          fabricListener = await this.fabric.listen(
+            { trtype: addr.trtype, traddr: addr.traddr, trsvcid: addr.trsvcid },
+            (conn) => this.#accept(addr, conn),
+          );
+        } catch (err) {
+          throw new TargetError(`listen on ${addr.traddr}:${addr.trsvcid} failed: ${String(err)}`);
+        }
+      }
+      if (s.findListener(addr)) {
+        await fabricListener?.close();
+        throw new TargetError("Listener already exists");
+      }
+      bound = this.#bound.get(key) ?? { addr, fabric: fabricListener, users: new Set() };
+      this.#bound.set(key, bound);
+    }
+    bound.users.add(s);
+    // SPDK lists listeners newest first.
+    s.listeners.unshift(addr);
+  }
+
+  /** Stops `s` listening on `addr`: its controllers on that address are disconnected. */
+  async removeListener(s: Subsystem, addr: ListenAddress): Promise<void> {
+    const mine = s.findListener(addr);
+    if (!mine) throw new TargetError("Listener not found");
+    s.listeners.splice(s.listeners.indexOf(mine), 1);
+    for (const c of [...s.controllers]) if (sameAddress(c.listen, addr)) c.conn.close();
+    const key = listenerKey(addr);
+    const bound = this.#bound.get(key);
+    if (bound) {
+      bound.users.delete(s);
+      if (bound.users.size === 0) {
+        this.#bound.delete(key);
+        await bound.fabric?.close();
+      }
+    }
+  }
+
+  /** Adds an allowed host (newest first, as SPDK lists them); TargetError when present. */
+  addHost(s: Subsystem, host: Host): void {
+    if (s.hosts.some((h) => h.nqn === host.nqn)) throw new TargetError(`host ${host.nqn} present`);
+    s.hosts.unshift(host);
+  }
+
+  /** Removes a host and disconnects its controllers; TargetError when absent. */
+  removeHost(s: Subsystem, nqn: string): void {
+    const at = s.hosts.findIndex((h) => h.nqn === nqn);
+    if (at < 0) throw new TargetError(`host ${nqn} absent`);
+    s.hosts.splice(at, 1);
+    for (const c of [...s.controllers]) if (c.hostnqn === nqn) c.conn.close();
+  }
+
+  /** Counters per poll group (one per reactor core), as nvmf_get_stats reports them. */
+  pollGroupStats(): readonly PollGroupStats[] {
+    return this.#pollGroups;
+  }
+
+  /** Drops everything without a goodbye: connections cut, sockets left as a dead process leaves them. */
+  async crash(): Promise<void> {
+    for (const s of this.#subsystems.values()) for (const c of [...s.controllers]) c.conn.close();
+    for (const b of this.#bound.values()) await b.fabric?.close({ crash: true });
+    this.#bound.clear();
+  }
+
+  /** Graceful stop: connections closed and listener sockets removed. */
+  async shutdown(): Promise<void> {
+    for (const s of this.#subsystems.values()) for (const c of [...s.controllers]) c.conn.close();
+    for (const b of this.#bound.values()) await b.fabric?.close();
+    this.#bound.clear();
+  }
+
+  #announceNamespaces(s: Subsystem): void {
+    const namespaces = this.#namespaceInfo(s);
+    for (const c of s.controllers) c.conn.send({ op: "namespaces", namespaces });
+  }
+
+  #namespaceInfo(s: Subsystem): NamespaceInfo[] {
+    return s.sortedNamespaces().map((ns) => ({
+      nsid: ns.nsid,
+      uuid: ns.uuid,
+      nguid: ns.nguid,
+      blockSize: ns.bdev.blockSize,
+      numBlocks: ns.bdev.numBlocks,
+    }));
+  }
+
+  /** A new fabric connection on `addr`: wait for CONNECT, apply the ACL, then serve I/O. */
+  #accept(addr: ListenAddress, conn: FabricServerConnection): void {
+    let ctrl: TargetController | undefined;
+    let sub: Subsystem | undefined;
+    conn.onFrame((msg, payload) => {
+      if (msg.op === "connect") {
+        if (ctrl) return;
+        const s = this.#subsystems.get(msg.subnqn);
+        const reject = (reason: string) => {
+          this.log.info("fabric connect rejected", { nqn: msg.subnqn, host: msg.hostnqn, reason });
+          conn.send({ op: "rejected", tag: msg.tag, reason });
+        };
+        if (s?.subtype !== "NVMe") return reject("subsystem not found");
+        if (!s.findListener(addr)) return reject("listener not allowed for this subsystem");
+        if (!s.hostAllowed(msg.hostnqn)) return reject(`host ${msg.hostnqn} not allowed`);
+        const cntlid = s.allocateCntlid();
+        if (cntlid === undefined) return reject("no controller ID left");
+        const pollGroup = this.#nextPollGroup++ % this.#pollGroups.length;
+        ctrl = {
+          cntlid,
+          hostnqn: msg.hostnqn,
+          hostid: msg.hostid,
+          listen: addr,
+          peer: { traddr: msg.peerAddress, trsvcid: msg.peerPort },
+          conn,
+          pollGroup,
+          inflight: 0,
+          ioQpairs: 0,
+        };
+        sub = s;
+        s.controllers.push(ctrl);
+        const pg = this.#pollGroups[pollGroup] as PollGroupStats;
+        pg.adminQpairs++;
+        pg.currentAdminQpairs++;
+        conn.send({
+          op: "connected",
+          tag: msg.tag,
+          ctrlr: {
+            cntlid,
+            vendorId: "0x8086",
+            modelNumber: s.modelNumber,
+            serialNumber: s.serialNumber,
+            firmwareRevision: "25.05.1",
+            subnqn: s.nqn,
+            nvmeVersion: "1.3",
+          },
+          namespaces: this.#namespaceInfo(s),
+        });
+        return;
+      }
+      if (!ctrl || !sub) return conn.close();
+      if (msg.op === "read" || msg.op === "write") void this.#io(sub, ctrl, msg, payload);
+    });
+    conn.onClose(() => {
+      if (!ctrl || !sub) return;
+      const at = sub.controllers.indexOf(ctrl);
+      if (at >= 0) sub.controllers.splice(at, 1);
+      const pg = this.#pollGroups[ctrl.pollGroup] as PollGroupStats;
+      pg.currentAdminQpairs--;
+      if (ctrl.inflight > 0) pg.currentIoQpairs--;
+    });
+  }
+
+  async #io(s: Subsystem, ctrl: TargetController, msg: Message, payload: Buffer): Promise<void> {
+    if (msg.op !== "read" && msg.op !== "write") return;
+    const pg = this.#pollGroups[ctrl.pollGroup] as PollGroupStats;
+    if (ctrl.inflight++ === 0) {
+      // An I/O qpair lives while I/O is outstanding, like a bdev channel opened for the I/O.
+      pg.ioQpairs++;
+      pg.currentIoQpairs++;
+      ctrl.ioQpairs = 1;
+    }
+    try {
+      const ns = s.namespaces.get(msg.nsid);
+      if (!ns) {
+        // Invalid namespace: the command fails; the initiator sees an I/O error.
+        ctrl.conn.send({ op: "error", tag: msg.tag, errno: 5 });
+        return;
+      }
+      if (msg.op === "read") {
+        const data = await ns.bdev.io.read(msg.offset, msg.length);
+        ctrl.conn.send({ op: "data", tag: msg.tag }, data);
+      } else {
+        await ns.bdev.io.write(msg.offset, payload);
+        ctrl.conn.send({ op: "ok", tag: msg.tag });
+      }
+      pg.completedNvmeIo++;
+    } catch (err) {
+      ctrl.conn.send({ op: "error", tag: msg.tag, errno: errnoOf(err) });
+    } finally {
+      if (--ctrl.inflight === 0 && s.controllers.includes(ctrl)) pg.currentIoQpairs--;
+    }
+  }
+}
+
+function listenerKey(a: ListenAddress): string {
+  return `${a.trtype}|${a.adrfam}|${a.traddr}|${a.trsvcid}`;
+}
