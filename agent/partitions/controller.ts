@@ -359,8 +359,16 @@ export class PartitionController {
   }
 
   private async deprovision(key: string, p: NVMePartition, t: Target, log: Logger) {
-    const { backend, vm } = this.backendOf(t);
     const dev = this.deviceFor(p);
+    // Provisioning only starts once the drive is locked to the partition's backend: when the
+    // drive serves another backend, nothing of this partition can exist on it.
+    if (dev && dev.status?.activeBackend !== t.backend && p.status?.state !== "Exported") {
+      await this.dropFinalizer(p);
+      await this.step("finalizer-removed", key);
+      log.info("partition released; it never reached its backend", { backend: t.backend });
+      return;
+    }
+    const { backend, vm } = this.backendOf(t);
     if (!dev || dev.status?.phase === "Unavailable") {
       // The volume lives on that drive: dropping the finalizer now would leak it for good.
       const why = {
@@ -375,6 +383,13 @@ export class PartitionController {
     const device = await backend.prepareDevice(t.volume.device);
     await vm.deleteVolume({ ...t.volume, device });
     await this.step("delete-volume", key);
+    await this.dropFinalizer(p);
+    await this.step("finalizer-removed", key);
+    log.info("partition cleaned up", { nqn: t.nqn });
+  }
+
+  /** Removes our finalizer from the live object of this exact UID (a replacement is left alone). */
+  private async dropFinalizer(p: NVMePartition): Promise<void> {
     const latest = await this.partClient.get(p.metadata.name, p.metadata.namespace);
     if (latest && latest.metadata.uid === p.metadata.uid) {
       await this.partClient.replace({
@@ -385,7 +400,5 @@ export class PartitionController {
         },
       });
     }
-    await this.step("finalizer-removed", key);
-    log.info("partition cleaned up", { nqn: t.nqn });
   }
 }

@@ -6,7 +6,7 @@ import { createHash } from "node:crypto";
 import { StorageError } from "../../../lib/errors.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
-import { type SpdkMethods, subsystemLockKey } from "../../../lib/spdk/methods.ts";
+import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
 import type { DeviceRef, ExportSpec, ExportState, TargetBackend, Transport } from "../types.ts";
 
@@ -25,6 +25,14 @@ export interface SpdkTargetOptions {
 }
 
 const TRTYPE: Record<Transport, string> = { rdma: "RDMA", tcp: "TCP" };
+
+/**
+ * The agent's lock over one export's read-modify-write sequences. Distinct from the per-call
+ * subsystem lock SpdkMethods takes inside (that one is not re-entrant), so nesting is safe.
+ */
+function exportLockKey(nqn: string): string {
+  return `export:${nqn}`;
+}
 
 /** SPDK's controller name for a drive: stable per serial, short enough for bdev names. */
 export function controllerNameFor(serial: string): string {
@@ -141,7 +149,7 @@ export class SpdkTarget implements TargetBackend {
   async ensureExport(spec: ExportSpec): Promise<string[]> {
     const repaired: string[] = [];
     if (await this.ensureTransport(spec.transport)) repaired.push("transport");
-    await this.opts.rpc.serialize(subsystemLockKey(spec.nqn), async () => {
+    await this.opts.rpc.serialize(exportLockKey(spec.nqn), async () => {
       let s = await this.subsystem(spec.nqn);
       if (!s) {
         try {
@@ -218,7 +226,7 @@ export class SpdkTarget implements TargetBackend {
   }
 
   async setHosts(nqn: string, hostNQNs: readonly string[]): Promise<void> {
-    await this.opts.rpc.serialize(subsystemLockKey(nqn), async () => {
+    await this.opts.rpc.serialize(exportLockKey(nqn), async () => {
       const s = await this.subsystem(nqn);
       if (!s) throw new StorageError("not-found", `subsystem ${nqn} does not exist`);
       const want = new Set(hostNQNs);
@@ -244,7 +252,7 @@ export class SpdkTarget implements TargetBackend {
   }
 
   async removeExport(nqn: string): Promise<void> {
-    await this.opts.rpc.serialize(subsystemLockKey(nqn), async () => {
+    await this.opts.rpc.serialize(exportLockKey(nqn), async () => {
       const s = await this.subsystem(nqn);
       if (!s) return;
       const gone = (err: unknown) => {

@@ -1,0 +1,207 @@
+// The agent end to end against the real kube-apiserver and the nvmf_tgt emulator on its socket:
+// the reporter publishes the drive, a claimed drive yields an Exported partition that really
+// exists in the target, attachments drive the host ACL, and deletion leaves nothing behind.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import {
+  kinds,
+  type NVMeDevice,
+  type NVMeDeviceClaim,
+  type NVMePartition,
+  type NVMeVolumeAttachment,
+} from "../api/index.ts";
+import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import {
+  claimDevice,
+  placedPartition,
+  type SimStorageNode,
+  startSimStorageNode,
+} from "../lab/harness/storage-node.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { createLogger } from "../lib/log.ts";
+import { parseAgentConfig } from "./config.ts";
+import { type RunningAgent, runAgent } from "./main.ts";
+import { externalIdFor, nqnFor } from "./partitions/identity.ts";
+
+const GiB = 1024 ** 3;
+const HOST_A = "nqn.2014-08.org.nvmexpress:uuid:0d4c1d0e-1b2c-4d3e-8f40-5a6b7c8d9e0f";
+const HOST_B = "nqn.2014-08.org.nvmexpress:uuid:7e6d5c4b-3a29-4817-9605-f4e3d2c1b0a9";
+
+let tc: TestCluster;
+let node: SimStorageNode;
+let agent: RunningAgent;
+let ns: string;
+let device: NVMeDevice;
+let claim: NVMeDeviceClaim;
+let parts: ResourceClient<NVMePartition>;
+let vas: ResourceClient<NVMeVolumeAttachment>;
+
+beforeAll(async () => {
+  tc = await testCluster();
+  ns = await tc.namespace("agent");
+  node = await startSimStorageNode({
+    nodeName: "node-a",
+    drives: [{ serial: "SIMA0001", pciAddress: "0000:3b:00.0", sizeBytes: 8 * GiB }],
+  });
+  const cfg = parseAgentConfig(node.agentEnv(tc.kubeconfigPath, ns));
+  agent = await runAgent(cfg, createLogger({ level: (process.env.DISTORT_TEST_LOG as "info") ?? "warn" }));
+  parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+  device = await eventually(
+    async () => (await devices.list()).items.find((d) => d.spec.serial === "SIMA0001"),
+    15_000,
+    "NVMeDevice reported",
+  );
+  claim = await claimDevice(tc.conn, device, ns);
+}, 300_000);
+
+afterAll(async () => {
+  await agent?.stop();
+  await node?.close();
+  await tc?.stop();
+});
+
+test("the reporter publishes the drive with reserved, 4 MiB-rounded capacity and a heartbeat", async () => {
+  expect(device.spec.nodeName).toBe("node-a");
+  expect(device.spec.pciAddress).toBe("0000:3b:00.0");
+  expect(device.spec.allocatableBytes % (4 * 1024 * 1024)).toBe(0);
+  expect(device.spec.allocatableBytes).toBeLessThanOrEqual(0.99 * 8 * GiB);
+  const nodes = new ResourceClient(tc.conn, kinds.RDMAStorageNode);
+  const sn = await eventually(
+    async () => {
+      const n = await nodes.get("node-a", ns);
+      return n?.status?.rdmaIP ? n : undefined;
+    },
+    10_000,
+    "RDMAStorageNode with an endpoint",
+  );
+  expect(sn.status?.rdmaIP).toBe("127.0.0.1");
+  expect(sn.status?.lastHeartbeatTime).toBeTruthy();
+});
+
+test("a placed partition becomes Exported and really exists in the target; attachments drive the ACL; deletion leaves nothing", async () => {
+  const created = await parts.create(placedPartition("p1", ns, device, claim, 100 * 1024 * 1024 + 1));
+  const uid = created.metadata.uid as string;
+  const id = externalIdFor(uid);
+  const nqn = nqnFor(id);
+  const exported = await eventually(
+    async () => {
+      const p = await parts.get("p1", ns);
+      return p?.status?.state === "Exported" ? p : undefined;
+    },
+    20_000,
+    "Exported",
+  );
+  expect(exported.status).toMatchObject({
+    nqn,
+    externalId: id,
+    portalIP: "127.0.0.1",
+    portalPort: 4420,
+    transport: "tcp",
+  });
+  expect(exported.status?.allocatedBytes).toBe(104 * 1024 * 1024);
+  expect(exported.metadata.finalizers).toContain("storage.distort.io/partition-cleanup");
+
+  let s = node.emulator.state();
+  const lvols = s.lvols.filter((l) => l.name === id);
+  expect(lvols).toHaveLength(1);
+  const sub = s.subsystems.find((x) => x.nqn === nqn);
+  expect(sub?.allowAnyHost).toBe(false);
+  expect(sub?.hosts).toEqual([]);
+  expect(sub?.namespaces.map((n) => `${n.nsid}:${n.bdevName}`)).toEqual([`1:${lvols[0]?.uuid}`]);
+  expect(sub?.listeners.map((l) => [l.trtype, l.traddr, l.trsvcid])).toEqual([["TCP", "127.0.0.1", "4420"]]);
+  const dev = await new ResourceClient(tc.conn, kinds.NVMeDevice).get(device.metadata.name);
+  expect(dev?.status?.activeBackend).toBe("spdk");
+
+  // Attachment: the ACL holds exactly its host, AccessReady follows; a takeover revokes first.
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: `va-${uid}`, namespace: ns },
+    spec: {
+      partitionName: "p1",
+      partitionUID: uid,
+      nodeId: "worker-1",
+      hostNQN: HOST_A,
+      attachmentId: "att-1",
+    },
+  } as NVMeVolumeAttachment);
+  await eventually(
+    async () => (await vas.get(`va-${uid}`, ns))?.status?.observedAttachmentId === "att-1",
+    10_000,
+    "AccessReady",
+  );
+  expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)?.hosts).toEqual([HOST_A]);
+  const va = (await vas.get(`va-${uid}`, ns)) as NVMeVolumeAttachment;
+  await vas.replace({
+    ...va,
+    spec: { ...va.spec, nodeId: "worker-2", hostNQN: HOST_B, attachmentId: "att-2" },
+  });
+  await eventually(
+    async () => (await vas.get(`va-${uid}`, ns))?.status?.observedAttachmentId === "att-2",
+    10_000,
+    "takeover ready",
+  );
+  expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)?.hosts).toEqual([HOST_B]);
+
+  // Deletion waits for the attachment; its removal revokes the host, then cleanup completes.
+  await parts.delete("p1", ns);
+  await Bun.sleep(1500);
+  expect((await parts.get("p1", ns))?.status?.conditions?.find((c) => c.type === "Ready")?.reason).toBe(
+    "AttachmentsExist",
+  );
+  expect(node.emulator.state().lvols.filter((l) => l.name === id)).toHaveLength(1);
+  await vas.delete(`va-${uid}`, ns);
+  await eventually(async () => !(await vas.get(`va-${uid}`, ns)), 10_000, "attachment gone");
+  await eventually(async () => !(await parts.get("p1", ns)), 20_000, "partition gone");
+  s = node.emulator.state();
+  expect(s.lvols.filter((l) => l.name === id)).toEqual([]);
+  expect(s.subsystems.filter((x) => x.nqn === nqn)).toEqual([]);
+}, 90_000);
+
+test("a kernel partition on a drive locked to SPDK is refused with a condition naming the reason", async () => {
+  const p = placedPartition("p-kernel", ns, device, claim, 64 * 1024 * 1024);
+  p.spec.backend = "kernel";
+  p.spec.targetOptions = { transport: "tcp" };
+  await parts.create(p);
+  const failed = await eventually(
+    async () => {
+      const x = await parts.get("p-kernel", ns);
+      return x?.status?.state === "Failed" ? x : undefined;
+    },
+    15_000,
+    "Failed",
+  );
+  const ready = failed.status?.conditions?.find((c) => c.type === "Ready");
+  expect(ready?.reason).toBe("BackendConflict");
+  expect(ready?.message).toContain("mix kernel and SPDK");
+  await parts.delete("p-kernel", ns);
+  await eventually(async () => !(await parts.get("p-kernel", ns)), 15_000, "refused partition deletable");
+}, 60_000);
+
+test("after a target crash that drops every export, the agent re-exports the partition", async () => {
+  await parts.create(placedPartition("p2", ns, device, claim, 64 * 1024 * 1024));
+  const p = await eventually(
+    async () => {
+      const x = await parts.get("p2", ns);
+      return x?.status?.state === "Exported" ? x : undefined;
+    },
+    20_000,
+    "Exported",
+  );
+  const nqn = p.status?.nqn as string;
+  await node.emulator.crash();
+  await node.emulator.restart();
+  expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)).toBeUndefined();
+  await eventually(
+    () =>
+      node.emulator
+        .state()
+        .subsystems.find((x) => x.nqn === nqn && x.namespaces.length === 1 && x.listeners.length === 1),
+    15_000,
+    "re-export",
+  );
+  expect(node.emulator.state().lvols.filter((l) => l.name === p.status?.externalId)).toHaveLength(1);
+  await parts.delete("p2", ns);
+  await eventually(async () => !(await parts.get("p2", ns)), 20_000, "partition gone");
+}, 90_000);

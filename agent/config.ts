@@ -1,0 +1,97 @@
+// The agent's configuration: environment variables (as the DaemonSet sets them) parsed and
+// validated in one place. Nothing else in the agent reads process.env.
+import * as v from "valibot";
+import { StorageError } from "../lib/errors.ts";
+import { parseDeviceList } from "./discovery/device-filter.ts";
+
+const int = (min: number, max: number) =>
+  v.pipe(
+    v.string(),
+    v.regex(/^\d+$/, "must be a whole number"),
+    v.transform(Number),
+    v.minValue(min),
+    v.maxValue(max),
+  );
+const bool = v.pipe(
+  v.picklist(["true", "false", "1", "0"], "must be true or false"),
+  v.transform((s) => s === "true" || s === "1"),
+);
+const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
+
+const EnvSchema = v.object({
+  NODE_NAME: v.pipe(v.string(), v.minLength(1, "NODE_NAME is required (downward API spec.nodeName)")),
+  KUBECONFIG: v.optional(absPath),
+  DISTORT_NAMESPACE: v.optional(v.string(), "distort-system"),
+  DISTORT_BACKENDS: v.optional(
+    v.pipe(
+      v.string(),
+      v.transform((s) =>
+        s
+          .split(",")
+          .map((x) => x.trim())
+          .filter(Boolean),
+      ),
+      v.array(v.picklist(["spdk", "kernel"], "DISTORT_BACKENDS entries must be spdk or kernel")),
+      v.minLength(1),
+    ),
+    "spdk,kernel",
+  ),
+  DISTORT_SPDK_SOCKET: v.optional(absPath, "/var/tmp/spdk.sock"),
+  /** argv of nvmf_tgt, space separated; empty: adopt an nvmf_tgt started by someone else. */
+  DISTORT_NVMF_TGT: v.optional(v.string(), ""),
+  DISTORT_SPDK_CORE_MASK: v.optional(
+    v.pipe(v.string(), v.regex(/^0x[0-9a-fA-F]+$/, "must be hex like 0x3")),
+    "0x1",
+  ),
+  /** SPDK's setup script; empty: drives are already bound (the lab). */
+  DISTORT_SPDK_SETUP: v.optional(v.string(), ""),
+  DISTORT_HOST_ROOT: v.optional(absPath, "/"),
+  DISTORT_PORTAL_ADDRESS: v.optional(
+    v.pipe(v.string(), v.ip("DISTORT_PORTAL_ADDRESS must be an IP address")),
+  ),
+  DISTORT_PORTAL_PORT: v.optional(int(1, 65535), "4420"),
+  DISTORT_REPORT_PERIOD_MS: v.optional(int(1000, 3_600_000), "30000"),
+  DISTORT_VERIFY_PERIOD_MS: v.optional(int(1000, 3_600_000), "60000"),
+  DISTORT_HEALTH_PORT: v.optional(int(0, 65535), "9810"),
+  DISTORT_LOG_LEVEL: v.optional(v.picklist(["debug", "info", "warn", "error"]), "info"),
+  DISTORT_THIN_LVOLS: v.optional(bool, "false"),
+  NVME_ALLOWED_DEVICES: v.optional(v.string()),
+  NVME_EXCLUDE_DEVICES: v.optional(v.string()),
+  /** Fault injection for crash tests: the agent kills itself right after this reconcile step. */
+  DISTORT_FAULT_CRASH_AFTER: v.optional(v.string()),
+});
+
+export type AgentConfig = ReturnType<typeof parseAgentConfig>;
+
+/** Parses the environment; a bad value is a StorageError naming the variable and the rule. */
+export function parseAgentConfig(env: Record<string, string | undefined>) {
+  const r = v.safeParse(EnvSchema, env);
+  if (!r.success) {
+    const msgs = r.issues.map((i) => `${v.getDotPath(i) ?? "env"}: ${i.message}`);
+    throw new StorageError("invalid", `agent configuration: ${msgs.join("; ")}`);
+  }
+  const c = r.output;
+  return {
+    nodeName: c.NODE_NAME,
+    kubeconfig: c.KUBECONFIG,
+    namespace: c.DISTORT_NAMESPACE,
+    backends: c.DISTORT_BACKENDS,
+    spdkSocket: c.DISTORT_SPDK_SOCKET,
+    nvmfTgtCommand: c.DISTORT_NVMF_TGT.split(" ").filter(Boolean),
+    coreMask: c.DISTORT_SPDK_CORE_MASK,
+    spdkSetup: c.DISTORT_SPDK_SETUP,
+    hostRoot: c.DISTORT_HOST_ROOT,
+    portalAddress: c.DISTORT_PORTAL_ADDRESS,
+    portalPort: c.DISTORT_PORTAL_PORT,
+    reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
+    verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,
+    healthPort: c.DISTORT_HEALTH_PORT,
+    logLevel: c.DISTORT_LOG_LEVEL,
+    thinLvols: c.DISTORT_THIN_LVOLS,
+    deviceFilter: {
+      allowed: parseDeviceList(c.NVME_ALLOWED_DEVICES),
+      excluded: parseDeviceList(c.NVME_EXCLUDE_DEVICES),
+    },
+    crashAfter: c.DISTORT_FAULT_CRASH_AFTER,
+  };
+}

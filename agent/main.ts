@@ -1,0 +1,188 @@
+// The storage-node agent process: wires configuration, the Kubernetes connection, the SPDK client
+// and the kernel target into discovery + reporter, the partition reconciler and the attachment
+// reconciler, and serves /healthz, /readyz and /metrics. Stops cleanly on SIGTERM.
+import { hostname } from "node:os";
+import { kinds } from "../api/index.ts";
+import { realClock } from "../lib/clock.ts";
+import { errorMessage } from "../lib/errors.ts";
+import { hostExec, runChecked } from "../lib/exec.ts";
+import { hostFs } from "../lib/fs.ts";
+import { serveHealth } from "../lib/health-server.ts";
+import { connect } from "../lib/kube/connection.ts";
+import { EventRecorder } from "../lib/kube/events.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { createLogger, type Logger } from "../lib/log.ts";
+import { Registry } from "../lib/metrics.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { AttachmentController } from "./attachments/controller.ts";
+import { KernelTarget } from "./backends/kernel/kernel-target.ts";
+import { SpdkTarget } from "./backends/spdk/target.ts";
+import type { BackendName, TargetBackend, VolumeManager, VolumeManagerName } from "./backends/types.ts";
+import { type AgentConfig, parseAgentConfig } from "./config.ts";
+import { discoverDevices } from "./discovery/discover.ts";
+import { hostNetworkSource } from "./discovery/network-source.ts";
+import { type EndpointResult, findRdmaEndpoint } from "./discovery/rdma-endpoint.ts";
+import { PartitionController, type Step } from "./partitions/controller.ts";
+import { Reporter } from "./reporter/reporter.ts";
+import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
+import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
+
+export interface RunningAgent {
+  healthPort: number;
+  stop(): Promise<void>;
+}
+
+/** Starts every part of the agent; resolves once the caches are synced and the loops run. */
+export async function runAgent(cfg: AgentConfig, logger: Logger): Promise<RunningAgent> {
+  const clock = realClock;
+  const registry = new Registry();
+  const conn = connect(cfg.kubeconfig);
+  const fs = hostFs(cfg.hostRoot);
+  const events = new EventRecorder(conn, {
+    controller: "storage.distort.io/agent",
+    instance: `${cfg.nodeName}/${hostname()}`,
+    logger,
+  });
+
+  const backends: Partial<Record<BackendName, TargetBackend>> = {};
+  const volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>> = {};
+  let spdk: SpdkClient | undefined;
+  if (cfg.backends.includes("spdk")) {
+    spdk = new SpdkClient({ socketPath: cfg.spdkSocket, logger: logger.with({ component: "spdk" }), clock });
+    const methods = new SpdkMethods(spdk);
+    const binder = {
+      async bind(pciAddress: string) {
+        if (!cfg.spdkSetup) return;
+        await runChecked(hostExec, [cfg.spdkSetup], { env: { PCI_ALLOWED: pciAddress }, timeoutMs: 120_000 });
+      },
+    };
+    backends.spdk = new SpdkTarget({ methods, rpc: spdk, binder, logger: logger.with({ backend: "spdk" }) });
+    volumeManagers["spdk-lvol"] = new SpdkLvolVolumeManager({
+      methods,
+      rpc: spdk,
+      logger,
+      thinProvision: cfg.thinLvols,
+    });
+  }
+  if (cfg.backends.includes("kernel")) {
+    backends.kernel = new KernelTarget({ fs, exec: hostExec, log: logger.with({ backend: "kernel" }) });
+    volumeManagers.parted = new PartedVolumeManager({ exec: hostExec, fs, clock, log: logger });
+  }
+
+  const network = hostNetworkSource(fs, hostExec);
+  const endpoint = async (): Promise<EndpointResult> => {
+    if (cfg.portalAddress) {
+      return {
+        ok: true,
+        endpoint: {
+          ip: cfg.portalAddress,
+          transport: "rdma",
+          device: "configured",
+          port: 1,
+          netdev: "configured",
+        },
+      };
+    }
+    return findRdmaEndpoint(network);
+  };
+
+  const crash = (step: Step) => {
+    if (cfg.crashAfter === step) {
+      logger.warn("fault injection: crashing", { step });
+      process.kill(process.pid, "SIGKILL");
+    }
+  };
+  const partitions = new PartitionController({
+    conn,
+    nodeName: cfg.nodeName,
+    backends,
+    volumeManagers,
+    portal: async () => {
+      const r = await endpoint();
+      return r.ok ? { address: r.endpoint.ip, port: cfg.portalPort } : undefined;
+    },
+    logger: logger.with({ controller: "partitions" }),
+    clock,
+    registry,
+    events,
+    verifyPeriodMs: cfg.verifyPeriodMs,
+    afterStep: (step) => crash(step),
+  });
+  const attachments = new AttachmentController({
+    conn,
+    nodeName: cfg.nodeName,
+    backends,
+    logger: logger.with({ controller: "attachments" }),
+    clock,
+    registry,
+    events,
+  });
+  const spdkSource = spdk
+    ? {
+        listControllers: () => (spdk as SpdkClient).call("bdev_nvme_get_controllers"),
+        getBdevs: () => (spdk as SpdkClient).call("bdev_get_bdevs"),
+      }
+    : undefined;
+  const reporter = new Reporter(
+    {
+      devices: new ResourceClient(conn, kinds.NVMeDevice),
+      listDevices: async () => partitions.devices.list(),
+      storageNodes: new ResourceClient(conn, kinds.RDMAStorageNode),
+      discover: () =>
+        discoverDevices({ fs, exec: hostExec, spdk: spdkSource, logger }, { filter: cfg.deviceFilter }),
+      findEndpoint: endpoint,
+      exportCount: async () =>
+        partitions.partitions.list().filter((p) => p.status?.state === "Exported").length,
+      events,
+      clock,
+      logger: logger.with({ component: "reporter" }),
+    },
+    { nodeName: cfg.nodeName, namespace: cfg.namespace, periodMs: cfg.reportPeriodMs },
+  );
+
+  await partitions.start();
+  await attachments.start();
+  const stopReporter = new AbortController();
+  const reporting = reporter.run(stopReporter.signal);
+  const health = await serveHealth({
+    host: "0.0.0.0",
+    port: cfg.healthPort,
+    registry,
+    logger,
+    healthz: () => true,
+    readyz: () => partitions.partitions.hasSynced && attachments.attachments.hasSynced,
+  });
+  logger.info("agent running", { node: cfg.nodeName, backends: Object.keys(backends), health: health.port });
+
+  return {
+    healthPort: health.port,
+    async stop() {
+      stopReporter.abort();
+      await reporting.catch(() => {});
+      await Promise.all([partitions.stop(), attachments.stop()]);
+      await spdk?.close();
+      await health.close();
+    },
+  };
+}
+
+if (import.meta.main) {
+  const cfg = (() => {
+    try {
+      return parseAgentConfig(process.env);
+    } catch (err) {
+      process.stderr.write(`${errorMessage(err)}\n`);
+      process.exit(2);
+    }
+  })();
+  const logger = createLogger({ level: cfg.logLevel, fields: { component: "agent", node: cfg.nodeName } });
+  const agent = await runAgent(cfg, logger);
+  const shutdown = async () => {
+    logger.info("agent stopping");
+    await agent.stop();
+    process.exit(0);
+  };
+  process.on("SIGTERM", () => void shutdown());
+  process.on("SIGINT", () => void shutdown());
+}

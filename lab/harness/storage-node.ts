@@ -1,0 +1,151 @@
+// One simulated storage node for integration tests and the lab: a sysfs tree with NVMe drives,
+// an emulated nvmf_tgt that can attach the same drives over PCIe, and the environment an agent
+// process needs to serve them. Also stands in for the manager's claim binding when a test runs
+// the agent without a manager.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { kinds, type NVMeDevice, type NVMeDeviceClaim, type NVMePartition } from "../../api/index.ts";
+import type { KubeConnection } from "../../lib/kube/connection.ts";
+import { ResourceClient } from "../../lib/kube/resource.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
+import { type SpdkEmulator, startSpdkEmulator } from "../sim/spdk/emulator.ts";
+import { buildSysfs } from "../sim/sysfs/build-sysfs.ts";
+
+export interface SimNodeDrive {
+  serial: string;
+  pciAddress: string;
+  sizeBytes: number;
+  model?: string;
+}
+
+export interface SimStorageNode {
+  nodeName: string;
+  dir: string;
+  hostRoot: string;
+  spdkSocket: string;
+  emulator: SpdkEmulator;
+  drives: SimNodeDrive[];
+  /** Environment for `bun agent/main.ts` serving this node. */
+  agentEnv(kubeconfig: string, namespace: string, extra?: Record<string, string>): Record<string, string>;
+  close(): Promise<void>;
+}
+
+export async function startSimStorageNode(opts: {
+  nodeName: string;
+  drives: SimNodeDrive[];
+}): Promise<SimStorageNode> {
+  const dir = mkdtempSync(join(tmpdir(), `distort-node-${opts.nodeName}-`));
+  const hostRoot = join(dir, "host");
+  await buildSysfs(hostRoot, {
+    rootDisk: false,
+    controllers: opts.drives.map((d, i) => ({
+      name: `nvme${i}`,
+      transport: "pcie" as const,
+      pciAddress: d.pciAddress,
+      serial: d.serial,
+      model: d.model ?? "DISTORT SIM NVMe",
+      numaNode: 0,
+      ns1Bytes: d.sizeBytes,
+    })),
+  });
+  const spdkSocket = join(dir, "spdk.sock");
+  const emulator = await startSpdkEmulator({
+    socketPath: spdkSocket,
+    dataDir: join(dir, "drives"),
+    drives: opts.drives.map((d) => ({
+      pciAddress: d.pciAddress,
+      serial: d.serial,
+      model: d.model ?? "DISTORT SIM NVMe",
+      sizeBytes: d.sizeBytes,
+    })),
+  });
+  return {
+    nodeName: opts.nodeName,
+    dir,
+    hostRoot,
+    spdkSocket,
+    emulator,
+    drives: opts.drives,
+    agentEnv: (kubeconfig, namespace, extra = {}) => ({
+      PATH: process.env.PATH ?? "/usr/sbin:/usr/bin:/sbin:/bin",
+      HOME: process.env.HOME ?? "/root",
+      NODE_NAME: opts.nodeName,
+      KUBECONFIG: kubeconfig,
+      DISTORT_NAMESPACE: namespace,
+      DISTORT_BACKENDS: "spdk",
+      DISTORT_SPDK_SOCKET: spdkSocket,
+      DISTORT_HOST_ROOT: hostRoot,
+      DISTORT_PORTAL_ADDRESS: "127.0.0.1",
+      DISTORT_PORTAL_PORT: "4420",
+      DISTORT_HEALTH_PORT: "0",
+      DISTORT_REPORT_PERIOD_MS: "1000",
+      DISTORT_VERIFY_PERIOD_MS: "1000",
+      DISTORT_LOG_LEVEL: "warn",
+      ...extra,
+    }),
+    async close() {
+      await emulator.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/**
+ * Plays the manager's claim binding for one reported drive: creates an NVMeDeviceClaim and marks
+ * the device Claimed by it. Returns the claim (with its UID).
+ */
+export async function claimDevice(
+  conn: KubeConnection,
+  device: NVMeDevice,
+  namespace: string,
+): Promise<NVMeDeviceClaim> {
+  const claims = new ResourceClient(conn, kinds.NVMeDeviceClaim);
+  const claim = await claims.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeDeviceClaim",
+    metadata: { name: `claim-${device.metadata.name}`.slice(0, 63), namespace },
+    spec: { serial: device.spec.serial, nodeName: device.spec.nodeName },
+  } as NVMeDeviceClaim);
+  const ref = { namespace, name: claim.metadata.name, uid: claim.metadata.uid as string };
+  await updateStatus(
+    new ResourceClient(conn, kinds.NVMeDevice),
+    device.metadata.name,
+    undefined,
+    (latest) => ({
+      ...(latest.status ?? { conditions: [] }),
+      phase: "Claimed" as const,
+      claimRef: ref,
+      freeBytes: latest.spec.allocatableBytes,
+    }),
+  );
+  return claim;
+}
+
+/** A partition already placed on `device` (what the manager's placement would write). */
+export function placedPartition(
+  name: string,
+  namespace: string,
+  device: NVMeDevice,
+  claim: NVMeDeviceClaim,
+  sizeBytes: number,
+): NVMePartition {
+  return {
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name, namespace },
+    spec: {
+      sizeBytes,
+      nodeName: device.spec.nodeName,
+      deviceSerial: device.spec.serial,
+      claimRef: {
+        namespace: claim.metadata.namespace as string,
+        name: claim.metadata.name,
+        uid: claim.metadata.uid as string,
+      },
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition;
+}
