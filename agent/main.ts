@@ -34,7 +34,16 @@ export interface RunningAgent {
 }
 
 /** Starts every part of the agent; resolves once the caches are synced and the loops run. */
-export async function runAgent(cfg: AgentConfig, logger: Logger): Promise<RunningAgent> {
+export interface AgentHooks {
+  /** Runs after every partition reconcile step (tests inject faults here). */
+  afterStep?(step: Step, key: string): void | Promise<void>;
+}
+
+export async function runAgent(
+  cfg: AgentConfig,
+  logger: Logger,
+  hooks: AgentHooks = {},
+): Promise<RunningAgent> {
   const clock = realClock;
   const registry = new Registry();
   const conn = connect(cfg.kubeconfig);
@@ -87,9 +96,13 @@ export async function runAgent(cfg: AgentConfig, logger: Logger): Promise<Runnin
     return findRdmaEndpoint(network);
   };
 
-  const crash = (step: Step) => {
-    if (cfg.crashAfter === step) {
-      logger.warn("fault injection: crashing", { step });
+  // Fault injection (DISTORT_FAULT_CRASH_AFTER="<step>" or "<step>@<namespace/name>"): a real
+  // crash, no cleanup, so restart tests see exactly what a killed agent leaves behind.
+  const crash = async (step: Step, key: string) => {
+    await hooks.afterStep?.(step, key);
+    const [wantStep, wantKey] = (cfg.crashAfter ?? "").split("@");
+    if (wantStep === step && (!wantKey || wantKey === key)) {
+      logger.warn("fault injection: crashing", { step, key });
       process.kill(process.pid, "SIGKILL");
     }
   };
@@ -107,7 +120,7 @@ export async function runAgent(cfg: AgentConfig, logger: Logger): Promise<Runnin
     registry,
     events,
     verifyPeriodMs: cfg.verifyPeriodMs,
-    afterStep: (step) => crash(step),
+    afterStep: crash,
   });
   const attachments = new AttachmentController({
     conn,
