@@ -15,6 +15,8 @@ import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { bunProcessRunner, findSetpriv, hostSocketFiles, procInspector } from "../lib/spdk/process-runner.ts";
+import { NvmfTgtSupervisor } from "../lib/spdk/supervisor.ts";
 import { AttachmentController } from "./attachments/controller.ts";
 import { KernelTarget } from "./backends/kernel/kernel-target.ts";
 import { SpdkTarget } from "./backends/spdk/target.ts";
@@ -154,6 +156,27 @@ export async function runAgent(
     { nodeName: cfg.nodeName, namespace: cfg.namespace, periodMs: cfg.reportPeriodMs },
   );
 
+  // nvmf_tgt: started and kept alive by the agent when a command is configured, else adopted as is.
+  // A restarted target has lost every subsystem: all partitions are re-verified at once.
+  let supervisor: NvmfTgtSupervisor | undefined;
+  if (spdk && cfg.nvmfTgtCommand.length > 0) {
+    supervisor = new NvmfTgtSupervisor({
+      command: cfg.nvmfTgtCommand,
+      socketPath: cfg.spdkSocket,
+      coreMask: cfg.coreMask,
+      openClient: () => new SpdkClient({ socketPath: cfg.spdkSocket, logger, clock }),
+      runner: bunProcessRunner({ setprivPath: findSetpriv() }),
+      inspector: procInspector(hostFs("/")),
+      sockets: hostSocketFiles(),
+      clock,
+      logger: logger.with({ component: "nvmf_tgt" }),
+      metrics: registry,
+      onRestart: () => partitions.requeueAll(),
+    });
+    await supervisor.ensureRunning();
+    supervisor.start();
+  }
+
   await partitions.start();
   await attachments.start();
   const stopReporter = new AbortController();
@@ -174,6 +197,9 @@ export async function runAgent(
       stopReporter.abort();
       await reporting.catch(() => {});
       await Promise.all([partitions.stop(), attachments.stop()]);
+      // A managed target runs under the agent's parent-death signal, so it ends with the agent
+      // in any case; stopping it here makes that orderly.
+      await supervisor?.stop();
       await spdk?.close();
       await health.close();
     },

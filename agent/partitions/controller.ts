@@ -130,6 +130,11 @@ export class PartitionController {
     });
   }
 
+  /** Queues every partition of this node, e.g. after the target restarted and lost its exports. */
+  requeueAll(): void {
+    for (const p of this.partitions.list()) this.queue.add(objectKey(p.metadata));
+  }
+
   async stop(): Promise<void> {
     await this.controller?.stop();
     await Promise.all([this.partitions.stop(), this.devices.stop(), this.attachments.stop()]);
