@@ -2,6 +2,9 @@
 // the reporter publishes the drive, a claimed drive yields an Exported partition that really
 // exists in the target, attachments drive the host ACL, and deletion leaves nothing behind.
 import { afterAll, beforeAll, expect, test } from "bun:test";
+import { readFileSync, statSync } from "node:fs";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
 import {
   kinds,
   type NVMeDevice,
@@ -17,7 +20,9 @@ import {
   startSimStorageNode,
 } from "../lab/harness/storage-node.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
-import { createLogger } from "../lib/log.ts";
+import { createLogger, silentLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { parseAgentConfig } from "./config.ts";
 import { type RunningAgent, runAgent } from "./main.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
@@ -205,3 +210,71 @@ test("after a target crash that drops every export, the agent re-exports the par
   await parts.delete("p2", ns);
   await eventually(async () => !(await parts.get("p2", ns)), 20_000, "partition gone");
 }, 90_000);
+
+/** A DH-HMAC-CHAP secret in its exchange form: 32 random bytes plus their CRC-32, base64. */
+function dhchapSecret(): string {
+  const key = crypto.getRandomValues(new Uint8Array(32));
+  const crc = Buffer.alloc(4);
+  crc.writeUInt32LE(Bun.hash.crc32(key) >>> 0);
+  return `DHHC-1:00:${Buffer.concat([Buffer.from(key), crc]).toString("base64")}:`;
+}
+
+test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed through the keyring", async () => {
+  const secret = dhchapSecret();
+  await tc.conn.api(k8s.CoreV1Api).createNamespacedSecret({
+    namespace: ns,
+    body: { metadata: { name: "chap" }, stringData: { key: secret } },
+  });
+  const p = placedPartition("p-chap", ns, device, claim, 64 * 1024 * 1024);
+  p.spec.targetOptions = { transport: "tcp", dhchapSecretRef: { name: "chap", key: "key" } };
+  const created = await parts.create(p);
+  const uid = created.metadata.uid as string;
+  const exported = await eventually(
+    async () => {
+      const x = await parts.get("p-chap", ns);
+      return x?.status?.state === "Exported" ? x : undefined;
+    },
+    20_000,
+    "Exported",
+  );
+  const nqn = exported.status?.nqn as string;
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: `va-${uid}`, namespace: ns },
+    spec: {
+      partitionName: "p-chap",
+      partitionUID: uid,
+      nodeId: "worker-1",
+      hostNQN: HOST_A,
+      attachmentId: "att-1",
+    },
+  } as NVMeVolumeAttachment);
+  await eventually(
+    async () => (await vas.get(`va-${uid}`, ns))?.status?.observedAttachmentId === "att-1",
+    10_000,
+    "AccessReady",
+  );
+
+  const client = new SpdkClient({ socketPath: node.spdkSocket, logger: silentLogger });
+  try {
+    const m = new SpdkMethods(client);
+    const [sub] = await m.nvmfGetSubsystems(nqn);
+    const host = sub?.hosts.find((h) => h.nqn === HOST_A);
+    expect(host?.dhchap_key).toMatch(/^dhchap-[0-9a-f]{24}$/);
+    const key = (await m.keyringGetKeys()).find((k) => k.name === host?.dhchap_key);
+    expect(key?.path).toBe(join(node.dir, "keys", host?.dhchap_key as string));
+    expect(readFileSync(key?.path as string, "utf8")).toBe(secret);
+    expect(statSync(key?.path as string).mode & 0o777).toBe(0o600);
+
+    // Revocation takes the key with it: nothing secret stays behind on the node.
+    await vas.delete(`va-${uid}`, ns);
+    await eventually(async () => !(await vas.get(`va-${uid}`, ns)), 10_000, "attachment gone");
+    expect((await m.keyringGetKeys()).filter((k) => k.name.startsWith("dhchap-"))).toEqual([]);
+    expect(() => statSync(key?.path as string)).toThrow();
+  } finally {
+    await client.close();
+  }
+  await parts.delete("p-chap", ns);
+  await eventually(async () => !(await parts.get("p-chap", ns)), 20_000, "partition gone");
+}, 60_000);

@@ -46,6 +46,8 @@ const EnvSchema = v.object({
   /** SPDK's setup script; empty: drives are already bound (the lab). */
   DISTORT_SPDK_SETUP: v.optional(v.string(), ""),
   DISTORT_HOST_ROOT: v.optional(absPath, "/"),
+  /** Where DH-HMAC-CHAP secrets are written for SPDK's file keyring (0700 directory, 0600 files). */
+  DISTORT_KEY_DIR: v.optional(absPath, "/var/lib/distort/keys"),
   DISTORT_PORTAL_ADDRESS: v.optional(
     v.pipe(v.string(), v.ip("DISTORT_PORTAL_ADDRESS must be an IP address")),
   ),
@@ -81,6 +83,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     coreMask: c.DISTORT_SPDK_CORE_MASK,
     spdkSetup: c.DISTORT_SPDK_SETUP,
     hostRoot: c.DISTORT_HOST_ROOT,
+    keyDir: c.DISTORT_KEY_DIR,
     portalAddress: c.DISTORT_PORTAL_ADDRESS,
     portalPort: c.DISTORT_PORTAL_PORT,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,

@@ -19,6 +19,7 @@ import { bunProcessRunner, findSetpriv, hostSocketFiles, procInspector } from ".
 import { NvmfTgtSupervisor } from "../lib/spdk/supervisor.ts";
 import { AttachmentController } from "./attachments/controller.ts";
 import { KernelTarget } from "./backends/kernel/kernel-target.ts";
+import { dirKeyFiles } from "./backends/spdk/key-files.ts";
 import { SpdkTarget } from "./backends/spdk/target.ts";
 import type { BackendName, TargetBackend, VolumeManager, VolumeManagerName } from "./backends/types.ts";
 import { type AgentConfig, parseAgentConfig } from "./config.ts";
@@ -26,6 +27,7 @@ import { discoverDevices } from "./discovery/discover.ts";
 import { hostNetworkSource } from "./discovery/network-source.ts";
 import { type EndpointResult, findRdmaEndpoint } from "./discovery/rdma-endpoint.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
+import { kubeSecretReader } from "./partitions/host-keys.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
@@ -68,7 +70,13 @@ export async function runAgent(
         await runChecked(hostExec, [cfg.spdkSetup], { env: { PCI_ALLOWED: pciAddress }, timeoutMs: 120_000 });
       },
     };
-    backends.spdk = new SpdkTarget({ methods, rpc: spdk, binder, logger: logger.with({ backend: "spdk" }) });
+    backends.spdk = new SpdkTarget({
+      methods,
+      rpc: spdk,
+      binder,
+      keyFiles: dirKeyFiles(cfg.keyDir),
+      logger: logger.with({ backend: "spdk" }),
+    });
     volumeManagers["spdk-lvol"] = new SpdkLvolVolumeManager({
       methods,
       rpc: spdk,
@@ -81,6 +89,7 @@ export async function runAgent(
     volumeManagers.parted = new PartedVolumeManager({ exec: hostExec, fs, clock, log: logger });
   }
 
+  const secrets = kubeSecretReader(conn);
   const network = hostNetworkSource(fs, hostExec);
   const endpoint = async (): Promise<EndpointResult> => {
     if (cfg.portalAddress) {
@@ -122,6 +131,7 @@ export async function runAgent(
     registry,
     events,
     verifyPeriodMs: cfg.verifyPeriodMs,
+    secrets,
     afterStep: crash,
   });
   const attachments = new AttachmentController({
@@ -132,6 +142,7 @@ export async function runAgent(
     clock,
     registry,
     events,
+    secrets,
   });
   const spdkSource = spdk
     ? {

@@ -18,6 +18,7 @@ import type { Logger } from "../../lib/log.ts";
 import type { Registry } from "../../lib/metrics.ts";
 import type { BackendName, TargetBackend } from "../backends/types.ts";
 import { desiredHosts } from "../partitions/controller.ts";
+import { hostKeysFor, type SecretReader } from "../partitions/host-keys.ts";
 
 export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
 
@@ -30,6 +31,8 @@ export interface AttachmentControllerOptions {
   registry?: Registry;
   events?: EventRecorder;
   workers?: number;
+  /** Reads DH-HMAC-CHAP secrets referenced by partitions. */
+  secrets?: SecretReader;
 }
 
 export type AttachmentDecision =
@@ -186,7 +189,11 @@ export class AttachmentController {
         await this.setAccess(a, "False", d.reason, d.message);
         throw new StorageError("unavailable", d.message);
       case "grant": {
-        await this.backend(d.backend).setHosts(d.nqn, d.hosts);
+        await this.backend(d.backend).setHosts(
+          d.nqn,
+          d.hosts,
+          await hostKeysFor(p as NVMePartition, d.hosts, this.o.secrets),
+        );
         // Read back: AccessReady means the target really holds exactly this ACL.
         const state = await this.backend(d.backend).inspectExport(d.nqn);
         const have = [...(state?.hosts ?? [])].sort();
@@ -202,7 +209,11 @@ export class AttachmentController {
       case "revoke": {
         if (d.nqn && d.backend) {
           try {
-            await this.backend(d.backend).setHosts(d.nqn, d.hosts);
+            await this.backend(d.backend).setHosts(
+              d.nqn,
+              d.hosts,
+              await hostKeysFor(p as NVMePartition, d.hosts, this.o.secrets),
+            );
           } catch (err) {
             // No subsystem means no ACL left to revoke.
             if (!(err instanceof StorageError && err.kind === "not-found")) throw err;

@@ -7,6 +7,9 @@ export type BackendName = "spdk" | "kernel";
 export type VolumeManagerName = "spdk-lvol" | "parted";
 export type Transport = "rdma" | "tcp";
 
+/** Host NQN -> DH-HMAC-CHAP secret ("DHHC-1:<hash>:<base64>:"). Never logged. */
+export type HostKeys = ReadonlyMap<string, string>;
+
 /** A claimed physical drive as the agent knows it; serial is the stable identity. */
 export interface DeviceRef {
   /** NVMeDevice object name. */
@@ -82,8 +85,12 @@ export interface TargetBackend {
    * of the components it had to create or repair (empty when it was already exact).
    */
   ensureExport(spec: ExportSpec): Promise<string[]>;
-  /** Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first). Never any-host. */
-  setHosts(nqn: string, hostNQNs: readonly string[]): Promise<void>;
+  /**
+   * Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first). Never any-host.
+   * `keys` maps a host NQN to the DH-HMAC-CHAP secret (DHHC-1 form) it must authenticate with;
+   * a host whose key changed is revoked and re-admitted with the new one.
+   */
+  setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void>;
   /** Removes the export (hosts first, then listener, namespace, subsystem). Absent counts as done. */
   removeExport(nqn: string): Promise<void>;
 }

@@ -25,6 +25,7 @@ import type {
   VolumeManagerName,
 } from "../backends/types.ts";
 import { decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import { hostKeysFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 
 /** Steps after which a crash is meaningful (each one changed external or API state). */
@@ -60,6 +61,8 @@ export interface PartitionControllerOptions {
   workers?: number;
   /** How often an Exported partition is re-verified against the target (default 60 s). */
   verifyPeriodMs?: number;
+  /** Reads DH-HMAC-CHAP secrets referenced by partitions; required only when one asks for it. */
+  secrets?: SecretReader;
   /** Called after each step; tests kill the process here to prove crash safety. */
   afterStep?(step: Step, key: string): void | Promise<void>;
 }
@@ -317,7 +320,8 @@ export class PartitionController {
       serialNumber: serialNumberFor(t.volume.externalId),
     });
     await this.step("export", key);
-    await backend.setHosts(t.nqn, desiredHosts(p.metadata.uid, this.attachmentsFor(p)));
+    const hosts = desiredHosts(p.metadata.uid, this.attachmentsFor(p));
+    await backend.setHosts(t.nqn, hosts, await hostKeysFor(p, hosts, this.o.secrets));
     await this.step("acl", key);
     const wasExported = p.status?.state === "Exported";
     if (wasExported && repaired.length > 0) {

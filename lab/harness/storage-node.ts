@@ -76,6 +76,7 @@ export async function startSimStorageNode(opts: {
       DISTORT_BACKENDS: "spdk",
       DISTORT_SPDK_SOCKET: spdkSocket,
       DISTORT_HOST_ROOT: hostRoot,
+      DISTORT_KEY_DIR: join(dir, "keys"),
       DISTORT_PORTAL_ADDRESS: "127.0.0.1",
       DISTORT_PORTAL_PORT: "4420",
       DISTORT_HEALTH_PORT: "0",

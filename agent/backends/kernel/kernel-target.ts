@@ -4,7 +4,7 @@ import { StorageError } from "../../../lib/errors.ts";
 import type { Exec } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
-import type { DeviceRef, ExportSpec, ExportState, TargetBackend, Transport } from "../types.ts";
+import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
 import { addressFamily, serviceId } from "./address.ts";
 import { AsyncMutex } from "./async-mutex.ts";
 import { ConfigfsIo, errnoOf } from "./configfs-io.ts";
@@ -30,6 +30,8 @@ const TRANSPORT_MODULE: Record<Transport, string> = { rdma: "nvmet-rdma", tcp: "
 const SERIAL = /^[\x21-\x7e](?:[\x20-\x7e]{0,18}[\x21-\x7e])?$/;
 /** Every DISTORT export has exactly one namespace, number 1 (consumers build <ctrl>n1 from it). */
 const NSID = "1";
+/** NVMe DH-HMAC-CHAP secret representation (TP 8006): DHHC-1:<hash id>:<base64 key+crc>: */
+const DHCHAP_SECRET = /^DHHC-1:0[0-3]:[A-Za-z0-9+/]{44,}={0,2}:$/;
 /** Longest path the kernel accepts (PATH_MAX including the terminating NUL). */
 const PATH_MAX = 4095;
 
@@ -145,8 +147,8 @@ export class KernelTarget implements TargetBackend {
   }
 
   /** TargetBackend.setHosts; see reconcileHosts. */
-  async setHosts(nqn: string, hostNQNs: readonly string[]): Promise<void> {
-    await this.reconcileHosts(nqn, hostNQNs);
+  async setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void> {
+    await this.reconcileHosts(nqn, hostNQNs, keys);
   }
 
   /**
@@ -157,7 +159,11 @@ export class KernelTarget implements TargetBackend {
    * when already exact. StorageError("not-found") when the subsystem does not exist,
    * StorageError("invalid") for a malformed host NQN (nothing is changed then).
    */
-  async reconcileHosts(nqn: string, hostNQNs: readonly string[]): Promise<string[]> {
+  async reconcileHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<string[]> {
+    for (const k of keys?.values() ?? []) {
+      if (!DHCHAP_SECRET.test(k))
+        throw new StorageError("invalid", "a DH-HMAC-CHAP secret must have the DHHC-1:<hash>:<base64>: form");
+    }
     validateNqn(nqn, "subsystem");
     const want = new Set(hostNQNs.map((h) => validateNqn(h, "host")));
     return this.#mutex.run(async () => {
@@ -183,6 +189,16 @@ export class KernelTarget implements TargetBackend {
         done.push(`revoke:${link}`);
       }
       for (const host of [...want].sort()) {
+        // nvmet keeps the key on the host entry (shared by every subsystem that host may reach),
+        // so it is written before the host is linked into this subsystem's ACL.
+        const key = keys?.get(host);
+        if (key !== undefined) {
+          if (await this.#io.mkdirIfMissing(this.#p.host(host))) done.push(`host:${host}`);
+          if ((await this.#io.readAttr(`${this.#p.host(host)}/dhchap_key`)) !== key) {
+            await this.#io.writeVerified(`${this.#p.host(host)}/dhchap_key`, key);
+            done.push(`key:${host}`);
+          }
+        }
         if (kept.has(host)) continue;
         if (await this.#io.mkdirIfMissing(this.#p.host(host))) done.push(`host:${host}`);
         await this.#io.symlink(this.#p.host(host), this.#p.allowedHost(nqn, host));

@@ -8,7 +8,8 @@ import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
-import type { DeviceRef, ExportSpec, ExportState, TargetBackend, Transport } from "../types.ts";
+import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
+import type { KeyFiles } from "./key-files.ts";
 
 /** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
 export interface DriverBinder {
@@ -19,6 +20,8 @@ export interface SpdkTargetOptions {
   methods: SpdkMethods;
   rpc: SpdkRpc;
   binder: DriverBinder;
+  /** Storage for DH-HMAC-CHAP secrets handed to SPDK's file keyring. */
+  keyFiles: KeyFiles;
   logger: Logger;
   /** Model number shown to initiators. */
   modelNumber?: string;
@@ -30,6 +33,8 @@ const TRTYPE: Record<Transport, string> = { rdma: "RDMA", tcp: "TCP" };
  * The agent's lock over one export's read-modify-write sequences. Distinct from the per-call
  * subsystem lock SpdkMethods takes inside (that one is not re-entrant), so nesting is safe.
  */
+const KEYS_LOCK = "dhchap-keys";
+
 function exportLockKey(nqn: string): string {
   return `export:${nqn}`;
 }
@@ -37,6 +42,14 @@ function exportLockKey(nqn: string): string {
 /** SPDK's controller name for a drive: stable per serial, short enough for bdev names. */
 export function controllerNameFor(serial: string): string {
   return `nvme_${createHash("sha256").update(serial).digest("hex").slice(0, 12)}`;
+}
+
+/**
+ * Keyring name of one host's secret on one subsystem: derived from both NQNs and the secret, so a
+ * rotated secret gets a new name and the old one can be dropped once nothing uses it.
+ */
+export function keyNameFor(nqn: string, host: string, secret: string): string {
+  return `dhchap-${createHash("sha256").update(`${nqn}\0${host}\0${secret}`).digest("hex").slice(0, 24)}`;
 }
 
 export function adrfamOf(address: string): "IPv4" | "IPv6" {
@@ -225,30 +238,70 @@ export class SpdkTarget implements TargetBackend {
     return repaired;
   }
 
-  async setHosts(nqn: string, hostNQNs: readonly string[]): Promise<void> {
+  async setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void> {
     await this.opts.rpc.serialize(exportLockKey(nqn), async () => {
       const s = await this.subsystem(nqn);
       if (!s) throw new StorageError("not-found", `subsystem ${nqn} does not exist`);
-      const want = new Set(hostNQNs);
-      // Revoke before granting, so a takeover never has two hosts allowed at once.
+      const want = new Map(
+        hostNQNs.map((h) => [h, keys?.has(h) ? keyNameFor(nqn, h, keys.get(h) as string) : undefined]),
+      );
+      const gone = (err: unknown) => {
+        if (!isKind(err, "not-found")) throw err;
+      };
+      // Revoke before granting, so a takeover never has two hosts allowed at once; a host whose
+      // key changed is revoked too and re-admitted below with the new key.
+      const kept = new Set<string>();
       for (const h of s.hosts) {
-        if (!want.has(h.nqn)) {
-          await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch((err) => {
-            if (!isKind(err, "not-found")) throw err;
-          });
+        if (want.has(h.nqn) && want.get(h.nqn) === (h.dhchap_key || undefined)) {
+          kept.add(h.nqn);
+          continue;
         }
+        await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch(gone);
       }
       if (s.allow_any_host) await this.m.nvmfSubsystemAllowAnyHost(nqn, false);
-      const have = new Set(s.hosts.map((h) => h.nqn));
-      for (const h of want) {
-        if (have.has(h)) continue;
-        try {
-          await this.m.nvmfSubsystemAddHost({ nqn, host: h });
-        } catch (err) {
-          if (!isKind(err, "already-exists")) throw err;
-        }
+      const loaded = new Set((await this.m.keyringGetKeys()).map((k) => k.name));
+      for (const [h, keyName] of want) {
+        if (kept.has(h)) continue;
+        // Key install and host admission form one step against collectKeys(), which would
+        // otherwise see a freshly loaded key as unused.
+        await this.opts.rpc.serialize(KEYS_LOCK, async () => {
+          if (keyName && !loaded.has(keyName)) {
+            const path = await this.opts.keyFiles.write(keyName, keys?.get(h) as string);
+            await this.m.keyringFileAddKey({ name: keyName, path }).catch((err) => {
+              if (!isKind(err, "already-exists")) throw err;
+            });
+          }
+          try {
+            await this.m.nvmfSubsystemAddHost({ nqn, host: h, ...(keyName ? { dhchap_key: keyName } : {}) });
+          } catch (err) {
+            if (!isKind(err, "already-exists")) throw err;
+          }
+        });
       }
     });
+    await this.collectKeys();
+  }
+
+  /** Drops DH-CHAP keys (keyring entries and files) that no host of any subsystem uses any more. */
+  private async collectKeys(): Promise<void> {
+    await this.opts.rpc.serialize(KEYS_LOCK, () => this.collectKeysLocked());
+  }
+
+  private async collectKeysLocked(): Promise<void> {
+    const used = new Set<string>();
+    for (const sub of await this.m.nvmfGetSubsystems()) {
+      for (const h of sub.hosts) if (h.dhchap_key) used.add(h.dhchap_key);
+    }
+    for (const k of await this.m.keyringGetKeys()) {
+      if (k.name.startsWith("dhchap-") && !used.has(k.name)) {
+        await this.m.keyringFileRemoveKey(k.name).catch((err) => {
+          if (!isKind(err, "not-found")) throw err;
+        });
+      }
+    }
+    for (const f of await this.opts.keyFiles.list()) {
+      if (f.startsWith("dhchap-") && !used.has(f)) await this.opts.keyFiles.remove(f);
+    }
   }
 
   async removeExport(nqn: string): Promise<void> {
@@ -275,5 +328,6 @@ export class SpdkTarget implements TargetBackend {
       for (const n of s.namespaces ?? []) await this.m.nvmfSubsystemRemoveNs(nqn, n.nsid).catch(gone);
       await this.m.nvmfDeleteSubsystem(nqn).catch(gone);
     });
+    await this.collectKeys();
   }
 }
