@@ -1,0 +1,139 @@
+// The production NvmeInitiator: nvme-cli 2.x for connect, disconnect and list-subsys, sysfs (through
+// HostFs) for namespace devices and rescans. Every command runs under a timeout.
+import { StorageError } from "../../lib/errors.ts";
+import type { Exec } from "../../lib/exec.ts";
+import type { HostFs } from "../../lib/fs.ts";
+import type { Logger } from "../../lib/log.ts";
+import { parseListSubsys } from "./list-subsys.ts";
+import type { ConnectedSubsystem, ConnectParams, NvmeInitiator } from "./nvme-initiator.ts";
+import {
+  CONTROLLER_CLASS,
+  findNamespaceDisk,
+  findSubsystemDir,
+  SUBSYSTEM_CLASS,
+  subsystemControllers,
+} from "./nvme-sysfs.ts";
+
+/**
+ * argv of `nvme connect` for `p`, exactly as nvme-cli 2.x parses it. The address goes as given:
+ * nvme-cli and the kernel take IPv6 literals without brackets. Note the spelling of
+ * --fast_io_fail_tmo: nvme-cli names that one option with underscores (2.4 and later; 2.3 has
+ * no such option) and rejects --fast-io-fail-tmo, while its neighbours are dashed.
+ */
+export function connectArgv(p: ConnectParams): string[] {
+  const argv = ["nvme", "connect", "-t", p.transport, "-a", p.address, "-s", String(p.port), "-n", p.nqn];
+  argv.push("-q", p.hostNqn);
+  if (p.ctrlLossTmo !== undefined) argv.push("--ctrl-loss-tmo", String(p.ctrlLossTmo));
+  if (p.reconnectDelay !== undefined) argv.push("--reconnect-delay", String(p.reconnectDelay));
+  if (p.fastIoFailTmo !== undefined) argv.push("--fast_io_fail_tmo", String(p.fastIoFailTmo));
+  return argv;
+}
+
+/** argv of `nvme disconnect` for every controller of subsystem `nqn`. */
+export function disconnectArgv(nqn: string): string[] {
+  return ["nvme", "disconnect", "-n", nqn];
+}
+
+export const LIST_SUBSYS_ARGV: readonly string[] = ["nvme", "list-subsys", "-o", "json"];
+
+export interface NvmeCliOptions {
+  exec: Exec;
+  /** Rooted at "/" in production; sysfs lives under it. */
+  fs: HostFs;
+  logger: Logger;
+  /** Deadline of `nvme connect`, which waits for the fabric connect. Default 30 s. */
+  connectTimeoutMs?: number;
+  /** Deadline of every other nvme command. Default 15 s. */
+  commandTimeoutMs?: number;
+}
+
+/** An NvmeInitiator on nvme-cli; stateless, so one instance can serve all calls concurrently. */
+export class NvmeCli implements NvmeInitiator {
+  readonly #exec: Exec;
+  readonly #fs: HostFs;
+  readonly #log: Logger;
+  readonly #connectMs: number;
+  readonly #commandMs: number;
+
+  constructor(opts: NvmeCliOptions) {
+    this.#exec = opts.exec;
+    this.#fs = opts.fs;
+    this.#log = opts.logger;
+    this.#connectMs = opts.connectTimeoutMs ?? 30_000;
+    this.#commandMs = opts.commandTimeoutMs ?? 15_000;
+  }
+
+  async connect(p: ConnectParams): Promise<void> {
+    if (await this.#connectedAt(p)) return;
+    const argv = connectArgv(p);
+    const r = await this.#exec.run(argv, { timeoutMs: this.#connectMs });
+    if (r.code === 0) return;
+    // nvme-cli 2.x exits non-zero with "already connected" (EALREADY) when a matching controller
+    // exists; a concurrent connect can get there between our list and our connect.
+    if (await this.#connectedAt(p)) return;
+    throw new StorageError(
+      "unavailable",
+      `nvme connect to ${p.nqn} at ${p.transport}:${p.address}:${p.port} failed (exit ${r.code}): ${(r.stderr || r.stdout).trim().slice(0, 1000)}`,
+      { details: { nqn: p.nqn, code: r.code } },
+    );
+  }
+
+  async disconnect(nqn: string): Promise<void> {
+    if (!(await this.#hasSubsystem(nqn))) return;
+    const r = await this.#exec.run(disconnectArgv(nqn), { timeoutMs: this.#commandMs });
+    if (r.code !== 0) {
+      throw new StorageError(
+        "internal",
+        `nvme disconnect -n ${nqn} failed (exit ${r.code}): ${(r.stderr || r.stdout).trim().slice(0, 1000)}`,
+        { details: { nqn, code: r.code } },
+      );
+    }
+    // The kernel deletes controllers asynchronously; one that is still listed was not removed.
+    if (await this.#hasSubsystem(nqn)) {
+      throw new StorageError("unavailable", `subsystem ${nqn} still has controllers after nvme disconnect`, {
+        details: { nqn },
+      });
+    }
+    this.#log.info("nvme disconnected", { nqn });
+  }
+
+  async list(): Promise<ConnectedSubsystem[]> {
+    const r = await this.#exec.run(LIST_SUBSYS_ARGV, { timeoutMs: this.#commandMs });
+    if (r.code !== 0) {
+      // Without the nvme modules there is no topology to scan and nvme-cli fails; nothing is connected.
+      if (!(await this.#fs.exists(SUBSYSTEM_CLASS))) return [];
+      throw new StorageError(
+        "internal",
+        `nvme list-subsys failed (exit ${r.code}): ${(r.stderr || r.stdout).trim().slice(0, 1000)}`,
+      );
+    }
+    return parseListSubsys(r.stdout);
+  }
+
+  async findNamespaceDevice(nqn: string, namespaceId?: string): Promise<string | undefined> {
+    const disk = await findNamespaceDisk(this.#fs, nqn, namespaceId);
+    return disk === undefined ? undefined : `/dev/${disk}`;
+  }
+
+  async rescan(nqn: string): Promise<void> {
+    const dir = await findSubsystemDir(this.#fs, nqn);
+    const ctrls = dir === undefined ? [] : await subsystemControllers(this.#fs, dir);
+    if (ctrls.length === 0)
+      throw new StorageError("not-found", `subsystem ${nqn} has no controller to rescan`);
+    for (const c of ctrls) await this.#fs.writeFile(`${CONTROLLER_CLASS}/${c}/rescan_controller`, "1");
+  }
+
+  async #connectedAt(p: ConnectParams): Promise<boolean> {
+    const s = (await this.list()).find((x) => x.nqn === p.nqn);
+    return (
+      s?.paths.some(
+        (path) =>
+          path.transport === p.transport && path.traddr === p.address && path.trsvcid === String(p.port),
+      ) ?? false
+    );
+  }
+
+  async #hasSubsystem(nqn: string): Promise<boolean> {
+    return (await this.list()).some((s) => s.nqn === nqn);
+  }
+}

@@ -1,0 +1,103 @@
+// Test support: an emulated nvmf_tgt on a fresh SimFabric, configured over its JSON-RPC socket the
+// way the agent would, exporting sparse files as AIO-backed namespaces to chosen hosts.
+import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { silentLogger } from "../../../lib/log.ts";
+import { SpdkClient } from "../../../lib/spdk/client.ts";
+import { type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
+import { createFabric, type SimFabric } from "../spdk/fabric.ts";
+
+export interface ExportSpec {
+  readonly nqn: string;
+  readonly sizeBytes: number;
+  readonly hosts: readonly string[];
+  readonly uuid: string;
+  readonly transport?: "tcp" | "rdma";
+  readonly traddr?: string;
+  readonly trsvcid?: string;
+}
+
+export interface TestTarget {
+  readonly dir: string;
+  readonly fabric: SimFabric;
+  readonly emulator: SpdkEmulator;
+  /** A production SPDK client on the emulator's socket. */
+  readonly rpc: SpdkClient;
+  /** Creates the sparse file and exports it; returns the file path. */
+  exportFile(spec: ExportSpec): Promise<string>;
+  /**
+   * Grows the backing file and re-registers the namespace at the new size (same nsid and UUID),
+   * which the target announces to connected controllers like a namespace-attribute change.
+   */
+  growFile(spec: ExportSpec, newSizeBytes: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+const bdevName = (nqn: string) => `aio_${nqn.replace(/[^A-Za-z0-9]/g, "_")}`;
+
+/** Starts the target. Keep the returned directory short: fabric socket paths are limited. */
+export async function startTestTarget(): Promise<TestTarget> {
+  const dir = mkdtempSync(join(tmpdir(), "fab-"));
+  const fabric = createFabric(join(dir, "f"));
+  const emulator = await startSpdkEmulator({
+    socketPath: join(dir, "t.sock"),
+    dataDir: join(dir, "d"),
+    fabric,
+  });
+  const rpc = new SpdkClient({ socketPath: emulator.socketPath, logger: silentLogger });
+  const transports = new Set<string>();
+  const addNamespace = async (spec: ExportSpec, file: string) => {
+    await rpc.call("bdev_aio_create", {
+      name: bdevName(spec.nqn),
+      filename: file,
+      block_size: 4096,
+      uuid: spec.uuid,
+    });
+    await rpc.call("nvmf_subsystem_add_ns", {
+      nqn: spec.nqn,
+      namespace: { bdev_name: bdevName(spec.nqn), nsid: 1, uuid: spec.uuid },
+    });
+  };
+  return {
+    dir,
+    fabric,
+    emulator,
+    rpc,
+    async exportFile(spec) {
+      const trtype = (spec.transport ?? "tcp").toUpperCase();
+      if (!transports.has(trtype)) {
+        await rpc.call("nvmf_create_transport", { trtype });
+        transports.add(trtype);
+      }
+      const file = join(dir, `${bdevName(spec.nqn)}.img`);
+      writeFileSync(file, "");
+      truncateSync(file, spec.sizeBytes);
+      await rpc.call("nvmf_create_subsystem", { nqn: spec.nqn, serial_number: "DISTORT0001" });
+      await addNamespace(spec, file);
+      await rpc.call("nvmf_subsystem_add_listener", {
+        nqn: spec.nqn,
+        listen_address: {
+          trtype,
+          adrfam: (spec.traddr ?? "127.0.0.1").includes(":") ? "IPv6" : "IPv4",
+          traddr: spec.traddr ?? "127.0.0.1",
+          trsvcid: spec.trsvcid ?? "4420",
+        },
+      });
+      for (const host of spec.hosts) await rpc.call("nvmf_subsystem_add_host", { nqn: spec.nqn, host });
+      return file;
+    },
+    async growFile(spec, newSizeBytes) {
+      const file = join(dir, `${bdevName(spec.nqn)}.img`);
+      await rpc.call("nvmf_subsystem_remove_ns", { nqn: spec.nqn, nsid: 1 });
+      await rpc.call("bdev_aio_delete", { name: bdevName(spec.nqn) });
+      truncateSync(file, newSizeBytes);
+      await addNamespace(spec, file);
+    },
+    async close() {
+      await rpc.close();
+      await emulator.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
