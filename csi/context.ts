@@ -36,7 +36,11 @@ const numeric = (what: string, min: number, max: number) =>
   );
 
 export const VolumeContextSchema = v.object({
-  [VolumeContextKeys.nqn]: v.pipe(v.string(), v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "nqn is not an NQN"), v.maxLength(223)),
+  [VolumeContextKeys.nqn]: v.pipe(
+    v.string(),
+    v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "nqn is not an NQN"),
+    v.maxLength(223),
+  ),
   [VolumeContextKeys.portalIP]: v.pipe(v.string(), v.ip("portalIP is not an IP address")),
   [VolumeContextKeys.portalPort]: numeric("portalPort", 1, 65535),
   [VolumeContextKeys.transport]: v.picklist(["rdma", "tcp"], "transport must be rdma or tcp"),
@@ -48,7 +52,10 @@ export const VolumeContextSchema = v.object({
 export type VolumeContext = v.InferOutput<typeof VolumeContextSchema>;
 
 export const PublishContextSchema = v.object({
-  [PublishContextKeys.hostNQN]: v.pipe(v.string(), v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "hostNQN is not an NQN")),
+  [PublishContextKeys.hostNQN]: v.pipe(
+    v.string(),
+    v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "hostNQN is not an NQN"),
+  ),
   [PublishContextKeys.attachmentId]: v.pipe(v.string(), v.minLength(1)),
 });
 export type PublishContext = v.InferOutput<typeof PublishContextSchema>;

@@ -1,0 +1,1121 @@
+// Controller + Identity against a real kube-apiserver over the real UNIX socket (grpc-js client).
+// The manager's and agent's parts are played by testdata/stand-in.ts, writing their statuses through
+// the API server as the real binaries would; csi-sanity runs the real ones.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import * as k8s from "@kubernetes/client-node";
+import { kinds, type NVMeDevice, type RDMAStorageNode } from "../api/index.ts";
+import {
+  ControllerServiceCapability_RPC_Type as Cap,
+  Controller,
+  type CreateVolumeRequest,
+  type CreateVolumeRequestSchema,
+  Identity,
+  VolumeCapability_AccessMode_Mode as Mode,
+} from "../gen/csi/v1/csi_pb.ts";
+import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { realClock } from "../lib/clock.ts";
+import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
+import { register, serveGrpc } from "../lib/grpc/server.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { silentLogger } from "../lib/log.ts";
+import { PublishContextKeys, VolumeContextKeys } from "./context.ts";
+import { FENCED_ANNOTATION, PREVIOUS_NODE_ANNOTATION } from "./controller/fencing.ts";
+import { Annotations } from "./controller/fingerprint.ts";
+import { HOST_NQN_ANNOTATION, kubeNodeDirectory, registerHostNQN } from "./controller/host-nqn.ts";
+import { StandIn } from "./controller/testdata/stand-in.ts";
+import { attachmentNameFor, parseVolumeId } from "./controller/volume-id.ts";
+import { CONTROLLER_CAPABILITIES, CsiController } from "./controller.ts";
+import { createIdentityService } from "./identity.ts";
+
+const GiB = 1024 ** 3;
+const MiB = 1024 ** 2;
+const GRPC = {
+  OK: 0,
+  INVALID_ARGUMENT: 3,
+  DEADLINE_EXCEEDED: 4,
+  NOT_FOUND: 5,
+  ALREADY_EXISTS: 6,
+  RESOURCE_EXHAUSTED: 8,
+  FAILED_PRECONDITION: 9,
+  ABORTED: 10,
+  OUT_OF_RANGE: 11,
+  UNIMPLEMENTED: 12,
+  UNAVAILABLE: 14,
+};
+
+let tc: TestCluster;
+let root: string;
+const cleanups: (() => unknown)[] = [];
+
+/** One namespace, one controller on its own socket, one stand-in; per describe block. */
+interface Env {
+  ns: string;
+  controller: CsiController;
+  client: GrpcJsClient;
+  standIn: StandIn;
+}
+
+let envN = 0;
+async function env(): Promise<Env> {
+  const ns = await tc.namespace("csi");
+  const controller = new CsiController({
+    conn: tc.conn,
+    namespace: ns,
+    logger: silentLogger,
+    clock: realClock,
+    defaultTimeoutMs: 5_000,
+    defaultVolumeBytes: GiB,
+  });
+  const server = await serveGrpc({
+    socketPath: join(root, `c${envN++}.sock`),
+    services: [
+      register(
+        Identity,
+        createIdentityService({
+          vendorVersion: "test",
+          controllerService: true,
+          readiness: [() => controller.notReadyReason()],
+          logger: silentLogger,
+        }),
+      ),
+      register(Controller, controller.service()),
+    ],
+    logger: silentLogger,
+  });
+  const client = new GrpcJsClient(server.address);
+  const standIn = new StandIn(tc.conn, ns);
+  await Promise.all([controller.start(), standIn.start()]);
+  cleanups.push(
+    () => client.close(),
+    () => server.close(),
+    () => controller.stop(),
+    () => standIn.stop(),
+  );
+  return { ns, controller, client, standIn };
+}
+
+beforeAll(async () => {
+  tc = await testCluster();
+  root = await mkdtemp(join(tmpdir(), "distort-csi-ctl-"));
+});
+afterAll(async () => {
+  for (const c of cleanups.reverse()) await c();
+  await rm(root, { recursive: true, force: true });
+  await tc?.stop();
+});
+
+const mountCap = (mode = Mode.SINGLE_NODE_WRITER, fsType = "ext4") => ({
+  accessType: { case: "mount" as const, value: { fsType } },
+  accessMode: { mode },
+});
+const blockCap = (mode = Mode.SINGLE_NODE_WRITER) => ({
+  accessType: { case: "block" as const, value: {} },
+  accessMode: { mode },
+});
+type CreateInit = Exclude<MessageInitShape<typeof CreateVolumeRequestSchema>, CreateVolumeRequest>;
+const createReq = (name: string, over: CreateInit = {}): CreateInit => ({
+  name,
+  volumeCapabilities: [mountCap()],
+  capacityRange: { requiredBytes: BigInt(GiB) },
+  ...over,
+});
+
+async function code(p: Promise<unknown>): Promise<number> {
+  try {
+    await p;
+    return GRPC.OK;
+  } catch (err) {
+    if (err instanceof GrpcCallError) return err.code;
+    throw err;
+  }
+}
+
+async function failure(p: Promise<unknown>): Promise<GrpcCallError> {
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  if (!(err instanceof GrpcCallError)) throw new Error(`expected a gRPC failure, got ${String(err)}`);
+  return err;
+}
+
+async function createNode(name: string, annotations?: Record<string, string>): Promise<void> {
+  await tc.conn
+    .api(k8s.CoreV1Api)
+    .createNode({ body: { metadata: { name, ...(annotations ? { annotations } : {}) } } });
+}
+
+const suffix = () => Math.random().toString(36).slice(2, 8);
+
+describe("identity and input validation", () => {
+  let e: Env;
+  beforeAll(async () => {
+    e = await env();
+  });
+
+  test("Probe is ready once the caches synced and the API server answers; capabilities are exactly the implemented set", async () => {
+    expect((await e.client.unary(Identity.method.probe, {})).ready).toBe(true);
+    const caps = await e.client.unary(Controller.method.controllerGetCapabilities, {});
+    const types = caps.capabilities.map((c) => (c.type.case === "rpc" ? c.type.value.type : -1));
+    expect(types).toEqual([...CONTROLLER_CAPABILITIES]);
+    expect(types).not.toContain(Cap.CREATE_DELETE_SNAPSHOT);
+    expect(types).not.toContain(Cap.CLONE_VOLUME);
+  });
+
+  test("every bad request gets its code and changes nothing in the API server", async () => {
+    const c = e.client;
+    const M = Controller.method;
+    const fake = `${e.ns}/pvc-nothing/0f8fad5b-d9cb-469f-a165-70867728950e`;
+    const writes: string[] = [];
+    const realFetch = globalThis.fetch;
+    globalThis.fetch = ((input: string | URL | Request, init?: RequestInit) => {
+      const method = init?.method ?? (input instanceof Request ? input.method : "GET");
+      if (method !== "GET") writes.push(`${method} ${String(input instanceof Request ? input.url : input)}`);
+      return realFetch(input, init);
+    }) as typeof fetch;
+    const rows: [string, () => Promise<unknown>, number][] = [
+      ["CreateVolume without name", () => c.unary(M.createVolume, createReq("")), GRPC.INVALID_ARGUMENT],
+      [
+        "CreateVolume with a 129-character name",
+        () => c.unary(M.createVolume, createReq("n".repeat(129))),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume without capabilities",
+        () => c.unary(M.createVolume, createReq("v", { volumeCapabilities: [] })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume multi-node writer",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", { volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)] }),
+          ),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume reader-only",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", { volumeCapabilities: [blockCap(Mode.SINGLE_NODE_READER_ONLY)] }),
+          ),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume btrfs",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", { volumeCapabilities: [mountCap(Mode.SINGLE_NODE_WRITER, "btrfs")] }),
+          ),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume capability without access type",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", { volumeCapabilities: [{ accessMode: { mode: Mode.SINGLE_NODE_WRITER } }] }),
+          ),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume capacity no 4 MiB multiple fits",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", {
+              capacityRange: { requiredBytes: BigInt(5 * MiB), limitBytes: BigInt(7 * MiB) },
+            }),
+          ),
+        GRPC.OUT_OF_RANGE,
+      ],
+      [
+        "CreateVolume limit below 4 MiB",
+        () => c.unary(M.createVolume, createReq("v", { capacityRange: { limitBytes: 1024n } })),
+        GRPC.OUT_OF_RANGE,
+      ],
+      [
+        "CreateVolume negative capacity",
+        () => c.unary(M.createVolume, createReq("v", { capacityRange: { requiredBytes: -1n } })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume required above limit",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", { capacityRange: { requiredBytes: BigInt(2 * GiB), limitBytes: BigInt(GiB) } }),
+          ),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume unknown parameter",
+        () => c.unary(M.createVolume, createReq("v", { parameters: { replicas: "3" } })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume malformed parameter",
+        () => c.unary(M.createVolume, createReq("v", { parameters: { reconnectDelay: "0" } })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume bad backend",
+        () => c.unary(M.createVolume, createReq("v", { parameters: { backend: "ceph" } })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume DH-CHAP (not enforced yet)",
+        () => c.unary(M.createVolume, createReq("v", { parameters: { dhchapSecretName: "k" } })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume clone on kernel",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", {
+              parameters: { backend: "kernel" },
+              volumeContentSource: { type: { case: "volume", value: { volumeId: fake } } },
+            }),
+          ),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateVolume clone of a missing volume",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", { volumeContentSource: { type: { case: "volume", value: { volumeId: fake } } } }),
+          ),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "CreateVolume from a missing snapshot",
+        () =>
+          c.unary(
+            M.createVolume,
+            createReq("v", {
+              volumeContentSource: { type: { case: "snapshot", value: { snapshotId: "snap-1" } } },
+            }),
+          ),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "CreateVolume with mutable parameters",
+        () => c.unary(M.createVolume, createReq("v", { mutableParameters: { iops: "9" } })),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      ["DeleteVolume without id", () => c.unary(M.deleteVolume, {}), GRPC.INVALID_ARGUMENT],
+      [
+        "DeleteVolume malformed id: already gone",
+        () => c.unary(M.deleteVolume, { volumeId: "not-a-volume" }),
+        GRPC.OK,
+      ],
+      ["DeleteVolume unknown id: already gone", () => c.unary(M.deleteVolume, { volumeId: fake }), GRPC.OK],
+      [
+        "DeleteVolume other namespace: not ours",
+        () => c.unary(M.deleteVolume, { volumeId: fake.replace(e.ns, "kube-system") }),
+        GRPC.OK,
+      ],
+      [
+        "Publish without volume id",
+        () => c.unary(M.controllerPublishVolume, { nodeId: "n", volumeCapability: mountCap() }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Publish without node id",
+        () => c.unary(M.controllerPublishVolume, { volumeId: fake, volumeCapability: mountCap() }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Publish without capability",
+        () => c.unary(M.controllerPublishVolume, { volumeId: fake, nodeId: "n" }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Publish multi-node",
+        () =>
+          c.unary(M.controllerPublishVolume, {
+            volumeId: fake,
+            nodeId: "n",
+            volumeCapability: blockCap(Mode.MULTI_NODE_MULTI_WRITER),
+          }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Publish unknown volume",
+        () =>
+          c.unary(M.controllerPublishVolume, { volumeId: fake, nodeId: "n", volumeCapability: mountCap() }),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "Publish malformed id",
+        () =>
+          c.unary(M.controllerPublishVolume, { volumeId: "x", nodeId: "n", volumeCapability: mountCap() }),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "Unpublish without id",
+        () => c.unary(M.controllerUnpublishVolume, { nodeId: "n" }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Unpublish unknown volume",
+        () => c.unary(M.controllerUnpublishVolume, { volumeId: fake, nodeId: "n" }),
+        GRPC.OK,
+      ],
+      [
+        "Unpublish malformed id",
+        () => c.unary(M.controllerUnpublishVolume, { volumeId: "x", nodeId: "n" }),
+        GRPC.OK,
+      ],
+      [
+        "Validate without id",
+        () => c.unary(M.validateVolumeCapabilities, { volumeCapabilities: [mountCap()] }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Validate without capabilities",
+        () => c.unary(M.validateVolumeCapabilities, { volumeId: fake }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Validate malformed capability",
+        () =>
+          c.unary(M.validateVolumeCapabilities, {
+            volumeId: fake,
+            volumeCapabilities: [{ accessType: { case: "block", value: {} } }],
+          }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Validate unknown volume",
+        () => c.unary(M.validateVolumeCapabilities, { volumeId: fake, volumeCapabilities: [mountCap()] }),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "ListVolumes bad token",
+        () => c.unary(M.listVolumes, { startingToken: "invalid-token" }),
+        GRPC.ABORTED,
+      ],
+      [
+        "ListVolumes negative max_entries",
+        () => c.unary(M.listVolumes, { maxEntries: -1 }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "GetCapacity unknown parameter",
+        () => c.unary(M.getCapacity, { parameters: { pool: "a" } }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "GetCapacity malformed capability",
+        () =>
+          c.unary(M.getCapacity, { volumeCapabilities: [{ accessMode: { mode: Mode.SINGLE_NODE_WRITER } }] }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      ["ControllerGetVolume without id", () => c.unary(M.controllerGetVolume, {}), GRPC.INVALID_ARGUMENT],
+      [
+        "ControllerGetVolume unknown",
+        () => c.unary(M.controllerGetVolume, { volumeId: fake }),
+        GRPC.NOT_FOUND,
+      ],
+      ["GetVolumeHealth without id", () => c.unary(M.controllerGetVolumeHealth, {}), GRPC.INVALID_ARGUMENT],
+      [
+        "GetVolumeHealth unknown",
+        () => c.unary(M.controllerGetVolumeHealth, { volumeId: "x" }),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "ListVolumeHealth bad token",
+        () => c.unary(M.controllerListVolumeHealth, { startingToken: "nope" }),
+        GRPC.ABORTED,
+      ],
+      [
+        "Expand without id",
+        () => c.unary(M.controllerExpandVolume, { capacityRange: { requiredBytes: BigInt(GiB) } }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Expand without range",
+        () => c.unary(M.controllerExpandVolume, { volumeId: fake }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "Expand unknown volume",
+        () =>
+          c.unary(M.controllerExpandVolume, {
+            volumeId: fake,
+            capacityRange: { requiredBytes: BigInt(GiB) },
+          }),
+        GRPC.NOT_FOUND,
+      ],
+      [
+        "Expand out of range",
+        () =>
+          c.unary(M.controllerExpandVolume, {
+            volumeId: fake,
+            capacityRange: { requiredBytes: BigInt(5 * MiB), limitBytes: BigInt(7 * MiB) },
+          }),
+        GRPC.OUT_OF_RANGE,
+      ],
+      [
+        "CreateSnapshot is not offered",
+        () => c.unary(M.createSnapshot, { name: "s", sourceVolumeId: fake }),
+        GRPC.UNIMPLEMENTED,
+      ],
+      [
+        "ControllerModifyVolume is not offered",
+        () => c.unary(M.controllerModifyVolume, { volumeId: fake }),
+        GRPC.UNIMPLEMENTED,
+      ],
+    ];
+    const got: Record<string, number> = {};
+    let control: string[] = [];
+    try {
+      for (const [name, call] of rows) got[name] = await code(call());
+      const parts = await new ResourceClient(tc.conn, kinds.NVMePartition).list({ namespace: e.ns });
+      const atts = await new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment).list({ namespace: e.ns });
+      expect(parts.items.length + atts.items.length).toBe(0);
+      expect(writes).toEqual([]);
+      // Control: a valid request does write, so the counter above could have seen one.
+      await code(c.unary(M.createVolume, createReq("control"), { timeoutMs: 300 }));
+      control = [...writes];
+    } finally {
+      globalThis.fetch = realFetch;
+    }
+    expect(got).toEqual(Object.fromEntries(rows.map(([name, , want]) => [name, want])));
+    expect(control.some((w) => w.startsWith("POST ") && w.includes("/nvmepartitions"))).toBe(true);
+  });
+
+  test("the messages say what is wrong", async () => {
+    const M = Controller.method;
+    expect(
+      (await failure(e.client.unary(M.createVolume, createReq("v", { parameters: { replicas: "3" } }))))
+        .details,
+    ).toContain('unknown parameter "replicas"');
+    expect(
+      (
+        await failure(
+          e.client.unary(
+            M.createVolume,
+            createReq("v", { volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)] }),
+          ),
+        )
+      ).details,
+    ).toContain("one writer node");
+    expect(
+      (
+        await failure(
+          e.client.unary(
+            M.createVolume,
+            createReq("v", {
+              parameters: { backend: "kernel" },
+              volumeContentSource: { type: { case: "snapshot", value: { snapshotId: "s" } } },
+            }),
+          ),
+        )
+      ).details,
+    ).toContain("needs backend spdk");
+  });
+});
+
+describe("CreateVolume and DeleteVolume", () => {
+  let e: Env;
+  beforeAll(async () => {
+    e = await env();
+  });
+
+  test("CreateVolume waits on a watch: no API requests while it waits, answer within ms of the status write", async () => {
+    const seen: string[] = [];
+    const realFetch = globalThis.fetch;
+    let counting = false;
+    globalThis.fetch = ((input: string | URL | Request, init?: RequestInit) => {
+      if (counting)
+        seen.push(`${init?.method ?? "GET"} ${String(input instanceof Request ? input.url : input)}`);
+      return realFetch(input, init);
+    }) as typeof fetch;
+    try {
+      let done = 0;
+      const pending = e.client
+        .unary(
+          Controller.method.createVolume,
+          createReq("pvc-watch", { parameters: { transport: "tcp", ctrlLossTmo: "30" } }),
+          { timeoutMs: 15_000 },
+        )
+        .then((r) => {
+          done = performance.now();
+          return r;
+        });
+      await eventually(
+        async () =>
+          e.controller.inFlight.keys().length === 1 && (await e.standIn.parts.get("pvc-watch", e.ns)),
+      );
+      await Bun.sleep(200); // let the handler reach its wait
+      counting = true;
+      await Bun.sleep(1500);
+      counting = false;
+      expect(seen).toEqual([]);
+      counting = true; // control: the stand-in's writes do show up in the counter
+      await e.standIn.exportPartition("pvc-watch", { ip: "198.51.100.7", port: 4421 });
+      const written = performance.now();
+      counting = false;
+      expect(seen.some((r) => r.startsWith("PUT ") && r.endsWith("/nvmepartitions/pvc-watch/status"))).toBe(
+        true,
+      );
+      const res = await pending;
+      expect(done - written).toBeLessThan(250);
+      const vol = res.volume!;
+      expect(parseVolumeId(vol.volumeId)).toMatchObject({ namespace: e.ns, name: "pvc-watch" });
+      expect(vol.capacityBytes).toBe(BigInt(GiB));
+      expect(vol.volumeContext).toMatchObject({
+        [VolumeContextKeys.portalIP]: "198.51.100.7",
+        [VolumeContextKeys.portalPort]: "4421",
+        [VolumeContextKeys.transport]: "tcp",
+        [VolumeContextKeys.ctrlLossTmo]: "30",
+      });
+      expect(vol.volumeContext[VolumeContextKeys.nqn]).toStartWith("nqn.2026-02.io.distort:volume-vol-");
+    } finally {
+      globalThis.fetch = realFetch;
+    }
+  });
+
+  test("the same name twice is the same volume; another capacity is ALREADY_EXISTS; a 128-character name works", async () => {
+    e.standIn.auto.exportNew = true;
+    const a = await e.client.unary(Controller.method.createVolume, createReq("pvc-twice"));
+    const b = await e.client.unary(
+      Controller.method.createVolume,
+      createReq("pvc-twice", { parameters: { "csi.storage.k8s.io/pvc/name": "claim" } }),
+    );
+    expect(b.volume?.volumeId).toBe(a.volume!.volumeId);
+    const clash = await failure(
+      e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-twice", { capacityRange: { requiredBytes: BigInt(2 * GiB) } }),
+      ),
+    );
+    expect(clash.code).toBe(GRPC.ALREADY_EXISTS);
+    expect(clash.details).toContain(`capacity ${GiB} bytes`);
+    const other = await failure(
+      e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-twice", { parameters: { transport: "tcp" } }),
+      ),
+    );
+    expect(other.code).toBe(GRPC.ALREADY_EXISTS);
+    const long = await e.client.unary(Controller.method.createVolume, createReq("L".repeat(128)));
+    expect(parseVolumeId(long.volume!.volumeId)?.name).toMatch(/^csi-[0-9a-f]{24}$/);
+    e.standIn.auto.exportNew = false;
+  });
+
+  test("concurrent operations on one volume: the second is ABORTED", async () => {
+    const first = e.client.unary(Controller.method.createVolume, createReq("pvc-busy"), {
+      timeoutMs: 10_000,
+    });
+    await eventually(() => e.controller.inFlight.keys().includes(`${e.ns}/pvc-busy`));
+    expect(await code(e.client.unary(Controller.method.createVolume, createReq("pvc-busy")))).toBe(
+      GRPC.ABORTED,
+    );
+    const p = await eventually(() => e.standIn.parts.get("pvc-busy", e.ns));
+    const id = `${e.ns}/pvc-busy/${p.metadata.uid}`;
+    expect(await code(e.client.unary(Controller.method.deleteVolume, { volumeId: id }))).toBe(GRPC.ABORTED);
+    expect(
+      await code(
+        e.client.unary(Controller.method.controllerExpandVolume, {
+          volumeId: id,
+          capacityRange: { requiredBytes: BigInt(2 * GiB) },
+        }),
+      ),
+    ).toBe(GRPC.ABORTED);
+    await e.standIn.exportPartition("pvc-busy");
+    expect((await first).volume?.volumeId).toBe(id);
+  });
+
+  test("no placement before the deadline: DEADLINE_EXCEEDED saying why; no room: RESOURCE_EXHAUSTED; agent failure: UNAVAILABLE", async () => {
+    const late = await failure(
+      e.client.unary(Controller.method.createVolume, createReq("pvc-late"), { timeoutMs: 1_000 }),
+    );
+    expect(late.code).toBe(GRPC.DEADLINE_EXCEEDED);
+    expect(late.details).toContain("not exported yet: state (none)");
+    const started = performance.now();
+    const waiting = e.client.unary(Controller.method.createVolume, createReq("pvc-late"), {
+      timeoutMs: 10_000,
+    });
+    await eventually(() => e.controller.inFlight.keys().includes(`${e.ns}/pvc-late`));
+    await e.standIn.setPartitionStatus("pvc-late", (s) => s, {
+      type: "Scheduled",
+      status: "False",
+      reason: "InsufficientCapacity",
+      message: "0/2 devices can hold 1.0 GiB",
+    });
+    const full = await failure(waiting);
+    expect(full.code).toBe(GRPC.RESOURCE_EXHAUSTED);
+    expect(full.details).toContain("0/2 devices can hold");
+    expect(performance.now() - started).toBeLessThan(5_000);
+
+    const failing = e.client.unary(Controller.method.createVolume, createReq("pvc-broken"), {
+      timeoutMs: 10_000,
+    });
+    await eventually(() => e.standIn.parts.get("pvc-broken", e.ns));
+    await e.standIn.place("pvc-broken");
+    await e.standIn.setPartitionStatus("pvc-broken", (s) => ({ ...s, state: "Failed" }), {
+      type: "Ready",
+      status: "False",
+      reason: "BackendConflict",
+      message: "device locked to kernel",
+    });
+    const broken = await failure(failing);
+    expect(broken.code).toBe(GRPC.UNAVAILABLE);
+    expect(broken.details).toContain("BackendConflict: device locked to kernel");
+  });
+
+  test("a rescheduled claim moves an unplaced volume to its new topology; once placed, other topology is ALREADY_EXISTS", async () => {
+    const zone = (z: string) => ({
+      accessibilityRequirements: {
+        requisite: [{ segments: { "topology.kubernetes.io/zone": z } }],
+        preferred: [{ segments: { "topology.kubernetes.io/zone": z } }],
+      },
+    });
+    expect(
+      await code(
+        e.client.unary(Controller.method.createVolume, createReq("pvc-wffc", zone("a")), { timeoutMs: 800 }),
+      ),
+    ).toBe(GRPC.DEADLINE_EXCEEDED);
+    const retry = e.client.unary(Controller.method.createVolume, createReq("pvc-wffc", zone("b")), {
+      timeoutMs: 10_000,
+    });
+    const moved = await eventually(async () => {
+      const p = await e.standIn.parts.get("pvc-wffc", e.ns);
+      return p?.spec.topology?.requisite?.[0]?.segments["topology.kubernetes.io/zone"] === "b" && p;
+    });
+    expect(moved.spec.topology?.preferred?.[0]?.segments).toEqual({ "topology.kubernetes.io/zone": "b" });
+    await createStorageNode(e, "storage-1", { "topology.kubernetes.io/zone": "b", rack: "r9" });
+    await e.standIn.exportPartition("pvc-wffc");
+    const res = await retry;
+    expect(res.volume?.accessibleTopology.map((t) => t.segments)).toEqual([
+      { "topology.kubernetes.io/zone": "b" },
+    ]);
+    expect(await code(e.client.unary(Controller.method.createVolume, createReq("pvc-wffc", zone("c"))))).toBe(
+      GRPC.ALREADY_EXISTS,
+    );
+    expect(
+      (await e.client.unary(Controller.method.createVolume, createReq("pvc-wffc", zone("b")))).volume
+        ?.volumeId,
+    ).toBe(res.volume!.volumeId);
+  });
+
+  test("DeleteVolume waits for the agent's cleanup, never answers early, and leaves a same-named successor alone", async () => {
+    e.standIn.auto.exportNew = true;
+    const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-del"))).volume!;
+    const timedOut = await failure(
+      e.client.unary(Controller.method.deleteVolume, { volumeId: vol.volumeId }, { timeoutMs: 1_000 }),
+    );
+    expect(timedOut.code).toBe(GRPC.DEADLINE_EXCEEDED);
+    expect(timedOut.details).toContain("cleanup of volume");
+    const still = await e.standIn.parts.get("pvc-del", e.ns);
+    expect(still?.metadata.deletionTimestamp).toBeDefined();
+    const retry = e.client.unary(
+      Controller.method.deleteVolume,
+      { volumeId: vol.volumeId },
+      { timeoutMs: 10_000 },
+    );
+    await Bun.sleep(300);
+    let answered = false;
+    void retry.then(() => {
+      answered = true;
+    });
+    await Bun.sleep(100);
+    expect(answered).toBe(false);
+    await e.standIn.releasePartition("pvc-del");
+    await retry;
+    expect(await e.standIn.parts.get("pvc-del", e.ns)).toBeUndefined();
+    // Same name, new object: the old id must not reach it.
+    const successor = (await e.client.unary(Controller.method.createVolume, createReq("pvc-del"))).volume!;
+    expect(successor.volumeId).not.toBe(vol.volumeId);
+    await e.client.unary(Controller.method.deleteVolume, { volumeId: vol.volumeId });
+    expect((await e.standIn.parts.get("pvc-del", e.ns))?.metadata.deletionTimestamp).toBeUndefined();
+    expect(
+      await code(
+        e.client.unary(Controller.method.validateVolumeCapabilities, {
+          volumeId: vol.volumeId,
+          volumeCapabilities: [mountCap()],
+        }),
+      ),
+    ).toBe(GRPC.NOT_FOUND);
+    e.standIn.auto.release = true;
+    await e.client.unary(Controller.method.deleteVolume, { volumeId: successor.volumeId });
+    await e.client.unary(Controller.method.deleteVolume, { volumeId: successor.volumeId });
+    e.standIn.auto.exportNew = false;
+    e.standIn.auto.release = false;
+  });
+});
+
+async function createStorageNode(
+  e: Env,
+  name: string,
+  labels: Record<string, string>,
+  ready = true,
+): Promise<void> {
+  const client = new ResourceClient(tc.conn, kinds.RDMAStorageNode);
+  const now = new Date().toISOString().replace(/\.\d+Z$/, "Z");
+  const existing = await client.get(name, e.ns);
+  const created =
+    existing ??
+    (await client.create({
+      apiVersion: "storage.distort.io/v1alpha1",
+      kind: "RDMAStorageNode",
+      metadata: { name, namespace: e.ns, labels },
+      spec: { nodeName: name },
+    } as RDMAStorageNode));
+  const cond = (type: string) => ({
+    type,
+    status: ready ? ("True" as const) : ("False" as const),
+    reason: "Test",
+    message: "",
+    lastTransitionTime: now,
+  });
+  await client.replaceStatus({
+    ...created,
+    status: {
+      lastHeartbeatTime: now,
+      rdmaIP: "192.0.2.10",
+      transport: "rdma",
+      conditions: [cond("Ready"), cond("NVMeInventoryReady")],
+    },
+  });
+  await eventually(() =>
+    e.controller.storageNodes.list().some((n) => n.metadata.name === name && n.status?.conditions?.length),
+  );
+}
+
+describe("ControllerPublishVolume fencing", () => {
+  let e: Env;
+  let volumeId: string;
+  let nodeA: string;
+  let nodeB: string;
+  const PINNED = "nqn.2014-08.org.nvmexpress:uuid:7d3a0a36-6c1f-4c55-9a51-1f2b3c4d5e6f";
+  const NQN_B = "nqn.2014-08.org.nvmexpress:uuid:0b0b0b0b-6c1f-4c55-9a51-1f2b3c4d5e6f";
+  beforeAll(async () => {
+    e = await env();
+    e.standIn.auto.exportNew = true;
+    volumeId = (await e.client.unary(Controller.method.createVolume, createReq("pvc-pub"))).volume!.volumeId;
+    nodeA = `node-a-${suffix()}`;
+    nodeB = `node-b-${suffix()}`;
+    await createNode(nodeA, { [HOST_NQN_ANNOTATION]: PINNED });
+    await createNode(nodeB);
+    // What the node plugin does at startup on node B.
+    await registerHostNQN(tc.conn, nodeB, NQN_B);
+  });
+
+  const publish = (nodeId: string, over: { readonly?: boolean; timeoutMs?: number } = {}) =>
+    e.client.unary(
+      Controller.method.controllerPublishVolume,
+      { volumeId, nodeId, volumeCapability: mountCap(), readonly: over.readonly ?? false },
+      { timeoutMs: over.timeoutMs ?? 10_000 },
+    );
+  const attName = () => {
+    const ref = parseVolumeId(volumeId)!;
+    return attachmentNameFor(ref.name, ref.uid);
+  };
+
+  test("publish waits for AccessReady of its own lifetime; repeating it is idempotent", async () => {
+    const pending = publish(nodeA);
+    const a = await eventually(() => e.standIn.atts.get(attName(), e.ns));
+    expect(a.spec).toMatchObject({ nodeId: nodeA, hostNQN: PINNED, partitionName: "pvc-pub" });
+    let answered = false;
+    void pending.then(() => {
+      answered = true;
+    });
+    await Bun.sleep(300);
+    expect(answered).toBe(false);
+    await e.standIn.grant(attName());
+    const res = await pending;
+    expect(res.publishContext).toEqual({
+      [PublishContextKeys.hostNQN]: PINNED,
+      [PublishContextKeys.attachmentId]: a.spec.attachmentId,
+    });
+    expect((await publish(nodeA)).publishContext).toEqual(res.publishContext);
+    expect(await code(publish(nodeA, { readonly: true }))).toBe(GRPC.ALREADY_EXISTS);
+    const listed = await e.client.unary(Controller.method.listVolumes, {});
+    expect(listed.entries.find((x) => x.volume?.volumeId === volumeId)?.status?.publishedNodeIds).toEqual([
+      nodeA,
+    ]);
+    expect(
+      (await e.client.unary(Controller.method.controllerGetVolume, { volumeId })).status?.publishedNodeIds,
+    ).toEqual([nodeA]);
+  });
+
+  test("a second node is refused until the holder is fenced; DeleteVolume is refused while published", async () => {
+    const refused = await failure(publish(nodeB));
+    expect(refused.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(refused.details).toContain(`published to node ${nodeA}`);
+    expect(refused.details).toContain(FENCED_ANNOTATION);
+    expect(await code(e.client.unary(Controller.method.deleteVolume, { volumeId }))).toBe(
+      GRPC.FAILED_PRECONDITION,
+    );
+    expect(await code(publish(`node-missing-${suffix()}`))).toBe(GRPC.NOT_FOUND);
+    const bare = `node-bare-${suffix()}`;
+    await createNode(bare);
+    const unregistered = await failure(publish(bare));
+    expect(unregistered.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(unregistered.details).toContain("has not registered its NVMe host NQN");
+  });
+
+  test("takeover after fencing: success only once the agent enforces the new lifetime; a stale unpublish is a no-op", async () => {
+    const before = (await e.standIn.atts.get(attName(), e.ns))!;
+    await e.standIn.atts.replace({
+      ...before,
+      metadata: {
+        ...before.metadata,
+        annotations: { ...before.metadata.annotations, [FENCED_ANNOTATION]: "true" },
+      },
+    });
+    const pending = publish(nodeB);
+    const switched = await eventually(async () => {
+      const a = await e.standIn.atts.get(attName(), e.ns);
+      return a?.spec.nodeId === nodeB && a;
+    });
+    expect(switched.spec.hostNQN).toBe(NQN_B);
+    expect(switched.spec.attachmentId).not.toBe(before.spec.attachmentId);
+    expect(switched.metadata.annotations?.[FENCED_ANNOTATION]).toBeUndefined();
+    expect(switched.metadata.annotations?.[PREVIOUS_NODE_ANNOTATION]).toBe(nodeA);
+    // AccessReady is still True from node A's lifetime: that must not satisfy node B.
+    expect(switched.status?.conditions?.find((c) => c.type === "AccessReady")?.status).toBe("True");
+    let answered = false;
+    void pending.then(() => {
+      answered = true;
+    });
+    await Bun.sleep(400);
+    expect(answered).toBe(false);
+    await e.standIn.grant(attName());
+    const res = await pending;
+    expect(res.publishContext?.[PublishContextKeys.attachmentId]).toBe(switched.spec.attachmentId);
+    // Node A's attacher catching up late must not remove node B's access.
+    await e.client.unary(Controller.method.controllerUnpublishVolume, { volumeId, nodeId: nodeA });
+    expect((await e.standIn.atts.get(attName(), e.ns))?.spec.nodeId).toBe(nodeB);
+  });
+
+  test("unpublish waits until the agent revoked the ACL (finalizer), then delete proceeds", async () => {
+    const pending = e.client.unary(
+      Controller.method.controllerUnpublishVolume,
+      { volumeId, nodeId: nodeB },
+      { timeoutMs: 10_000 },
+    );
+    await eventually(async () => (await e.standIn.atts.get(attName(), e.ns))?.metadata.deletionTimestamp);
+    let answered = false;
+    void pending.then(() => {
+      answered = true;
+    });
+    await Bun.sleep(300);
+    expect(answered).toBe(false);
+    await e.standIn.releaseAttachment(attName());
+    await pending;
+    expect(await e.standIn.atts.get(attName(), e.ns)).toBeUndefined();
+    await e.client.unary(Controller.method.controllerUnpublishVolume, { volumeId, nodeId: nodeB });
+    e.standIn.auto.release = true;
+    await e.client.unary(Controller.method.deleteVolume, { volumeId });
+    expect(await code(publish(nodeA))).toBe(GRPC.NOT_FOUND);
+  });
+});
+
+test("host NQN registration: written once, read back by the directory, idempotent", async () => {
+  const name = `node-reg-${suffix()}`;
+  await createNode(name);
+  await tc.conn
+    .api(k8s.CoreV1Api)
+    .patchNode(
+      { name, body: { metadata: { labels: { "topology.kubernetes.io/zone": "z1" } } } },
+      k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
+    );
+  const nqn = "nqn.2014-08.org.nvmexpress:uuid:12345678-6c1f-4c55-9a51-1f2b3c4d5e6f";
+  const dir = kubeNodeDirectory(tc.conn);
+  expect(await dir.get(name)).toEqual({ labels: { "topology.kubernetes.io/zone": "z1" } });
+  expect(await registerHostNQN(tc.conn, name, nqn)).toMatchObject({ "topology.kubernetes.io/zone": "z1" });
+  expect((await dir.get(name))?.hostNQN).toBe(nqn);
+  const rv = (await tc.conn.api(k8s.CoreV1Api).readNode({ name })).metadata?.resourceVersion;
+  await registerHostNQN(tc.conn, name, nqn);
+  expect((await tc.conn.api(k8s.CoreV1Api).readNode({ name })).metadata?.resourceVersion).toBe(rv);
+  expect(await dir.get(`node-none-${suffix()}`)).toBeUndefined();
+  await expect(registerHostNQN(tc.conn, `node-none-${suffix()}`, nqn)).rejects.toThrow("not found");
+});
+
+describe("listing, capacity, health, validation, expansion", () => {
+  let e: Env;
+  beforeAll(async () => {
+    e = await env();
+    e.standIn.auto.exportNew = true;
+    e.standIn.auto.grow = true;
+    e.standIn.auto.release = true;
+  });
+
+  test("ListVolumes pages through every volume exactly once", async () => {
+    const ids = new Set<string>();
+    for (let i = 0; i < 5; i++)
+      ids.add(
+        (await e.client.unary(Controller.method.createVolume, createReq(`pvc-list-${i}`))).volume!.volumeId,
+      );
+    const seen: string[] = [];
+    let token = "";
+    let pages = 0;
+    do {
+      const page = await e.client.unary(Controller.method.listVolumes, {
+        maxEntries: 2,
+        startingToken: token,
+      });
+      expect(page.entries.length).toBeLessThanOrEqual(2);
+      seen.push(...page.entries.map((x) => x.volume!.volumeId));
+      for (const x of page.entries) expect(x.status?.publishedNodeIds).toEqual([]);
+      token = page.nextToken;
+      pages++;
+    } while (token);
+    expect(pages).toBe(3);
+    expect(new Set(seen)).toEqual(ids);
+    expect(seen.length).toBe(5);
+  });
+
+  test("ValidateVolumeCapabilities confirms what the volume is, and only that", async () => {
+    const vol = (
+      await e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-valid", { parameters: { fsType: "ext4", transport: "tcp" } }),
+      )
+    ).volume!;
+    const validate = (over: object) =>
+      e.client.unary(Controller.method.validateVolumeCapabilities, {
+        volumeId: vol.volumeId,
+        volumeCapabilities: [mountCap()],
+        ...over,
+      });
+    expect(
+      (await validate({ volumeContext: vol.volumeContext, parameters: { fsType: "ext4", transport: "tcp" } }))
+        .confirmed,
+    ).toBeDefined();
+    const wrongParams = await validate({ parameters: { transport: "rdma" } });
+    expect(wrongParams.confirmed).toBeUndefined();
+    expect(wrongParams.message).toContain("parameters differ");
+    expect(
+      (await validate({ volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)] })).message,
+    ).toContain("not supported");
+    expect(
+      (await validate({ volumeCapabilities: [mountCap(Mode.SINGLE_NODE_WRITER, "xfs")] })).message,
+    ).toContain("created for ext4");
+    expect(
+      (await validate({ volumeContext: { ...vol.volumeContext, [VolumeContextKeys.portalPort]: "1" } }))
+        .message,
+    ).toContain("volume_context");
+  });
+
+  test("GetCapacity sums free bytes of claimed devices on ready storage nodes in the segment", async () => {
+    const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+    const tag = suffix();
+    await createStorageNode(e, `sn-a-${tag}`, { zone: `a-${tag}` });
+    await createStorageNode(e, `sn-b-${tag}`, { zone: `b-${tag}` });
+    await createStorageNode(e, `sn-c-${tag}`, { zone: `a-${tag}` }, false);
+    const mk = async (name: string, node: string, free: number) => {
+      const d = await devices.create({
+        apiVersion: "storage.distort.io/v1alpha1",
+        kind: "NVMeDevice",
+        metadata: { name },
+        spec: {
+          nodeName: node,
+          pciAddress: "0000:01:00.0",
+          serial: name,
+          model: "sim",
+          allocatableBytes: 100 * GiB,
+          numaNode: 0,
+        },
+      } as NVMeDevice);
+      await devices.replaceStatus({
+        ...d,
+        status: {
+          phase: "Claimed",
+          claimRef: { namespace: e.ns, name: "c", uid: "u" },
+          freeBytes: free,
+          reservations: [],
+          conditions: [],
+        },
+      });
+    };
+    await mk(`d1-${tag}`, `sn-a-${tag}`, 10 * GiB);
+    await mk(`d2-${tag}`, `sn-a-${tag}`, 20 * GiB);
+    await mk(`d3-${tag}`, `sn-b-${tag}`, 40 * GiB);
+    await mk(`d4-${tag}`, `sn-c-${tag}`, 80 * GiB);
+    await eventually(
+      () => e.controller.devices.list().filter((d) => d.metadata.name.endsWith(tag) && d.status).length === 4,
+    );
+    const cap = (zone: string) =>
+      e.client.unary(Controller.method.getCapacity, {
+        accessibleTopology: { segments: { zone } },
+        volumeCapabilities: [mountCap()],
+      });
+    const a = await cap(`a-${tag}`);
+    expect(a.availableCapacity).toBe(BigInt(30 * GiB));
+    expect(a.maximumVolumeSize).toBe(BigInt(20 * GiB));
+    expect(a.minimumVolumeSize).toBe(BigInt(4 * MiB));
+    expect((await cap(`b-${tag}`)).availableCapacity).toBe(BigInt(40 * GiB));
+    expect((await cap("nowhere")).availableCapacity).toBe(0n);
+    const multi = await e.client.unary(Controller.method.getCapacity, {
+      volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)],
+    });
+    expect(multi.availableCapacity).toBe(0n);
+  });
+
+  test("health: healthy while exported and Ready, INACCESSIBLE with the agent's reason otherwise", async () => {
+    const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-health"))).volume!;
+    const health = () =>
+      e.client.unary(Controller.method.controllerGetVolumeHealth, { volumeId: vol.volumeId });
+    expect((await health()).volumeHealth?.healthStatuses).toEqual([]);
+    await e.standIn.setPartitionStatus("pvc-health", (s) => ({ ...s, state: "Failed" }), {
+      type: "Ready",
+      status: "False",
+      reason: "DeviceUnavailable",
+      message: "drive gone",
+    });
+    await eventually(() => e.controller.partitions.get(`${e.ns}/pvc-health`)?.status?.state === "Failed");
+    const bad = (await health()).volumeHealth?.healthStatuses ?? [];
+    expect(bad.map((h) => [h.status, h.reason])).toEqual([[2, "DeviceUnavailable"]]);
+    const listed = await e.client.unary(Controller.method.controllerListVolumeHealth, {});
+    expect(listed.entries.map((x) => x.volumeId)).toEqual([vol.volumeId]);
+  });
+
+  test("expansion grows spdk volumes after the agent did; filesystems need node expansion; kernel volumes refuse", async () => {
+    const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-grow"))).volume!;
+    const grown = await e.client.unary(Controller.method.controllerExpandVolume, {
+      volumeId: vol.volumeId,
+      capacityRange: { requiredBytes: BigInt(2 * GiB + 1) },
+      volumeCapability: mountCap(),
+    });
+    expect(grown.capacityBytes).toBe(BigInt(2 * GiB + 4 * MiB));
+    expect(grown.nodeExpansionRequired).toBe(true);
+    expect((await e.standIn.parts.get("pvc-grow", e.ns))?.spec.sizeBytes).toBe(2 * GiB + 4 * MiB);
+    const again = await e.client.unary(Controller.method.controllerExpandVolume, {
+      volumeId: vol.volumeId,
+      capacityRange: { requiredBytes: BigInt(GiB) },
+      volumeCapability: blockCap(),
+    });
+    expect(again).toMatchObject({ capacityBytes: BigInt(2 * GiB + 4 * MiB), nodeExpansionRequired: false });
+    const kernel = (
+      await e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-kernel", { parameters: { backend: "kernel" } }),
+      )
+    ).volume!;
+    const refused = await failure(
+      e.client.unary(Controller.method.controllerExpandVolume, {
+        volumeId: kernel.volumeId,
+        capacityRange: { requiredBytes: BigInt(2 * GiB) },
+      }),
+    );
+    expect(refused.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(refused.details).toContain("kernel backend");
+    const p = await e.standIn.parts.get("pvc-grow", e.ns);
+    expect(p?.metadata.annotations?.[Annotations.requestName]).toBe("pvc-grow");
+  });
+});

@@ -1,0 +1,926 @@
+// The CSI Controller service: volumes are NVMePartitions in the driver namespace, publications their
+// one NVMeVolumeAttachment each. RPCs validate before any API call, run one at a time per volume,
+// and wait for the manager and agent on watch caches within the caller's deadline.
+import { randomUUID } from "node:crypto";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { ALLOCATION_UNIT } from "../agent/partitions/identity.ts";
+import {
+  API_VERSION,
+  kinds,
+  type NVMeDevice,
+  type NVMePartition,
+  type NVMeVolumeAttachment,
+  type RDMAStorageNode,
+} from "../api/index.ts";
+import {
+  ControllerServiceCapability_RPC_Type as Cap,
+  type Controller,
+  type ControllerExpandVolumeRequest,
+  type ControllerGetVolumeHealthRequest,
+  type ControllerGetVolumeRequest,
+  type ControllerListVolumeHealthRequest,
+  type ControllerPublishVolumeRequest,
+  type ControllerUnpublishVolumeRequest,
+  type CreateVolumeRequest,
+  type DeleteVolumeRequest,
+  type GetCapacityRequest,
+  type ListVolumesRequest,
+  type ValidateVolumeCapabilitiesRequest,
+  VolumeHealthErrorType,
+  type VolumeSchema,
+} from "../gen/csi/v1/csi_pb.ts";
+import type { Clock } from "../lib/clock.ts";
+import { errorMessage, StorageError } from "../lib/errors.ts";
+import { WatchCache } from "../lib/kube/cache.ts";
+import type { KubeConnection } from "../lib/kube/connection.ts";
+import type { EventRecorder } from "../lib/kube/events.ts";
+import { type KubeObject, objectKey, ResourceClient } from "../lib/kube/resource.ts";
+import type { Logger } from "../lib/log.ts";
+import { PublishContextKeys } from "./context.ts";
+import {
+  capabilityKey,
+  malformedReason,
+  type NormalizedCapability,
+  requireSupported,
+  unsupportedReason,
+} from "./controller/capabilities.ts";
+import { resolveCapacity } from "./controller/capacity.ts";
+import { availableCapacity } from "./controller/capacity-report.ts";
+import { buildPartition, type CreatePlan, planCreateVolume } from "./controller/create-request.ts";
+import {
+  ACCESS_ANNOTATION,
+  accessPending,
+  accessReady,
+  decidePublish,
+  decideUnpublish,
+  FENCED_ANNOTATION,
+  PREVIOUS_NODE_ANNOTATION,
+  type PublishIntent,
+  READONLY_ANNOTATION,
+} from "./controller/fencing.ts";
+import {
+  Annotations,
+  canonicalJson,
+  compareFingerprints,
+  PROVISIONED_BY,
+  PROVISIONED_BY_LABEL,
+  readRecord,
+  type VolumeRecord,
+} from "./controller/fingerprint.ts";
+import { HOST_NQN_ANNOTATION, kubeNodeDirectory, type NodeDirectory } from "./controller/host-nqn.ts";
+import { InFlight } from "./controller/in-flight.ts";
+import { paginate } from "./controller/pagination.ts";
+import { parseParameters } from "./controller/parameters.ts";
+import { accessibleTopology } from "./controller/topology.ts";
+import { attachmentNameFor, formatVolumeId, parseVolumeId, type VolumeRef } from "./controller/volume-id.ts";
+import {
+  capacityOf,
+  createVerdict,
+  progressOf,
+  volumeContextOf,
+  volumeHealth,
+} from "./controller/volume-view.ts";
+import { CacheWaiter, type CallContext, withBudget } from "./controller/waiter.ts";
+import { aborted, alreadyExists, csiError, failedPrecondition, invalidArgument, notFound } from "./errors.ts";
+
+/**
+ * What ControllerGetCapabilities advertises, and nothing else: every entry is backed by a handler
+ * below. Snapshots and cloning are absent (the NVMePartition API carries no content source and
+ * the agent takes no snapshots), so are read-only publication (the target ACL is per host, not
+ * per mode) and ModifyVolume (no mutable parameters).
+ */
+export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
+  Cap.CREATE_DELETE_VOLUME,
+  Cap.PUBLISH_UNPUBLISH_VOLUME,
+  Cap.LIST_VOLUMES,
+  Cap.LIST_VOLUMES_PUBLISHED_NODES,
+  Cap.GET_CAPACITY,
+  Cap.GET_VOLUME,
+  Cap.GET_VOLUME_HEALTH,
+  Cap.LIST_VOLUME_HEALTH,
+  Cap.EXPAND_VOLUME,
+  Cap.SINGLE_NODE_MULTI_WRITER,
+];
+
+export interface ControllerOptions {
+  conn: KubeConnection;
+  /** Where NVMePartitions and NVMeVolumeAttachments live (csi/config.ts keeps it short enough for ids). */
+  namespace: string;
+  logger: Logger;
+  clock: Clock;
+  /** How long a call without a deadline may wait for the manager and agent. */
+  defaultTimeoutMs: number;
+  /** Size of a volume whose CreateVolume carries no capacity range. */
+  defaultVolumeBytes: number;
+  /** Node id -> registered host NQN; Kubernetes Node objects by default. */
+  nodes?: NodeDirectory;
+  /** Attachment lifetime ids; random UUIDs by default. */
+  newAttachmentId?: () => string;
+  events?: EventRecorder;
+}
+
+type Impl = Partial<ServiceImpl<typeof Controller>>;
+type VolumeInit = MessageInitShape<typeof VolumeSchema>;
+
+/**
+ * The controller side of the driver. start() begins the list/watch caches (calls made before
+ * they sync answer UNAVAILABLE); stop() ends them. One instance per process; its in-flight set
+ * makes concurrent calls on one volume answer ABORTED.
+ */
+export class CsiController {
+  readonly partitions: WatchCache<NVMePartition>;
+  readonly attachments: WatchCache<NVMeVolumeAttachment>;
+  readonly devices: WatchCache<NVMeDevice>;
+  readonly storageNodes: WatchCache<RDMAStorageNode>;
+  readonly inFlight = new InFlight();
+  private readonly partClient: ResourceClient<NVMePartition>;
+  private readonly attClient: ResourceClient<NVMeVolumeAttachment>;
+  private readonly partitionWaiter: CacheWaiter<NVMePartition>;
+  private readonly attachmentWaiter: CacheWaiter<NVMeVolumeAttachment>;
+  private readonly nodes: NodeDirectory;
+  private readonly newAttachmentId: () => string;
+  private readonly ns: string;
+  private readonly log: Logger;
+
+  constructor(private readonly o: ControllerOptions) {
+    this.ns = o.namespace;
+    this.log = o.logger;
+    this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
+    this.attClient = new ResourceClient(o.conn, kinds.NVMeVolumeAttachment);
+    this.partitions = new WatchCache(this.partClient, { namespace: o.namespace, logger: o.logger });
+    this.attachments = new WatchCache(this.attClient, { namespace: o.namespace, logger: o.logger });
+    this.devices = new WatchCache(new ResourceClient(o.conn, kinds.NVMeDevice), { logger: o.logger });
+    // Placement considers storage nodes in every namespace; so does GetCapacity.
+    this.storageNodes = new WatchCache(new ResourceClient(o.conn, kinds.RDMAStorageNode), {
+      logger: o.logger,
+    });
+    this.partitionWaiter = new CacheWaiter(this.partitions);
+    this.attachmentWaiter = new CacheWaiter(this.attachments);
+    this.nodes = o.nodes ?? kubeNodeDirectory(o.conn);
+    this.newAttachmentId = o.newAttachmentId ?? randomUUID;
+  }
+
+  /** Starts the caches; resolves once all four have listed. */
+  async start(): Promise<void> {
+    await Promise.all(
+      [this.partitions, this.attachments, this.devices, this.storageNodes].map((c) => c.start()),
+    );
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(
+      [this.partitions, this.attachments, this.devices, this.storageNodes].map((c) => c.stop()),
+    );
+  }
+
+  get synced(): boolean {
+    return [this.partitions, this.attachments, this.devices, this.storageNodes].every((c) => c.hasSynced);
+  }
+
+  /**
+   * Readiness for Identity.Probe and /readyz: undefined when ready, else why not. Asks the API
+   * server for /version (bounded by `timeoutMs`), so an unreachable API server shows up even while
+   * the caches still hold their last contents.
+   */
+  async notReadyReason(timeoutMs = 2000): Promise<string | undefined> {
+    if (!this.synced) return "controller caches have not synced with the API server yet";
+    try {
+      const res = await this.o.conn.request("/version", { signal: AbortSignal.timeout(timeoutMs) });
+      await res.body?.cancel();
+      return res.ok ? undefined : `API server answered /version with HTTP ${res.status}`;
+    } catch (err) {
+      return `API server unreachable: ${errorMessage(err)}`;
+    }
+  }
+
+  /** The Controller service implementation to register with serveGrpc. */
+  service(): Impl {
+    return {
+      createVolume: (r, ctx) => this.createVolume(r, ctx),
+      deleteVolume: (r, ctx) => this.deleteVolume(r, ctx),
+      controllerPublishVolume: (r, ctx) => this.publish(r, ctx),
+      controllerUnpublishVolume: (r, ctx) => this.unpublish(r, ctx),
+      validateVolumeCapabilities: (r) => this.validateVolumeCapabilities(r),
+      listVolumes: (r) => this.listVolumes(r),
+      getCapacity: (r) => this.getCapacity(r),
+      controllerGetCapabilities: () => ({
+        capabilities: CONTROLLER_CAPABILITIES.map((type) => ({ type: { case: "rpc", value: { type } } })),
+      }),
+      controllerGetVolume: (r) => this.getVolume(r),
+      controllerGetVolumeHealth: (r) => this.getVolumeHealth(r),
+      controllerListVolumeHealth: (r) => this.listVolumeHealth(r),
+      controllerExpandVolume: (r, ctx) => this.expandVolume(r, ctx),
+    };
+  }
+
+  // ---- helpers ------------------------------------------------------------------------------
+
+  private requireSynced(): void {
+    if (!this.synced)
+      throw new StorageError(
+        "unavailable",
+        "the CSI controller is still syncing its caches with the API server",
+      );
+  }
+
+  private key(name: string): string {
+    return objectKey({ namespace: this.ns, name });
+  }
+
+  /** The volume an id designates, or undefined when the id is not one of this driver's. */
+  private ref(volumeId: string): VolumeRef | undefined {
+    const ref = parseVolumeId(volumeId);
+    // Only the configured namespace is watched (and authorized); ids elsewhere are not ours.
+    return ref && ref.namespace === this.ns ? ref : undefined;
+  }
+
+  /** The partition of exactly this incarnation, read from the API server; undefined when gone. */
+  private async partitionOf(ref: VolumeRef): Promise<NVMePartition | undefined> {
+    const p = await this.partClient.get(ref.name, ref.namespace);
+    return p && p.metadata.uid === ref.uid ? p : undefined;
+  }
+
+  private budget<R>(ctx: CallContext, wait: (signal: AbortSignal) => Promise<R>, onTimeout: () => string) {
+    return withBudget(ctx, this.o.clock, this.o.defaultTimeoutMs, wait, onTimeout);
+  }
+
+  /**
+   * Waits until the object `uid` under `name` is gone, judged from the cache and confirmed by the
+   * API server: the cache may not even have seen it yet, and "absent from the cache" must never
+   * become an early OK. A replacement with another UID counts as gone.
+   */
+  private async waitGone<T extends KubeObject>(
+    waiter: CacheWaiter<T>,
+    client: ResourceClient<T>,
+    name: string,
+    uid: string,
+    signal: AbortSignal,
+    seen: (o: T) => void,
+  ): Promise<void> {
+    let mustSee = false;
+    for (;;) {
+      let sawIt = false;
+      await waiter.waitFor(
+        this.key(name),
+        (o) => {
+          if (o && o.metadata.uid === uid) {
+            sawIt = true;
+            seen(o);
+            return undefined;
+          }
+          return sawIt || !mustSee ? true : undefined;
+        },
+        signal,
+      );
+      const again = await client.get(name, this.ns);
+      if (!again || again.metadata.uid !== uid) return;
+      seen(again);
+      // The cache had not caught up with the object: wait to see it, then to see it go.
+      mustSee = true;
+    }
+  }
+
+  private storageNodeLabels(nodeName: string | undefined): Record<string, string> {
+    if (!nodeName) return {};
+    let best: RDMAStorageNode | undefined;
+    for (const n of this.storageNodes.list()) {
+      if (n.spec.nodeName !== nodeName) continue;
+      if (!best || (n.status?.lastHeartbeatTime ?? "") > (best.status?.lastHeartbeatTime ?? "")) best = n;
+    }
+    return best?.metadata.labels ?? {};
+  }
+
+  private volumeOf(p: NVMePartition): VolumeInit {
+    const record = readRecord(p.metadata.annotations);
+    return {
+      volumeId: formatVolumeId({ namespace: this.ns, name: p.metadata.name, uid: p.metadata.uid as string }),
+      capacityBytes: BigInt(capacityOf(p)),
+      volumeContext: volumeContextOf(p, record) ?? {},
+      accessibleTopology: accessibleTopology(p.spec.topology, this.storageNodeLabels(p.spec.nodeName)),
+    };
+  }
+
+  /**
+   * Cached partitions a volume id can name. A partition made by hand with a name longer than ids
+   * allow is skipped rather than failing the whole listing.
+   */
+  private addressable(): NVMePartition[] {
+    return this.partitions.list().filter((p) => {
+      const uid = p.metadata.uid;
+      return uid !== undefined && parseVolumeId(`${this.ns}/${p.metadata.name}/${uid}`) !== undefined;
+    });
+  }
+
+  /** Node ids of live attachments per partition UID. */
+  private publishedNodes(): Map<string, string[]> {
+    const out = new Map<string, string[]>();
+    for (const a of this.attachments.list()) {
+      if (a.metadata.deletionTimestamp) continue;
+      const list = out.get(a.spec.partitionUID) ?? [];
+      list.push(a.spec.nodeId);
+      out.set(a.spec.partitionUID, list);
+    }
+    return out;
+  }
+
+  // ---- CreateVolume -------------------------------------------------------------------------
+
+  private async createVolume(req: CreateVolumeRequest, ctx: HandlerContext) {
+    const plan = planCreateVolume(req, { namespace: this.ns, defaultVolumeBytes: this.o.defaultVolumeBytes });
+    this.requireSynced();
+    if (plan.record.source) await this.checkContentSource(plan.record.source);
+    const key = this.key(plan.partitionName);
+    return this.inFlight.run(key, `CreateVolume ${req.name}`, async () => {
+      const p = await this.ensurePartition(plan);
+      const uid = p.metadata.uid as string;
+      let last: NVMePartition | undefined = p;
+      const exported = await this.budget(
+        ctx,
+        (signal) =>
+          this.partitionWaiter.waitFor(
+            key,
+            (o) => {
+              if (o) last = o;
+              return createVerdict(o, uid);
+            },
+            signal,
+          ),
+        () => `volume ${req.name} (NVMePartition ${key}) is not exported yet: ${progressOf(last)}`,
+      );
+      return { volume: this.volumeOf(exported) };
+    });
+  }
+
+  /**
+   * Clones and snapshot restores are validated (kernel backend refused by the planner, the source
+   * must exist), then refused: NVMePartition has no field that could carry the source to the
+   * agent, so accepting one would hand out an empty volume.
+   */
+  private async checkContentSource(source: NonNullable<VolumeRecord["source"]>): Promise<never> {
+    if (source.kind === "snapshot")
+      throw notFound(`snapshot ${source.id} does not exist: DISTORT does not take snapshots`);
+    const ref = this.ref(source.id);
+    if (!ref || !(await this.partitionOf(ref))) throw notFound(`source volume ${source.id} does not exist`);
+    throw csiError(
+      "unimplemented",
+      `cloning volume ${source.id} is not available: the NVMePartition API has no content-source field for the agent to copy from`,
+    );
+  }
+
+  /** Creates the plan's partition, or finds the one an earlier attempt created and checks it. */
+  private async ensurePartition(plan: CreatePlan): Promise<NVMePartition> {
+    for (let attempt = 0; attempt < 4; attempt++) {
+      const existing = await this.partClient.get(plan.partitionName, this.ns);
+      if (!existing) {
+        try {
+          const created = await this.partClient.create(buildPartition(plan, this.ns));
+          this.log.info("volume requested", {
+            volume: plan.requestName,
+            partition: this.key(plan.partitionName),
+            bytes: plan.record.sizeBytes,
+            backend: plan.record.params.backend,
+          });
+          return created;
+        } catch (err) {
+          if (err instanceof StorageError && err.kind === "already-exists") continue;
+          throw err;
+        }
+      }
+      const ann = existing.metadata.annotations ?? {};
+      const owner = ann[Annotations.requestName];
+      if (owner !== plan.requestName) {
+        throw alreadyExists(
+          `NVMePartition ${this.key(plan.partitionName)} belongs to ${owner === undefined ? "a volume made outside CSI" : `volume ${JSON.stringify(owner)}`}, not ${JSON.stringify(plan.requestName)}`,
+        );
+      }
+      if (existing.metadata.deletionTimestamp)
+        throw aborted(`volume ${plan.requestName} is being deleted; retry once it is gone`);
+      switch (compareFingerprints(ann[Annotations.fingerprint], plan.fingerprint)) {
+        case "same":
+          return existing;
+        case "different":
+          throw alreadyExists(
+            `volume ${plan.requestName} already exists with ${differences(readRecord(ann), plan.record)}`,
+          );
+        case "topology-differs": {
+          if (existing.spec.nodeName) {
+            throw alreadyExists(
+              `volume ${plan.requestName} is already placed on ${existing.spec.nodeName} for other accessibility requirements`,
+            );
+          }
+          // Not placed yet: the claim was rescheduled (WaitForFirstConsumer); follow its new node.
+          const spec = { ...existing.spec };
+          if (plan.topology) spec.topology = plan.topology;
+          else delete spec.topology;
+          try {
+            return await this.partClient.replace({
+              ...existing,
+              metadata: {
+                ...existing.metadata,
+                annotations: { ...ann, [Annotations.fingerprint]: plan.fingerprint },
+              },
+              spec,
+            });
+          } catch (err) {
+            if (err instanceof StorageError && err.kind === "conflict") continue;
+            throw err;
+          }
+        }
+      }
+    }
+    throw aborted(
+      `NVMePartition ${this.key(plan.partitionName)} kept changing while CreateVolume read it; retry`,
+    );
+  }
+
+  // ---- DeleteVolume -------------------------------------------------------------------------
+
+  private async deleteVolume(req: DeleteVolumeRequest, ctx: HandlerContext) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    const ref = this.ref(req.volumeId);
+    if (!ref) return {}; // never one of ours: already deleted as far as CSI is concerned
+    this.requireSynced();
+    const key = this.key(ref.name);
+    return this.inFlight.run(key, "DeleteVolume", async () => {
+      const p = await this.partitionOf(ref);
+      if (!p) return {};
+      const holders = await this.attachmentsOf(ref);
+      if (holders.length > 0) {
+        throw failedPrecondition(
+          `volume is published to ${holders.map((a) => `node ${a.spec.nodeId} (NVMeVolumeAttachment ${a.metadata.name})`).join(", ")}; ControllerUnpublishVolume must run first`,
+        );
+      }
+      if (!p.metadata.deletionTimestamp) {
+        try {
+          await this.partClient.delete(ref.name, this.ns, { uid: ref.uid });
+        } catch (err) {
+          // The uid precondition failed: the name now belongs to another object, ours is gone.
+          if (err instanceof StorageError && err.kind === "conflict") return {};
+          throw err;
+        }
+      }
+      let last: NVMePartition | undefined = p;
+      await this.budget(
+        ctx,
+        (signal) =>
+          this.waitGone(this.partitionWaiter, this.partClient, ref.name, ref.uid, signal, (o) => {
+            last = o;
+          }),
+        () => `cleanup of volume ${key} is not finished: ${progressOf(last)}`,
+      );
+      this.log.info("volume deleted", { partition: key, uid: ref.uid });
+      return {};
+    });
+  }
+
+  /** Attachments of this partition incarnation: the deterministic one, plus any the cache shows. */
+  private async attachmentsOf(ref: VolumeRef): Promise<NVMeVolumeAttachment[]> {
+    const byName = await this.attClient.get(attachmentNameFor(ref.name, ref.uid), this.ns);
+    const found = new Map<string, NVMeVolumeAttachment>();
+    if (byName && byName.spec.partitionUID === ref.uid) found.set(byName.metadata.name, byName);
+    for (const a of this.attachments.list())
+      if (a.spec.partitionUID === ref.uid && !found.has(a.metadata.name)) found.set(a.metadata.name, a);
+    return [...found.values()];
+  }
+
+  // ---- ControllerPublishVolume / ControllerUnpublishVolume ----------------------------------
+
+  private async publish(req: ControllerPublishVolumeRequest, ctx: HandlerContext) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    if (!req.nodeId) throw invalidArgument("node_id is required");
+    if (!req.volumeCapability) throw invalidArgument("volume_capability is required");
+    const [cap] = requireSupported([req.volumeCapability], "volume_capability") as [NormalizedCapability];
+    const ref = this.ref(req.volumeId);
+    if (!ref) throw notFound(`volume ${req.volumeId} does not exist`);
+    this.requireSynced();
+    const key = this.key(ref.name);
+    return this.inFlight.run(key, `ControllerPublishVolume ${req.nodeId}`, async () => {
+      const p = await this.partitionOf(ref);
+      if (!p || p.metadata.deletionTimestamp) throw notFound(`volume ${req.volumeId} does not exist`);
+      const node = await this.nodes.get(req.nodeId);
+      if (!node) throw notFound(`node ${req.nodeId} does not exist`);
+      const hostNQN = node.hostNQN;
+      if (!hostNQN) {
+        throw failedPrecondition(
+          `node ${req.nodeId} has not registered its NVMe host NQN (Node annotation ${HOST_NQN_ANNOTATION}); the DISTORT node plugin writes it from /etc/nvme/hostnqn when it starts there`,
+        );
+      }
+      const intent: PublishIntent = {
+        nodeId: req.nodeId,
+        hostNQN,
+        access: capabilityKey(cap),
+        readonly: req.readonly,
+      };
+      let last: NVMeVolumeAttachment | undefined;
+      const a = await this.budget(
+        ctx,
+        (signal) =>
+          this.authorize(p, ref, intent, signal, (o) => {
+            last = o;
+          }),
+        () => `node ${req.nodeId} is not authorized on volume ${key} yet: ${accessPending(last)}`,
+      );
+      return {
+        publishContext: {
+          [PublishContextKeys.hostNQN]: a.spec.hostNQN,
+          [PublishContextKeys.attachmentId]: a.spec.attachmentId,
+        },
+      };
+    });
+  }
+
+  /** Brings the partition's attachment to `intent` (section 3.8) and waits for AccessReady. */
+  private async authorize(
+    p: NVMePartition,
+    ref: VolumeRef,
+    intent: PublishIntent,
+    signal: AbortSignal,
+    seen: (a: NVMeVolumeAttachment) => void,
+  ): Promise<NVMeVolumeAttachment> {
+    const name = attachmentNameFor(ref.name, ref.uid);
+    const annotations = {
+      [READONLY_ANNOTATION]: String(intent.readonly),
+      [ACCESS_ANNOTATION]: intent.access,
+    };
+    for (;;) {
+      const cur = await this.attClient.get(name, this.ns);
+      if (cur) seen(cur);
+      if (cur && cur.spec.partitionUID !== ref.uid)
+        throw new StorageError(
+          "internal",
+          `NVMeVolumeAttachment ${name} belongs to partition UID ${cur.spec.partitionUID}`,
+        );
+      const d = decidePublish(cur, intent);
+      switch (d.action) {
+        case "create": {
+          let created: NVMeVolumeAttachment;
+          try {
+            created = await this.attClient.create({
+              apiVersion: API_VERSION,
+              kind: "NVMeVolumeAttachment",
+              metadata: {
+                name,
+                namespace: this.ns,
+                labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
+                annotations,
+              },
+              spec: {
+                partitionName: ref.name,
+                partitionUID: ref.uid,
+                nodeId: intent.nodeId,
+                hostNQN: intent.hostNQN,
+                attachmentId: this.newAttachmentId(),
+              },
+            });
+          } catch (err) {
+            if (err instanceof StorageError && err.kind === "already-exists") continue;
+            throw err;
+          }
+          this.log.info("volume publication requested", {
+            partition: this.key(ref.name),
+            node: intent.nodeId,
+          });
+          return this.awaitReady(created, signal, seen);
+        }
+        case "wait-gone":
+          await this.waitGone(
+            this.attachmentWaiter,
+            this.attClient,
+            name,
+            (cur as NVMeVolumeAttachment).metadata.uid as string,
+            signal,
+            seen,
+          );
+          continue;
+        case "await-ready":
+          return this.awaitReady(cur as NVMeVolumeAttachment, signal, seen);
+        case "renew":
+        case "takeover": {
+          const c = cur as NVMeVolumeAttachment;
+          const ann: Record<string, string> = { ...(c.metadata.annotations ?? {}), ...annotations };
+          delete ann[FENCED_ANNOTATION];
+          if (d.action === "takeover") ann[PREVIOUS_NODE_ANNOTATION] = d.from;
+          let switched: NVMeVolumeAttachment;
+          try {
+            // resourceVersion-guarded: an unpublish or another takeover in between wins, we re-read.
+            switched = await this.attClient.replace({
+              ...c,
+              metadata: { ...c.metadata, annotations: ann },
+              spec: {
+                ...c.spec,
+                nodeId: intent.nodeId,
+                hostNQN: intent.hostNQN,
+                attachmentId: this.newAttachmentId(),
+              },
+            });
+          } catch (err) {
+            if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found"))
+              continue;
+            throw err;
+          }
+          const what = d.action === "takeover" ? `taken over from fenced node ${d.from}` : d.reason;
+          this.log.warn("volume publication switched", {
+            partition: this.key(ref.name),
+            node: intent.nodeId,
+            why: what,
+          });
+          void this.o.events?.record(
+            p,
+            "Warning",
+            d.action === "takeover" ? "TakenOver" : "HostNQNChanged",
+            "Publish",
+            `publication for node ${intent.nodeId}: ${what}`,
+          );
+          return this.awaitReady(switched, signal, seen);
+        }
+        case "refuse":
+          throw failedPrecondition(d.message, { holder: d.holder });
+        case "incompatible":
+          throw alreadyExists(d.message);
+      }
+    }
+  }
+
+  /**
+   * Waits until the agent enforces exactly `a`'s lifetime. A cached copy older than `a` (lower
+   * generation) is "not yet"; a newer one with another lifetime, or being deleted, means someone
+   * else changed the publication meanwhile: ABORTED, and the CO's retry decides afresh.
+   */
+  private awaitReady(
+    a: NVMeVolumeAttachment,
+    signal: AbortSignal,
+    seen: (a: NVMeVolumeAttachment) => void,
+  ): Promise<NVMeVolumeAttachment> {
+    const id = a.spec.attachmentId;
+    const generation = a.metadata.generation ?? 0;
+    return this.attachmentWaiter.waitFor(
+      this.key(a.metadata.name),
+      (o) => {
+        // Another incarnation in the cache is either one it has not dropped yet or a replacement
+        // made after ours was removed; either way not ours to judge, and the budget bounds it.
+        if (!o || o.metadata.uid !== a.metadata.uid || (o.metadata.generation ?? 0) < generation)
+          return undefined;
+        seen(o);
+        if (o.metadata.deletionTimestamp)
+          throw aborted(`the publication is being removed by a concurrent unpublish`);
+        if (o.spec.attachmentId !== id)
+          throw aborted(`the publication changed to node ${o.spec.nodeId} meanwhile`);
+        return accessReady(o, id) ? o : undefined;
+      },
+      signal,
+    );
+  }
+
+  private async unpublish(req: ControllerUnpublishVolumeRequest, ctx: HandlerContext) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    const ref = this.ref(req.volumeId);
+    if (!ref) return {}; // no such volume: nothing is published
+    this.requireSynced();
+    const key = this.key(ref.name);
+    const name = attachmentNameFor(ref.name, ref.uid);
+    return this.inFlight.run(key, `ControllerUnpublishVolume ${req.nodeId}`, async () => {
+      let last: NVMeVolumeAttachment | undefined;
+      await this.budget(
+        ctx,
+        async (signal) => {
+          const cur = await this.attClient.get(name, this.ns);
+          if (cur) last = cur;
+          const d = decideUnpublish(cur?.spec.partitionUID === ref.uid ? cur : undefined, req.nodeId);
+          if (d.action === "done") return;
+          const c = cur as NVMeVolumeAttachment;
+          if (d.action === "delete") await this.attClient.delete(name, this.ns, { uid: c.metadata.uid });
+          await this.waitGone(
+            this.attachmentWaiter,
+            this.attClient,
+            name,
+            c.metadata.uid as string,
+            signal,
+            (o) => {
+              last = o;
+            },
+          );
+          this.log.info("volume unpublished", { partition: key, node: c.spec.nodeId });
+        },
+        () =>
+          `revoking access of ${last?.spec.nodeId ?? req.nodeId} to volume ${key} is not finished: the agent holds the attachment until the target ACL is revoked`,
+      ).catch((err) => {
+        // The uid precondition failed: the attachment we read is gone already.
+        if (err instanceof StorageError && err.kind === "conflict") return;
+        throw err;
+      });
+      return {};
+    });
+  }
+
+  // ---- ValidateVolumeCapabilities -----------------------------------------------------------
+
+  private async validateVolumeCapabilities(req: ValidateVolumeCapabilitiesRequest) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    if (req.volumeCapabilities.length === 0) throw invalidArgument("volume_capabilities is required");
+    req.volumeCapabilities.forEach((c, i) => {
+      const why = malformedReason(c);
+      if (why) throw invalidArgument(`volume_capabilities[${i}]: ${why}`);
+    });
+    const ref = this.ref(req.volumeId);
+    if (!ref) throw notFound(`volume ${req.volumeId} does not exist`);
+    const p = await this.partitionOf(ref);
+    if (!p) throw notFound(`volume ${req.volumeId} does not exist`);
+    const unconfirmed = (message: string) => ({ message });
+    for (const c of req.volumeCapabilities) {
+      const why = unsupportedReason(c);
+      if (why) return unconfirmed(why);
+    }
+    const record = readRecord(p.metadata.annotations);
+    const caps = requireSupported(req.volumeCapabilities, "volume_capabilities");
+    const fsType = record?.params.fsType;
+    const clash = fsType && caps.find((c) => c.access === "mount" && c.fsType && c.fsType !== fsType);
+    if (clash) return unconfirmed(`the volume was created for ${fsType}, not ${clash.fsType}`);
+    if (Object.keys(req.volumeContext).length > 0) {
+      const ours = volumeContextOf(p, record);
+      if (!ours) return unconfirmed(`the volume is not exported (${progressOf(p)})`);
+      if (canonicalJson(ours) !== canonicalJson(req.volumeContext))
+        return unconfirmed("volume_context does not match the volume's current context");
+    }
+    if (Object.keys(req.parameters).length > 0) {
+      let params: VolumeRecord["params"];
+      try {
+        params = parseParameters(req.parameters, this.ns).params;
+      } catch (err) {
+        return unconfirmed(errorMessage(err));
+      }
+      const have: VolumeRecord["params"] = record?.params ?? {
+        backend: p.spec.backend ?? "spdk",
+        volumeManager: p.spec.volumeManager ?? "partition",
+        transport: p.spec.targetOptions?.transport ?? "rdma",
+      };
+      if (canonicalJson(params) !== canonicalJson(have))
+        return unconfirmed(`parameters differ from the volume's: it was created with ${canonicalJson(have)}`);
+    }
+    if (Object.keys(req.mutableParameters).length > 0)
+      return unconfirmed("mutable_parameters are not supported");
+    return {
+      confirmed: {
+        volumeContext: req.volumeContext,
+        volumeCapabilities: req.volumeCapabilities,
+        parameters: req.parameters,
+      },
+    };
+  }
+
+  // ---- ListVolumes / ControllerGetVolume / GetCapacity --------------------------------------
+
+  private listVolumes(req: ListVolumesRequest) {
+    this.requireSynced();
+    const published = this.publishedNodes();
+    const page = paginate(this.addressable(), (p) => p.metadata.name, req.maxEntries, req.startingToken);
+    return {
+      entries: page.entries.map((p) => ({
+        volume: this.volumeOf(p),
+        status: { publishedNodeIds: published.get(p.metadata.uid as string) ?? [] },
+      })),
+      nextToken: page.nextToken,
+    };
+  }
+
+  private async getVolume(req: ControllerGetVolumeRequest) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    const ref = this.ref(req.volumeId);
+    const p = ref && (await this.partitionOf(ref));
+    if (!p) throw notFound(`volume ${req.volumeId} does not exist`);
+    this.requireSynced();
+    return {
+      volume: this.volumeOf(p),
+      status: { publishedNodeIds: this.publishedNodes().get(p.metadata.uid as string) ?? [] },
+    };
+  }
+
+  private async getVolumeHealth(req: ControllerGetVolumeHealthRequest) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    const ref = this.ref(req.volumeId);
+    const p = ref && (await this.partitionOf(ref));
+    if (!p) throw notFound(`volume ${req.volumeId} does not exist`);
+    return { volumeHealth: this.healthOf(p) };
+  }
+
+  /** Abnormal volumes only, as CSI asks; same keyset pagination as ListVolumes. */
+  private listVolumeHealth(req: ControllerListVolumeHealthRequest) {
+    this.requireSynced();
+    const abnormal = this.addressable().filter((p) => volumeHealth(p).length > 0);
+    const page = paginate(abnormal, (p) => p.metadata.name, req.maxEntries, req.startingToken);
+    return { entries: page.entries.map((p) => this.healthOf(p)), nextToken: page.nextToken };
+  }
+
+  private healthOf(p: NVMePartition) {
+    return {
+      volumeId: formatVolumeId({ namespace: this.ns, name: p.metadata.name, uid: p.metadata.uid as string }),
+      healthStatuses: volumeHealth(p).map((h) => ({
+        status: VolumeHealthErrorType[h.status],
+        reason: h.reason,
+        message: h.message,
+      })),
+    };
+  }
+
+  private getCapacity(req: GetCapacityRequest) {
+    const { params } = parseParameters(req.parameters, this.ns);
+    for (const [i, c] of req.volumeCapabilities.entries()) {
+      const why = malformedReason(c);
+      if (why) throw invalidArgument(`volume_capabilities[${i}]: ${why}`);
+      // Capacity for volumes DISTORT cannot make is none at all.
+      if (unsupportedReason(c)) return { availableCapacity: 0n };
+    }
+    this.requireSynced();
+    const answer = availableCapacity(this.devices.list(), this.storageNodes.list(), {
+      backend: params.backend,
+      ...(req.accessibleTopology ? { segments: req.accessibleTopology.segments } : {}),
+    });
+    return {
+      availableCapacity: BigInt(answer.availableBytes),
+      maximumVolumeSize: BigInt(answer.maximumVolumeBytes),
+      minimumVolumeSize: BigInt(ALLOCATION_UNIT),
+    };
+  }
+
+  // ---- ControllerExpandVolume ---------------------------------------------------------------
+
+  private async expandVolume(req: ControllerExpandVolumeRequest, ctx: HandlerContext) {
+    if (!req.volumeId) throw invalidArgument("volume_id is required");
+    const range = req.capacityRange;
+    if (!range || (range.requiredBytes === 0n && range.limitBytes === 0n))
+      throw invalidArgument("capacity_range with required_bytes or limit_bytes is required");
+    let cap: NormalizedCapability | undefined;
+    if (req.volumeCapability) [cap] = requireSupported([req.volumeCapability], "volume_capability");
+    const target = resolveCapacity(range, 0);
+    const ref = this.ref(req.volumeId);
+    if (!ref) throw notFound(`volume ${req.volumeId} does not exist`);
+    this.requireSynced();
+    const key = this.key(ref.name);
+    return this.inFlight.run(key, "ControllerExpandVolume", async () => {
+      const p = await this.partitionOf(ref);
+      if (!p || p.metadata.deletionTimestamp) throw notFound(`volume ${req.volumeId} does not exist`);
+      const record = readRecord(p.metadata.annotations);
+      // A filesystem must be grown by the node after the device grew; a raw block volume need not.
+      const nodeExpansionRequired = cap
+        ? cap.access === "mount"
+        : (record?.capabilities.some((c) => c.access === "mount") ?? true);
+      const current = capacityOf(p);
+      if (target <= current && target <= p.spec.sizeBytes) {
+        if (range.limitBytes > 0n && BigInt(current) > range.limitBytes)
+          throw csiError(
+            "out-of-range",
+            `volume holds ${current} bytes, more than limit_bytes ${range.limitBytes}; volumes never shrink`,
+          );
+        return { capacityBytes: BigInt(current), nodeExpansionRequired };
+      }
+      if ((p.spec.backend ?? "spdk") !== "spdk") {
+        throw failedPrecondition(
+          `volume ${req.volumeId} uses the kernel backend, whose partitions cannot grow in place; only spdk volumes expand`,
+        );
+      }
+      let patched = p;
+      if (p.spec.sizeBytes < target)
+        patched = await this.partClient.mergePatch(ref.name, this.ns, { spec: { sizeBytes: target } });
+      const generation = patched.metadata.generation ?? 0;
+      let last: NVMePartition | undefined = patched;
+      const grown = await this.budget(
+        ctx,
+        (signal) =>
+          this.partitionWaiter.waitFor(
+            key,
+            (o) => {
+              if (!o || (o.metadata.generation ?? 0) < generation) return undefined;
+              last = o;
+              if (o.metadata.uid !== ref.uid || o.metadata.deletionTimestamp)
+                throw aborted(`volume ${req.volumeId} went away during expansion`);
+              if (o.status?.state === "Failed")
+                throw csiError("unavailable", `expansion failed: ${progressOf(o)}`);
+              return o.status?.state === "Exported" && capacityOf(o) >= target ? o : undefined;
+            },
+            signal,
+          ),
+        () =>
+          `volume ${key} has not grown to ${target} bytes yet (allocated ${last ? capacityOf(last) : "?"}): ${progressOf(last)}`,
+      );
+      this.log.info("volume expanded", { partition: key, bytes: capacityOf(grown) });
+      return { capacityBytes: BigInt(capacityOf(grown)), nodeExpansionRequired };
+    });
+  }
+}
+
+/** What differs between the stored request and a new one, for ALREADY_EXISTS messages. */
+function differences(stored: VolumeRecord | undefined, wanted: VolumeRecord): string {
+  if (!stored) return "no recorded request (created outside CSI, or by an incompatible version)";
+  const out: string[] = [];
+  if (stored.sizeBytes !== wanted.sizeBytes)
+    out.push(`capacity ${stored.sizeBytes} bytes (asked: ${wanted.sizeBytes})`);
+  if (canonicalJson(stored.params) !== canonicalJson(wanted.params))
+    out.push(`parameters ${canonicalJson(stored.params)} (asked: ${canonicalJson(wanted.params)})`);
+  if (canonicalJson(stored.capabilities) !== canonicalJson(wanted.capabilities))
+    out.push(
+      `capabilities ${stored.capabilities.map(capabilityKey).join(", ")} (asked: ${wanted.capabilities.map(capabilityKey).join(", ")})`,
+    );
+  if (canonicalJson(stored.source ?? null) !== canonicalJson(wanted.source ?? null))
+    out.push("another content source");
+  return out.length ? out.join("; ") : "a different request";
+}

@@ -1,0 +1,97 @@
+// Which volume capabilities the controller accepts, refuses as malformed, or refuses as unsupported.
+import { describe, expect, test } from "bun:test";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import {
+  VolumeCapability_AccessMode_Mode as Mode,
+  type VolumeCapability,
+  VolumeCapabilitySchema,
+} from "../../gen/csi/v1/csi_pb.ts";
+import { StorageError } from "../../lib/errors.ts";
+import {
+  capabilityKey,
+  malformedReason,
+  normalizeCapability,
+  requireSupported,
+  unsupportedReason,
+} from "./capabilities.ts";
+
+const cap = (init: MessageInitShape<typeof VolumeCapabilitySchema>): VolumeCapability =>
+  create(VolumeCapabilitySchema, init);
+const mount = (mode: Mode, fsType = "") =>
+  cap({ accessType: { case: "mount", value: { fsType } }, accessMode: { mode } });
+const block = (mode: Mode) => cap({ accessType: { case: "block", value: {} }, accessMode: { mode } });
+
+describe("capability checks", () => {
+  const rows: [string, VolumeCapability, "ok" | "malformed" | "unsupported", string?][] = [
+    ["mount ext4 SINGLE_NODE_WRITER", mount(Mode.SINGLE_NODE_WRITER, "ext4"), "ok"],
+    ["mount xfs SINGLE_NODE_SINGLE_WRITER", mount(Mode.SINGLE_NODE_SINGLE_WRITER, "xfs"), "ok"],
+    ["mount default fs SINGLE_NODE_MULTI_WRITER", mount(Mode.SINGLE_NODE_MULTI_WRITER), "ok"],
+    ["block SINGLE_NODE_WRITER", block(Mode.SINGLE_NODE_WRITER), "ok"],
+    ["no access type", cap({ accessMode: { mode: Mode.SINGLE_NODE_WRITER } }), "malformed", "access_type"],
+    ["no access mode", cap({ accessType: { case: "block", value: {} } }), "malformed", "access_mode"],
+    ["UNKNOWN mode", block(Mode.UNKNOWN), "malformed", "access_mode"],
+    [
+      "MULTI_NODE_MULTI_WRITER",
+      block(Mode.MULTI_NODE_MULTI_WRITER),
+      "unsupported",
+      "MULTI_NODE_MULTI_WRITER",
+    ],
+    ["MULTI_NODE_READER_ONLY", mount(Mode.MULTI_NODE_READER_ONLY), "unsupported", "one writer node"],
+    ["MULTI_NODE_SINGLE_WRITER", mount(Mode.MULTI_NODE_SINGLE_WRITER), "unsupported", "not supported"],
+    [
+      "SINGLE_NODE_READER_ONLY",
+      mount(Mode.SINGLE_NODE_READER_ONLY),
+      "unsupported",
+      "SINGLE_NODE_READER_ONLY",
+    ],
+    ["btrfs", mount(Mode.SINGLE_NODE_WRITER, "btrfs"), "unsupported", '"btrfs"'],
+  ];
+  for (const [name, c, want, says] of rows) {
+    test(name, () => {
+      const malformed = malformedReason(c);
+      const unsupported = malformed ? undefined : unsupportedReason(c);
+      const got = malformed ? "malformed" : unsupported ? "unsupported" : "ok";
+      expect(got).toBe(want);
+      if (says) expect(malformed ?? unsupported).toContain(says);
+    });
+  }
+});
+
+test("normalization drops an empty fsType and keys capabilities stably", () => {
+  expect(normalizeCapability(mount(Mode.SINGLE_NODE_WRITER))).toEqual({
+    access: "mount",
+    mode: "SINGLE_NODE_WRITER",
+  });
+  expect(capabilityKey(normalizeCapability(mount(Mode.SINGLE_NODE_WRITER, "xfs")))).toBe(
+    "mount:xfs:SINGLE_NODE_WRITER",
+  );
+  expect(capabilityKey(normalizeCapability(block(Mode.SINGLE_NODE_MULTI_WRITER)))).toBe(
+    "block::SINGLE_NODE_MULTI_WRITER",
+  );
+});
+
+test("requireSupported sorts, deduplicates, and names the offending entry", () => {
+  const caps = [
+    block(Mode.SINGLE_NODE_WRITER),
+    mount(Mode.SINGLE_NODE_WRITER, "ext4"),
+    block(Mode.SINGLE_NODE_WRITER),
+  ];
+  expect(requireSupported(caps, "volume_capabilities").map(capabilityKey)).toEqual([
+    "block::SINGLE_NODE_WRITER",
+    "mount:ext4:SINGLE_NODE_WRITER",
+  ]);
+  const err = (() => {
+    try {
+      requireSupported(
+        [block(Mode.SINGLE_NODE_WRITER), block(Mode.MULTI_NODE_MULTI_WRITER)],
+        "volume_capabilities",
+      );
+    } catch (e) {
+      return e;
+    }
+  })() as StorageError;
+  expect(err).toBeInstanceOf(StorageError);
+  expect(err.kind).toBe("invalid");
+  expect(err.message).toContain("volume_capabilities[1]");
+  expect(() => requireSupported([], "volume_capabilities")).toThrow("volume_capabilities is required");
+});

@@ -1,0 +1,124 @@
+// CreateVolume planning: every refusal before any API call, and the partition a plan builds.
+import { expect, test } from "bun:test";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import * as v from "valibot";
+import { NVMePartitionSchema } from "../../api/index.ts";
+import {
+  CreateVolumeRequestSchema,
+  VolumeCapability_AccessMode_Mode as Mode,
+} from "../../gen/csi/v1/csi_pb.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { buildPartition, planCreateVolume } from "./create-request.ts";
+import { Annotations, PROVISIONED_BY_LABEL, readRecord } from "./fingerprint.ts";
+
+const NS = "distort-system";
+const opts = { namespace: NS, defaultVolumeBytes: 1 << 30 };
+const mountCap = {
+  accessType: { case: "mount" as const, value: { fsType: "ext4" } },
+  accessMode: { mode: Mode.SINGLE_NODE_WRITER },
+};
+const req = (over: MessageInitShape<typeof CreateVolumeRequestSchema> = {}) =>
+  create(CreateVolumeRequestSchema, { name: "pvc-1", volumeCapabilities: [mountCap], ...over });
+
+const refusals: [string, ReturnType<typeof req>, string, string][] = [
+  ["no name", req({ name: "" }), "invalid", "name is required"],
+  ["129-byte name", req({ name: "n".repeat(129) }), "invalid", "129 bytes"],
+  ["no capabilities", req({ volumeCapabilities: [] }), "invalid", "volume_capabilities is required"],
+  [
+    "multi-node access",
+    req({ volumeCapabilities: [{ ...mountCap, accessMode: { mode: Mode.MULTI_NODE_MULTI_WRITER } }] }),
+    "invalid",
+    "not supported",
+  ],
+  [
+    "capacity out of range",
+    req({ capacityRange: { requiredBytes: 5n << 20n, limitBytes: 7n << 20n } }),
+    "out-of-range",
+    "multiple",
+  ],
+  ["unknown parameter", req({ parameters: { replicas: "3" } }), "invalid", "unknown parameter"],
+  ["malformed parameter", req({ parameters: { ctrlLossTmo: "abc" } }), "invalid", "ctrlLossTmo"],
+  ["fsType clash", req({ parameters: { fsType: "xfs" } }), "invalid", "contradicts"],
+  ["mutable parameters", req({ mutableParameters: { iops: "1" } }), "invalid", "mutable_parameters"],
+  [
+    "clone on kernel",
+    req({
+      parameters: { backend: "kernel" },
+      volumeContentSource: { type: { case: "volume", value: { volumeId: "x" } } },
+    }),
+    "invalid",
+    "needs backend spdk",
+  ],
+  [
+    "snapshot source without id",
+    req({ volumeContentSource: { type: { case: "snapshot", value: { snapshotId: "" } } } }),
+    "invalid",
+    "source id is required",
+  ],
+  ["empty content source", req({ volumeContentSource: {} }), "invalid", "must name a volume or a snapshot"],
+  [
+    "bad topology",
+    req({ accessibilityRequirements: { requisite: [{ segments: { "bad key": "x" } }] } }),
+    "invalid",
+    "segment key",
+  ],
+];
+for (const [name, r, kind, says] of refusals) {
+  test(`refuses: ${name}`, () => {
+    let err: unknown;
+    try {
+      planCreateVolume(r, opts);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(StorageError);
+    expect((err as StorageError).kind as string).toBe(kind);
+    expect((err as StorageError).message).toContain(says);
+  });
+}
+
+test("a 128-byte name is accepted and hashed into a partition name", () => {
+  const plan = planCreateVolume(req({ name: "n".repeat(128) }), opts);
+  expect(plan.partitionName).toMatch(/^csi-[0-9a-f]{24}$/);
+});
+
+test("the plan builds an unplaced partition the API schema accepts, with the request recorded", () => {
+  const plan = planCreateVolume(
+    req({
+      capacityRange: { requiredBytes: 10n << 20n },
+      parameters: {
+        transport: "tcp",
+        portalPort: "4421",
+        ctrlLossTmo: "30",
+        "csi.storage.k8s.io/pvc/name": "data",
+      },
+      accessibilityRequirements: { requisite: [{ segments: { zone: "a" } }] },
+    }),
+    opts,
+  );
+  const p = buildPartition(plan, NS);
+  expect(v.safeParse(NVMePartitionSchema, p).success).toBe(true);
+  expect(p.metadata).toMatchObject({
+    name: "pvc-1",
+    namespace: NS,
+    labels: { [PROVISIONED_BY_LABEL]: "csi" },
+  });
+  expect(p.metadata.annotations?.[Annotations.pvcName]).toBe("data");
+  expect(p.metadata.annotations?.[Annotations.fingerprint]).toBe(plan.fingerprint);
+  expect(p.spec).toEqual({
+    sizeBytes: 12 << 20,
+    backend: "spdk",
+    volumeManager: "partition",
+    targetOptions: { transport: "tcp", portalPort: 4421 },
+    topology: { requisite: [{ segments: { zone: "a" } }] },
+  });
+  expect(readRecord(p.metadata.annotations)).toEqual(plan.record);
+});
+
+test("equal requests plan equal fingerprints; provisioner metadata does not count", () => {
+  const a = planCreateVolume(req({ parameters: { "csi.storage.k8s.io/pvc/name": "x" } }), opts);
+  const b = planCreateVolume(req({ parameters: { backend: "spdk", transport: "rdma" } }), opts);
+  expect(a.fingerprint).toBe(b.fingerprint);
+  const c = planCreateVolume(req({ capacityRange: { requiredBytes: 2n << 30n } }), opts);
+  expect(c.fingerprint).not.toBe(a.fingerprint);
+});

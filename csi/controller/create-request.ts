@@ -1,0 +1,119 @@
+// CreateVolume's pure half: validate a request into a plan (partition name, normalized record,
+// fingerprint, topology) and build the NVMePartition the plan describes. Everything a bad request
+// can be refused for is refused here, before any API call.
+import { API_VERSION, type NVMePartition, type TopologyRequirement } from "../../api/index.ts";
+import type { CreateVolumeRequest } from "../../gen/csi/v1/csi_pb.ts";
+import { invalidArgument } from "../errors.ts";
+import { requireSupported } from "./capabilities.ts";
+import { resolveCapacity } from "./capacity.ts";
+import {
+  Annotations,
+  canonicalJson,
+  fingerprintOf,
+  PROVISIONED_BY,
+  PROVISIONED_BY_LABEL,
+  type VolumeRecord,
+} from "./fingerprint.ts";
+import { type ParsedParameters, parseParameters } from "./parameters.ts";
+import { toPartitionTopology } from "./topology.ts";
+import { MAX_REQUEST_NAME_LENGTH, partitionNameFor } from "./volume-id.ts";
+
+export interface CreatePlan {
+  requestName: string;
+  partitionName: string;
+  record: VolumeRecord;
+  topology?: TopologyRequirement;
+  fingerprint: string;
+  provisioner: ParsedParameters["provisioner"];
+}
+
+export interface PlanOptions {
+  /** Namespace the partition is created in (Secrets referenced by parameters must be there too). */
+  namespace: string;
+  /** Size when the request carries no capacity range. */
+  defaultVolumeBytes: number;
+}
+
+/**
+ * Validates `req` and returns the plan, or throws: INVALID_ARGUMENT (missing or over-long name,
+ * missing or unsupported capabilities, malformed range, unknown or bad parameters, an fsType
+ * parameter contradicting a capability, a content source on the kernel backend, mutable
+ * parameters), OUT_OF_RANGE (a capacity no 4 MiB multiple satisfies). Content sources that pass
+ * are still only validated: the caller decides whether it can honour them.
+ */
+export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): CreatePlan {
+  if (req.name === "") throw invalidArgument("name is required");
+  const nameBytes = Buffer.byteLength(req.name);
+  if (nameBytes > MAX_REQUEST_NAME_LENGTH)
+    throw invalidArgument(`name is ${nameBytes} bytes long; at most ${MAX_REQUEST_NAME_LENGTH} are allowed`);
+  const capabilities = requireSupported(req.volumeCapabilities, "volume_capabilities");
+  const sizeBytes = resolveCapacity(req.capacityRange, o.defaultVolumeBytes);
+  const { params, provisioner } = parseParameters(req.parameters, o.namespace);
+  if (params.fsType) {
+    const clash = capabilities.find((c) => c.access === "mount" && c.fsType && c.fsType !== params.fsType);
+    if (clash) {
+      throw invalidArgument(
+        `parameter fsType ${params.fsType} contradicts the mount capability's fs_type ${clash.fsType}`,
+      );
+    }
+  }
+  if (Object.keys(req.mutableParameters).length > 0)
+    throw invalidArgument("mutable_parameters are not supported: DISTORT does not offer MODIFY_VOLUME");
+  let source: VolumeRecord["source"];
+  const cs = req.volumeContentSource?.type;
+  if (cs?.case === "volume" || cs?.case === "snapshot") {
+    const id = cs.case === "volume" ? cs.value.volumeId : cs.value.snapshotId;
+    if (!id) throw invalidArgument(`volume_content_source.${cs.case}: the source id is required`);
+    if (params.backend !== "spdk") {
+      throw invalidArgument(
+        `volume_content_source (${cs.case}) needs backend spdk: kernel-backend volumes are disk partitions, which cannot be cloned or restored from snapshots`,
+      );
+    }
+    source = { kind: cs.case, id };
+  } else if (req.volumeContentSource) {
+    throw invalidArgument("volume_content_source must name a volume or a snapshot");
+  }
+  const topology = toPartitionTopology(req.accessibilityRequirements);
+  const record: VolumeRecord = { v: 1, sizeBytes, params, capabilities, ...(source ? { source } : {}) };
+  return {
+    requestName: req.name,
+    partitionName: partitionNameFor(req.name),
+    record,
+    ...(topology ? { topology } : {}),
+    fingerprint: fingerprintOf(record, topology),
+    provisioner,
+  };
+}
+
+/** The NVMePartition to create for `plan` in `namespace`: unplaced, with the request recorded. */
+export function buildPartition(plan: CreatePlan, namespace: string): NVMePartition {
+  const { params } = plan.record;
+  const annotations: Record<string, string> = {
+    [Annotations.requestName]: plan.requestName,
+    [Annotations.fingerprint]: plan.fingerprint,
+    [Annotations.request]: canonicalJson(plan.record),
+  };
+  if (plan.provisioner.pvcName) annotations[Annotations.pvcName] = plan.provisioner.pvcName;
+  if (plan.provisioner.pvcNamespace) annotations[Annotations.pvcNamespace] = plan.provisioner.pvcNamespace;
+  if (plan.provisioner.pvName) annotations[Annotations.pvName] = plan.provisioner.pvName;
+  return {
+    apiVersion: API_VERSION,
+    kind: "NVMePartition",
+    metadata: {
+      name: plan.partitionName,
+      namespace,
+      labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
+      annotations,
+    },
+    spec: {
+      sizeBytes: plan.record.sizeBytes,
+      backend: params.backend,
+      volumeManager: params.volumeManager,
+      targetOptions: {
+        transport: params.transport,
+        ...(params.portalPort === undefined ? {} : { portalPort: params.portalPort }),
+      },
+      ...(plan.topology ? { topology: plan.topology } : {}),
+    },
+  };
+}

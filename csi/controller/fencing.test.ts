@@ -1,0 +1,116 @@
+// Single-writer fencing decisions for ControllerPublish/Unpublish over one attachment per partition.
+import { expect, test } from "bun:test";
+import type { NVMeVolumeAttachment } from "../../api/index.ts";
+import {
+  ACCESS_ANNOTATION,
+  accessPending,
+  accessReady,
+  decidePublish,
+  decideUnpublish,
+  FENCED_ANNOTATION,
+  type PublishIntent,
+  READONLY_ANNOTATION,
+} from "./fencing.ts";
+
+const NQN_A = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-aaaa-8aaa-8aaa-aaaaaaaaaaaa";
+const NQN_B = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-bbbb-8bbb-8bbb-bbbbbbbbbbbb";
+const T = "2026-01-01T00:00:00Z";
+
+function att(
+  over: { node?: string; nqn?: string; ann?: Record<string, string>; deleting?: boolean } = {},
+): NVMeVolumeAttachment {
+  return {
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: {
+      name: "pvc-1-0123456789",
+      namespace: "ns",
+      uid: "u1",
+      annotations: {
+        [READONLY_ANNOTATION]: "false",
+        [ACCESS_ANNOTATION]: "mount:ext4:SINGLE_NODE_WRITER",
+        ...over.ann,
+      },
+      ...(over.deleting ? { deletionTimestamp: T } : {}),
+    },
+    spec: {
+      partitionName: "pvc-1",
+      partitionUID: "p1",
+      nodeId: over.node ?? "node-a",
+      hostNQN: over.nqn ?? NQN_A,
+      attachmentId: "att-1",
+    },
+  };
+}
+const want = (over: Partial<PublishIntent> = {}): PublishIntent => ({
+  nodeId: "node-a",
+  hostNQN: NQN_A,
+  access: "mount:ext4:SINGLE_NODE_WRITER",
+  readonly: false,
+  ...over,
+});
+
+const publishRows: [string, NVMeVolumeAttachment | undefined, PublishIntent, string][] = [
+  ["nothing published", undefined, want(), "create"],
+  ["same node, same details: idempotent", att(), want(), "await-ready"],
+  ["same node, other read-only flag", att(), want({ readonly: true }), "incompatible"],
+  ["same node, other access", att(), want({ access: "block::SINGLE_NODE_WRITER" }), "incompatible"],
+  ["same node, host NQN changed", att(), want({ hostNQN: NQN_B }), "renew"],
+  ["other node, not fenced", att(), want({ nodeId: "node-b", hostNQN: NQN_B }), "refuse"],
+  [
+    "other node, fenced=yes is not true",
+    att({ ann: { [FENCED_ANNOTATION]: "yes" } }),
+    want({ nodeId: "node-b" }),
+    "refuse",
+  ],
+  [
+    "other node, holder fenced",
+    att({ ann: { [FENCED_ANNOTATION]: "true" } }),
+    want({ nodeId: "node-b", hostNQN: NQN_B }),
+    "takeover",
+  ],
+  ["being unpublished", att({ deleting: true }), want({ nodeId: "node-b" }), "wait-gone"],
+];
+for (const [name, cur, w, action] of publishRows) {
+  test(`publish: ${name} -> ${action}`, () => {
+    const d = decidePublish(cur, w);
+    expect(d.action as string).toBe(action);
+    if (d.action === "refuse") {
+      expect(d.holder).toBe("node-a");
+      expect(d.message).toContain(`${FENCED_ANNOTATION}=true`);
+    }
+    if (d.action === "takeover") expect(d.from).toBe("node-a");
+  });
+}
+
+const unpublishRows: [string, NVMeVolumeAttachment | undefined, string, string][] = [
+  ["nothing published", undefined, "node-a", "done"],
+  ["published here", att(), "node-a", "delete"],
+  ["any node (empty node id)", att(), "", "delete"],
+  ["stale unpublish after a takeover", att({ node: "node-b" }), "node-a", "done"],
+  ["already being deleted", att({ deleting: true }), "node-a", "wait-gone"],
+];
+for (const [name, cur, node, action] of unpublishRows) {
+  test(`unpublish: ${name} -> ${action}`, () => {
+    expect(decideUnpublish(cur, node).action as string).toBe(action);
+  });
+}
+
+test("AccessReady counts only for the exact lifetime the agent observed", () => {
+  const ready = (observed: string, status: "True" | "False") => ({
+    ...att(),
+    status: {
+      observedAttachmentId: observed,
+      conditions: [
+        { type: "AccessReady", status, reason: "HostAllowed", message: "", lastTransitionTime: T },
+      ],
+    },
+  });
+  expect(accessReady(ready("att-1", "True"), "att-1")).toBe(true);
+  expect(accessReady(ready("att-0", "True"), "att-1")).toBe(false);
+  expect(accessReady(ready("att-1", "False"), "att-1")).toBe(false);
+  expect(accessReady(att(), "att-1")).toBe(false);
+  expect(accessReady(ready("att-1", "True"), "att-2")).toBe(false);
+  expect(accessPending(ready("att-0", "True"))).toContain("still enforces att-0");
+  expect(accessPending(undefined)).toContain("not visible");
+});

@@ -1,0 +1,83 @@
+// StorageClass parameter parsing: defaults, every refusal with a message naming the parameter.
+import { expect, test } from "bun:test";
+import { StorageError } from "../../lib/errors.ts";
+import { parseParameters } from "./parameters.ts";
+
+const NS = "distort-system";
+
+test("defaults fill an empty map", () => {
+  expect(parseParameters({}, NS)).toEqual({
+    params: { backend: "spdk", volumeManager: "partition", transport: "rdma" },
+    provisioner: {},
+  });
+});
+
+test("every known parameter parses; provisioner keys are collected, not refused", () => {
+  const r = parseParameters(
+    {
+      backend: "kernel",
+      volumeManager: "parted",
+      fsType: "xfs",
+      transport: "tcp",
+      portalPort: "4421",
+      ctrlLossTmo: "-1",
+      reconnectDelay: "5",
+      fastIoFailTmo: "30",
+      "csi.storage.k8s.io/pvc/name": "data",
+      "csi.storage.k8s.io/pvc/namespace": "app",
+      "csi.storage.k8s.io/pv/name": "pvc-1",
+      "csi.storage.k8s.io/something-new": "x",
+    },
+    NS,
+  );
+  expect(r.params).toEqual({
+    backend: "kernel",
+    volumeManager: "parted",
+    fsType: "xfs",
+    transport: "tcp",
+    portalPort: 4421,
+    ctrlLossTmo: -1,
+    reconnectDelay: 5,
+    fastIoFailTmo: 30,
+  });
+  expect(r.provisioner).toEqual({ pvcName: "data", pvcNamespace: "app", pvName: "pvc-1" });
+});
+
+const refusals: [string, Record<string, string>, string][] = [
+  ["unknown key", { replicas: "3" }, 'unknown parameter "replicas"'],
+  ["several unknown keys", { b: "1", a: "2" }, 'unknown parameters "a", "b"'],
+  ["bad backend", { backend: "ceph" }, "backend must be spdk or kernel"],
+  ["bad volume manager", { volumeManager: "lvm" }, "volumeManager must be"],
+  ["bad fsType", { fsType: "btrfs" }, "fsType must be one of ext4, xfs"],
+  ["bad transport", { transport: "fc" }, "transport must be rdma or tcp"],
+  ["port not a number", { portalPort: "http" }, "portalPort must be an integer"],
+  ["port out of range", { portalPort: "70000" }, "portalPort must be <= 65535"],
+  ["ctrlLossTmo not a number", { ctrlLossTmo: "soon" }, "ctrlLossTmo must be an integer"],
+  ["ctrlLossTmo too small", { ctrlLossTmo: "-2" }, "ctrlLossTmo must be >= -1"],
+  ["reconnectDelay zero", { reconnectDelay: "0" }, "reconnectDelay must be >= 1"],
+  ["fastIoFailTmo too large", { fastIoFailTmo: "100000" }, "fastIoFailTmo must be <= 86400"],
+  [
+    "spdk-lvol on kernel",
+    { backend: "kernel", volumeManager: "spdk-lvol" },
+    "spdk-lvol requires backend spdk",
+  ],
+  ["parted on spdk", { volumeManager: "parted" }, "parted requires backend kernel"],
+  ["bad secret name", { dhchapSecretName: "Not_A_Name" }, "dhchapSecretName must be a Secret name"],
+  ["secret namespace without name", { dhchapSecretNamespace: NS }, "need dhchapSecretName"],
+  ["secret in another namespace", { dhchapSecretName: "k", dhchapSecretNamespace: "other" }, `must be ${NS}`],
+  ["DH-CHAP refused until the agent installs keys", { dhchapSecretName: "k" }, "DH-HMAC-CHAP"],
+];
+
+for (const [name, raw, says] of refusals) {
+  test(`refuses: ${name}`, () => {
+    let err: unknown;
+    try {
+      parseParameters(raw, NS);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(StorageError);
+    expect((err as StorageError).kind).toBe("invalid");
+    expect((err as StorageError).message).toContain(says);
+  });
+}

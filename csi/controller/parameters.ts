@@ -1,0 +1,151 @@
+// StorageClass parameters of a DISTORT volume, parsed with valibot into a normalized record
+// (defaults filled in, so equal requests compare equal). Unknown keys are refused, except the
+// csi.storage.k8s.io/* keys the external-provisioner adds. Pure.
+import * as v from "valibot";
+import type { Backend, Transport, VolumeManager } from "../../api/index.ts";
+import { VolumeContextKeys, VolumeContextSchema } from "../context.ts";
+import { describeIssues, invalidArgument } from "../errors.ts";
+import { type FsType, SUPPORTED_FS_TYPES } from "./capabilities.ts";
+
+/** Prefix of the keys the external-provisioner adds (--extra-create-metadata) or interprets. */
+export const PROVISIONER_PREFIX = "csi.storage.k8s.io/";
+
+/** What --extra-create-metadata adds; recorded on the partition for operators, not fingerprinted. */
+export const ProvisionerKeys = {
+  pvcName: "csi.storage.k8s.io/pvc/name",
+  pvcNamespace: "csi.storage.k8s.io/pvc/namespace",
+  pvName: "csi.storage.k8s.io/pv/name",
+} as const;
+
+const BACKENDS = ["spdk", "kernel"] as const satisfies readonly Backend[];
+const VOLUME_MANAGERS = ["partition", "spdk-lvol", "parted"] as const satisfies readonly VolumeManager[];
+const TRANSPORTS = ["rdma", "tcp"] as const satisfies readonly Transport[];
+
+// The reconnect ranges are the node's: reuse the volume-context schema entries, one source of truth.
+const ctx = VolumeContextSchema.entries;
+
+const ParametersSchema = v.object({
+  backend: v.optional(v.picklist(BACKENDS, "backend must be spdk or kernel"), "spdk"),
+  volumeManager: v.optional(
+    v.picklist(VOLUME_MANAGERS, "volumeManager must be partition, spdk-lvol or parted"),
+    "partition",
+  ),
+  fsType: v.optional(
+    v.picklist(SUPPORTED_FS_TYPES, `fsType must be one of ${SUPPORTED_FS_TYPES.join(", ")}`),
+  ),
+  transport: v.optional(v.picklist(TRANSPORTS, "transport must be rdma or tcp"), "rdma"),
+  portalPort: v.optional(
+    v.pipe(
+      v.string(),
+      v.regex(/^\d+$/, "portalPort must be an integer"),
+      v.transform(Number),
+      v.minValue(1, "portalPort must be >= 1"),
+      v.maxValue(65535, "portalPort must be <= 65535"),
+    ),
+  ),
+  ctrlLossTmo: ctx[VolumeContextKeys.ctrlLossTmo],
+  reconnectDelay: ctx[VolumeContextKeys.reconnectDelay],
+  fastIoFailTmo: ctx[VolumeContextKeys.fastIoFailTmo],
+  dhchapSecretName: v.optional(
+    v.pipe(
+      v.string(),
+      v.regex(/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/, "dhchapSecretName must be a Secret name"),
+      v.maxLength(253, "dhchapSecretName must be at most 253 characters"),
+    ),
+  ),
+  dhchapSecretNamespace: v.optional(v.string()),
+  dhchapSecretKey: v.optional(
+    v.pipe(
+      v.string(),
+      v.regex(/^[-._a-zA-Z0-9]+$/, "dhchapSecretKey must be a Secret data key"),
+      v.maxLength(253, "dhchapSecretKey must be at most 253 characters"),
+    ),
+  ),
+});
+
+/** The parameter names DISTORT understands. */
+export const KNOWN_PARAMETERS: readonly string[] = Object.keys(ParametersSchema.entries);
+
+/** Parsed parameters with defaults; the shape the fingerprint and the partition spec are built from. */
+export interface VolumeParameters {
+  backend: Backend;
+  volumeManager: VolumeManager;
+  fsType?: FsType;
+  transport: Transport;
+  portalPort?: number;
+  ctrlLossTmo?: number;
+  reconnectDelay?: number;
+  fastIoFailTmo?: number;
+}
+
+export interface ParsedParameters {
+  params: VolumeParameters;
+  /** The csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name values, when present. */
+  provisioner: { pvcName?: string; pvcNamespace?: string; pvName?: string };
+}
+
+/**
+ * Parses a CreateVolume (or GetCapacity / ValidateVolumeCapabilities) parameter map. Throws
+ * INVALID_ARGUMENT naming the parameter: unknown keys, bad values, a volume manager that does not
+ * belong to the backend, and DH-HMAC-CHAP settings (validated, then refused: the agent does not
+ * configure target keys yet, and exporting without the authentication a StorageClass asked for
+ * would be worse than failing). `driverNamespace` is where the partition, and so any Secret it
+ * references, lives.
+ */
+export function parseParameters(
+  raw: Readonly<Record<string, string>>,
+  driverNamespace: string,
+): ParsedParameters {
+  const own: Record<string, string> = {};
+  const provisioner: ParsedParameters["provisioner"] = {};
+  const unknown: string[] = [];
+  for (const [k, val] of Object.entries(raw)) {
+    if (k.startsWith(PROVISIONER_PREFIX)) {
+      if (k === ProvisionerKeys.pvcName) provisioner.pvcName = val;
+      else if (k === ProvisionerKeys.pvcNamespace) provisioner.pvcNamespace = val;
+      else if (k === ProvisionerKeys.pvName) provisioner.pvName = val;
+      continue;
+    }
+    if (!KNOWN_PARAMETERS.includes(k)) unknown.push(k);
+    else own[k] = val;
+  }
+  if (unknown.length > 0) {
+    throw invalidArgument(
+      `unknown parameter${unknown.length > 1 ? "s" : ""} ${unknown
+        .sort()
+        .map((k) => JSON.stringify(k))
+        .join(", ")} (DISTORT understands: ${KNOWN_PARAMETERS.join(", ")})`,
+    );
+  }
+  const r = v.safeParse(ParametersSchema, own);
+  if (!r.success) throw invalidArgument(describeIssues("invalid parameters", r.issues));
+  const p = r.output;
+  if (p.volumeManager === "spdk-lvol" && p.backend !== "spdk")
+    throw invalidArgument("volumeManager spdk-lvol requires backend spdk");
+  if (p.volumeManager === "parted" && p.backend !== "kernel")
+    throw invalidArgument("volumeManager parted requires backend kernel");
+  const dhchap = p.dhchapSecretName ?? p.dhchapSecretNamespace ?? p.dhchapSecretKey;
+  if (dhchap !== undefined) {
+    if (!p.dhchapSecretName)
+      throw invalidArgument("dhchapSecretNamespace/dhchapSecretKey need dhchapSecretName");
+    if (p.dhchapSecretNamespace !== undefined && p.dhchapSecretNamespace !== driverNamespace) {
+      throw invalidArgument(
+        `dhchapSecretNamespace must be ${driverNamespace}: the Secret has to live beside the NVMePartition`,
+      );
+    }
+    throw invalidArgument(
+      "DH-HMAC-CHAP (dhchapSecretName) is not supported yet: the storage agent does not install target keys, and DISTORT will not export a volume without the authentication its StorageClass asks for",
+    );
+  }
+  const params: VolumeParameters = {
+    backend: p.backend,
+    volumeManager: p.volumeManager,
+    transport: p.transport,
+    ...(p.fsType === undefined ? {} : { fsType: p.fsType }),
+    ...(p.portalPort === undefined ? {} : { portalPort: p.portalPort }),
+    ...(p.ctrlLossTmo === undefined ? {} : { ctrlLossTmo: p.ctrlLossTmo }),
+    ...(p.reconnectDelay === undefined ? {} : { reconnectDelay: p.reconnectDelay }),
+    ...(p.fastIoFailTmo === undefined ? {} : { fastIoFailTmo: p.fastIoFailTmo }),
+  };
+  return { params, provisioner };
+}

@@ -1,0 +1,221 @@
+// Test stand-in for the manager and agent: writes through the real API server what they would
+// (placement, Exported status, AccessReady, finalizer removal), on command or automatically. Tests
+// only; the lead runs the real binaries behind csi-sanity.
+import * as v from "valibot";
+import { externalIdFor, nqnFor, roundUp } from "../../../agent/partitions/identity.ts";
+import {
+  kinds,
+  type NVMePartition,
+  NVMePartitionStatusSchema,
+  type NVMeVolumeAttachment,
+} from "../../../api/index.ts";
+import { WatchCache } from "../../../lib/kube/cache.ts";
+import { type Condition, setCondition } from "../../../lib/kube/conditions.ts";
+import type { KubeConnection } from "../../../lib/kube/connection.ts";
+import { objectKey, ResourceClient } from "../../../lib/kube/resource.ts";
+import { updateStatus } from "../../../lib/kube/status.ts";
+import { silentLogger } from "../../../lib/log.ts";
+
+export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
+export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
+
+/** What the stand-in does on its own when objects change; tests flip these. */
+export interface AutoBehaviour {
+  /** Place and export every new partition (manager + agent). */
+  exportNew: boolean;
+  /** Report the grown size when spec.sizeBytes grows (agent resize). */
+  grow: boolean;
+  /** Grant every attachment lifetime (agent ACL + AccessReady). */
+  grant: boolean;
+  /** Drop finalizers of objects being deleted (agent cleanup). */
+  release: boolean;
+}
+
+type PartitionStatus = NonNullable<NVMePartition["status"]>;
+
+export class StandIn {
+  readonly parts: ResourceClient<NVMePartition>;
+  readonly atts: ResourceClient<NVMeVolumeAttachment>;
+  readonly auto: AutoBehaviour = { exportNew: false, grow: false, grant: false, release: false };
+  private readonly partCache: WatchCache<NVMePartition>;
+  private readonly attCache: WatchCache<NVMeVolumeAttachment>;
+  private readonly chains = new Map<string, Promise<void>>();
+
+  constructor(
+    conn: KubeConnection,
+    private readonly ns: string,
+    readonly storageNode = "storage-1",
+  ) {
+    this.parts = new ResourceClient(conn, kinds.NVMePartition);
+    this.atts = new ResourceClient(conn, kinds.NVMeVolumeAttachment);
+    this.partCache = new WatchCache(this.parts, { namespace: ns, logger: silentLogger });
+    this.attCache = new WatchCache(this.atts, { namespace: ns, logger: silentLogger });
+    const onPart = (p: NVMePartition) =>
+      this.serial(`p/${p.metadata.name}`, () => this.reactPartition(p.metadata.name));
+    const onAtt = (a: NVMeVolumeAttachment) =>
+      this.serial(`a/${a.metadata.name}`, () => this.reactAttachment(a.metadata.name));
+    this.partCache.on({ add: onPart, update: (_o, n) => onPart(n) });
+    this.attCache.on({ add: onAtt, update: (_o, n) => onAtt(n) });
+  }
+
+  async start(): Promise<void> {
+    await Promise.all([this.partCache.start(), this.attCache.start()]);
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all([this.partCache.stop(), this.attCache.stop()]);
+    await Promise.all([...this.chains.values()]);
+  }
+
+  private serial(key: string, fn: () => Promise<void>): void {
+    const next = (this.chains.get(key) ?? Promise.resolve()).then(fn).catch(() => {});
+    this.chains.set(key, next);
+  }
+
+  private async reactPartition(name: string): Promise<void> {
+    const p = await this.parts.get(name, this.ns);
+    if (!p) return;
+    if (p.metadata.deletionTimestamp) {
+      if (this.auto.release) await this.releasePartition(name);
+      return;
+    }
+    if (this.auto.exportNew && !p.status) await this.exportPartition(name);
+    else if (
+      this.auto.grow &&
+      p.status?.state === "Exported" &&
+      (p.status.allocatedBytes ?? 0) < roundUp(p.spec.sizeBytes)
+    )
+      await this.setPartitionStatus(name, (s) => ({ ...s, allocatedBytes: roundUp(p.spec.sizeBytes) }));
+  }
+
+  private async reactAttachment(name: string): Promise<void> {
+    const a = await this.atts.get(name, this.ns);
+    if (!a) return;
+    if (a.metadata.deletionTimestamp) {
+      if (this.auto.release) await this.releaseAttachment(name);
+      return;
+    }
+    if (this.auto.grant && a.status?.observedAttachmentId !== a.spec.attachmentId) await this.grant(name);
+  }
+
+  /** Manager placement: nodeName + deviceSerial, and Scheduled=True. */
+  async place(name: string): Promise<NVMePartition> {
+    const p = (await this.parts.get(name, this.ns)) as NVMePartition;
+    if (p.spec.nodeName) return p;
+    return this.parts.replace({
+      ...p,
+      spec: { ...p.spec, nodeName: this.storageNode, deviceSerial: "SIM-SERIAL-1" },
+    });
+  }
+
+  /** Placement, the agent's finalizer, and an Exported status with NQN and portal. */
+  async exportPartition(name: string, portal = { ip: "192.0.2.10", port: 4420 }): Promise<NVMePartition> {
+    const placed = await this.place(name);
+    if (!(placed.metadata.finalizers ?? []).includes(PARTITION_FINALIZER)) {
+      await this.parts.replace({
+        ...placed,
+        metadata: {
+          ...placed.metadata,
+          finalizers: [...(placed.metadata.finalizers ?? []), PARTITION_FINALIZER],
+        },
+      });
+    }
+    const uid = placed.metadata.uid as string;
+    return (await this.setPartitionStatus(
+      name,
+      (s, p) => ({
+        ...s,
+        state: "Exported",
+        externalId: externalIdFor(uid),
+        nqn: nqnFor(externalIdFor(uid)),
+        portalIP: portal.ip,
+        portalPort: portal.port,
+        transport: p.spec.targetOptions?.transport ?? "rdma",
+        allocatedBytes: roundUp(p.spec.sizeBytes),
+      }),
+      { type: "Ready", status: "True", reason: "Exported", message: "exported by the test stand-in" },
+    )) as NVMePartition;
+  }
+
+  /** Any status change, with an optional condition set the way the real writers do. */
+  async setPartitionStatus(
+    name: string,
+    change: (s: PartitionStatus, p: NVMePartition) => PartitionStatus,
+    cond?: Omit<Condition, "lastTransitionTime">,
+  ): Promise<NVMePartition | undefined> {
+    return updateStatus(this.parts, name, this.ns, (p) => {
+      const base: PartitionStatus = p.status ?? { state: "Pending", conditions: [] };
+      const next = change(structuredClone(base), p);
+      if (cond)
+        next.conditions = setCondition(
+          next.conditions ?? [],
+          { ...cond, observedGeneration: p.metadata.generation },
+          new Date(),
+        );
+      next.observedGeneration = p.metadata.generation;
+      return v.parse(NVMePartitionStatusSchema, next);
+    });
+  }
+
+  /** Agent: finalizer, then AccessReady=True for the current lifetime. */
+  async grant(name: string): Promise<NVMeVolumeAttachment | undefined> {
+    const a = await this.atts.get(name, this.ns);
+    if (!a) return undefined;
+    if (!(a.metadata.finalizers ?? []).includes(ATTACHMENT_FINALIZER)) {
+      await this.atts.replace({
+        ...a,
+        metadata: { ...a.metadata, finalizers: [...(a.metadata.finalizers ?? []), ATTACHMENT_FINALIZER] },
+      });
+    }
+    return updateStatus(this.atts, name, this.ns, (latest) => ({
+      observedAttachmentId: latest.spec.attachmentId,
+      conditions: setCondition(
+        latest.status?.conditions ?? [],
+        {
+          type: "AccessReady",
+          status: "True",
+          reason: "HostAllowed",
+          message: `${latest.spec.hostNQN} allowed`,
+          observedGeneration: latest.metadata.generation,
+        },
+        new Date(),
+      ),
+      observedGeneration: latest.metadata.generation,
+    }));
+  }
+
+  async releasePartition(name: string): Promise<void> {
+    await this.dropFinalizer(this.parts, name, PARTITION_FINALIZER);
+  }
+
+  async releaseAttachment(name: string): Promise<void> {
+    await this.dropFinalizer(this.atts, name, ATTACHMENT_FINALIZER);
+  }
+
+  private async dropFinalizer<T extends NVMePartition | NVMeVolumeAttachment>(
+    client: ResourceClient<T>,
+    name: string,
+    finalizer: string,
+  ): Promise<void> {
+    for (let i = 0; i < 5; i++) {
+      const o = await client.get(name, this.ns);
+      if (!o || !(o.metadata.finalizers ?? []).includes(finalizer)) return;
+      try {
+        await client.replace({
+          ...o,
+          metadata: {
+            ...o.metadata,
+            finalizers: (o.metadata.finalizers ?? []).filter((f) => f !== finalizer),
+          },
+        });
+        return;
+      } catch {
+        // conflict: re-read
+      }
+    }
+  }
+
+  key(name: string): string {
+    return objectKey({ namespace: this.ns, name });
+  }
+}

@@ -1,0 +1,255 @@
+// The distort-csi process: parses flags and environment, serves Identity plus the Controller
+// and/or Node service on the CSI UNIX socket, serves /healthz, /readyz and /metrics, and on
+// SIGTERM lets in-flight calls finish before it exits.
+import { hostname } from "node:os";
+import { Controller, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
+import { realClock } from "../lib/clock.ts";
+import { errorMessage, StorageError } from "../lib/errors.ts";
+import { type Exec, hostExec } from "../lib/exec.ts";
+import { hostFs } from "../lib/fs.ts";
+import { register, type ServiceRegistration, serveGrpc } from "../lib/grpc/server.ts";
+import { codeName, toConnectError } from "../lib/grpc/status.ts";
+import { serveHealth } from "../lib/health-server.ts";
+import { connect, type KubeConnection } from "../lib/kube/connection.ts";
+import { EventRecorder } from "../lib/kube/events.ts";
+import { createLogger, type Logger } from "../lib/log.ts";
+import { Registry } from "../lib/metrics.ts";
+import pkg from "../package.json" with { type: "json" };
+import { type CsiConfig, parseCsiConfig, USAGE } from "./config.ts";
+import { registerHostNQN } from "./controller/host-nqn.ts";
+import { CsiController } from "./controller.ts";
+import { readHostNqn } from "./host/host-nqn.ts";
+import { HostMounter } from "./host/mounter.ts";
+import { NvmeCli } from "./host/nvme-cli.ts";
+import { createIdentityService, hostToolsCheck, notReadyReasons, type ReadinessCheck } from "./identity.ts";
+import { FileStateStore } from "./node/state-store.ts";
+import { createNodeService, type NodeDeps } from "./node.ts";
+
+export interface RunningCsi {
+  /** "unix:///..." of the CSI socket. */
+  address: string;
+  healthPort: number;
+  /** The controller, in controller and all modes. */
+  controller?: CsiController;
+  /** Graceful stop: in-flight calls get cfg.shutdownGraceMs, then caches and probes stop. */
+  stop(): Promise<void>;
+}
+
+export interface RunOptions {
+  /** An existing connection (tests); otherwise one from cfg.kubeconfig or the service account. */
+  conn?: KubeConnection;
+  /** Resolves a command on PATH, for the node tools check. */
+  which?: (name: string) => string | null;
+  /** Host ports of the node service; the lab passes its simulated fabric, production none. */
+  node?: Partial<Pick<NodeDeps, "initiator" | "mounter" | "fs" | "state">> & { exec?: Exec };
+}
+
+/**
+ * Starts the services for cfg.mode. Node and all modes first read the host NQN (under
+ * cfg.hostRoot) and record it on this node's Node object, and fail startup when either is
+ * impossible: the controller authorizes exactly that NQN. The socket is then served; controller
+ * caches sync in the background and Probe answers ready=false until they have.
+ */
+export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = {}): Promise<RunningCsi> {
+  const registry = new Registry();
+  const measure = metricsFor(registry);
+  const readiness: ReadinessCheck[] = [];
+  const services: ServiceRegistration[] = [];
+  const serveController = cfg.mode === "controller" || cfg.mode === "all";
+  const serveNode = cfg.mode === "node" || cfg.mode === "all";
+  const conn = opts.conn ?? connect(cfg.kubeconfig);
+
+  if (serveNode) {
+    const nodeId = cfg.nodeId as string;
+    const fs = opts.node?.fs ?? hostFs(cfg.hostRoot);
+    const exec = opts.node?.exec ?? hostExec;
+    const nodeLog = logger.with({ service: "node" });
+    const hostNqn = await readHostNqn(fs);
+    const labels = await withRetries(() => registerHostNQN(conn, nodeId, hostNqn), logger);
+    const topology = Object.fromEntries(
+      cfg.topologyKeys.flatMap((k) => (labels[k] === undefined ? [] : [[k, labels[k] as string]])),
+    );
+    const node = createNodeService({
+      nodeId,
+      hostNqn,
+      topology,
+      maxVolumesPerNode: cfg.maxVolumesPerNode,
+      initiator: opts.node?.initiator ?? new NvmeCli({ exec, fs, logger: nodeLog }),
+      mounter: opts.node?.mounter ?? new HostMounter({ exec, fs }),
+      fs,
+      state: opts.node?.state ?? new FileStateStore(cfg.stateDir),
+      clock: realClock,
+      logger: nodeLog,
+    });
+    services.push(register(Node, measure(node)));
+    if (cfg.nodeTools.length > 0) readiness.push(hostToolsCheck(cfg.nodeTools, opts.which ?? Bun.which));
+    logger.info("host NQN registered", { node: nodeId, hostNQN: hostNqn, topology });
+  }
+
+  let controller: CsiController | undefined;
+  if (serveController) {
+    const c = new CsiController({
+      conn,
+      namespace: cfg.namespace,
+      logger: logger.with({ service: "controller" }),
+      clock: realClock,
+      defaultTimeoutMs: cfg.defaultTimeoutMs,
+      defaultVolumeBytes: cfg.defaultVolumeBytes,
+      events: new EventRecorder(conn, { controller: "storage.distort.io/csi", instance: hostname(), logger }),
+    });
+    controller = c;
+    readiness.push(() => c.notReadyReason());
+    services.push(register(Controller, measure(c.service())));
+    c.start().then(
+      () => logger.info("controller caches synced"),
+      (err) => logger.error("controller caches failed to start", { err: errorMessage(err) }),
+    );
+  }
+
+  services.unshift(
+    register(
+      Identity,
+      measure(
+        createIdentityService({
+          vendorVersion: pkg.version,
+          controllerService: serveController,
+          readiness,
+          logger,
+        }),
+      ),
+    ),
+  );
+
+  let server: Awaited<ReturnType<typeof serveGrpc>>;
+  let health: Awaited<ReturnType<typeof serveHealth>>;
+  try {
+    server = await serveGrpc({
+      socketPath: cfg.socketPath,
+      services,
+      logger,
+      shutdownGraceMs: cfg.shutdownGraceMs,
+    });
+    try {
+      health = await serveHealth({
+        host: cfg.health.host,
+        port: cfg.health.port,
+        registry,
+        logger,
+        healthz: () => true,
+        readyz: async () => {
+          const reasons = await notReadyReasons(readiness);
+          if (reasons.length) throw new Error(reasons.join("; "));
+          return true;
+        },
+      });
+    } catch (err) {
+      await server.close();
+      throw err;
+    }
+  } catch (err) {
+    await controller?.stop();
+    throw err;
+  }
+  logger.info("csi running", {
+    mode: cfg.mode,
+    socket: cfg.socketPath,
+    namespace: cfg.namespace,
+    health: health.url,
+  });
+
+  let stopping: Promise<void> | undefined;
+  return {
+    address: server.address,
+    healthPort: health.port,
+    ...(controller ? { controller } : {}),
+    stop() {
+      stopping ??= (async () => {
+        await server.close();
+        await controller?.stop();
+        await health.close();
+      })();
+      return stopping;
+    },
+  };
+}
+
+/** Retries a startup call through a short API-server outage; any other failure is final. */
+async function withRetries<T>(fn: () => Promise<T>, logger: Logger, attempts = 6): Promise<T> {
+  for (let i = 1; ; i++) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (i >= attempts || !(err instanceof StorageError && err.kind === "unavailable")) throw err;
+      logger.warn("startup call failed, retrying", { err: errorMessage(err), attempt: i });
+      await realClock.sleep(250 * 2 ** i);
+    }
+  }
+}
+
+/**
+ * Wraps a service's unary handlers (all CSI methods are unary) to count calls by method and gRPC
+ * code and to time them, for /metrics. Create one per registry: the metrics register once.
+ */
+function metricsFor(registry: Registry) {
+  const calls = registry.counter<"method" | "code">({
+    name: "distort_csi_calls_total",
+    help: "CSI calls by method and gRPC status code.",
+    labelNames: ["method", "code"],
+  });
+  const seconds = registry.histogram<"method">({
+    name: "distort_csi_call_duration_seconds",
+    help: "CSI call duration by method, including waits for the manager and agent.",
+    labelNames: ["method"],
+    buckets: [0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60],
+  });
+  return <T extends object>(impl: T): T => {
+    const out: Record<string, unknown> = {};
+    for (const [method, fn] of Object.entries(impl)) {
+      out[method] = async (req: unknown, ctx: unknown) => {
+        const started = performance.now();
+        let code = "OK";
+        try {
+          return await (fn as (r: unknown, c: unknown) => unknown)(req, ctx);
+        } catch (err) {
+          code = codeName(toConnectError(err).code);
+          throw err;
+        } finally {
+          calls.inc({ method, code });
+          seconds.observe({ method }, (performance.now() - started) / 1000);
+        }
+      };
+    }
+    return out as T;
+  };
+}
+
+if (import.meta.main) {
+  let cfg: CsiConfig;
+  try {
+    cfg = parseCsiConfig(process.argv.slice(2), process.env);
+  } catch (err) {
+    process.stderr.write(`distort-csi: ${errorMessage(err)}\n${USAGE}\n`);
+    process.exit(2);
+  }
+  const logger = createLogger({
+    level: cfg.logLevel,
+    fields: { component: "csi", mode: cfg.mode, ...(cfg.nodeId ? { node: cfg.nodeId } : {}) },
+  });
+  let running: RunningCsi;
+  try {
+    running = await runCsi(cfg, logger);
+  } catch (err) {
+    logger.error("csi failed to start", { err: errorMessage(err) });
+    process.exit(1);
+  }
+  let shuttingDown = false;
+  const shutdown = async (signal: string) => {
+    if (shuttingDown) return;
+    shuttingDown = true;
+    logger.info("csi stopping", { signal });
+    await running.stop();
+    process.exit(0);
+  };
+  process.on("SIGTERM", () => void shutdown("SIGTERM"));
+  process.on("SIGINT", () => void shutdown("SIGINT"));
+}

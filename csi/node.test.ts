@@ -1,0 +1,892 @@
+// The Node service against in-memory host ports: a bad-input table for every RPC (right code, no
+// port touched), and the behaviour of stage/publish/unpublish/unstage, stats, health and expansion
+// (idempotency, conflicts, filesystem safety, disconnect failures, busy volumes).
+import { beforeEach, describe, expect, test } from "bun:test";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { Code, type HandlerContext } from "@connectrpc/connect";
+import {
+  VolumeCapability_AccessMode_Mode as Mode,
+  NodeExpandVolumeRequestSchema,
+  NodeGetVolumeHealthRequestSchema,
+  NodeGetVolumeStatsRequestSchema,
+  NodePublishVolumeRequestSchema,
+  NodeStageVolumeRequestSchema,
+  NodeUnpublishVolumeRequestSchema,
+  NodeUnstageVolumeRequestSchema,
+  NodeServiceCapability_RPC_Type as RpcType,
+  VolumeHealthErrorType,
+  VolumeUsage_Unit,
+} from "../gen/csi/v1/csi_pb.ts";
+import { realClock } from "../lib/clock.ts";
+import { toConnectError } from "../lib/grpc/status.ts";
+import { silentLogger } from "../lib/log.ts";
+import { PublishContextKeys, VolumeContextKeys } from "./context.ts";
+import { CallLog, FakeFs, FakeInitiator, FakeMounter, MemoryStateStore } from "./node/test-doubles.ts";
+import { createNodeService, type NodeDeps } from "./node.ts";
+
+const HOST = "nqn.2014-08.org.nvmexpress:uuid:cb39fbf1-e515-48f8-830b-34f0b60eceb0";
+const NQN = "nqn.2026-01.io.distort:vol-3f2a9c1e";
+const NS_UUID = "7f0e2a44-1b6c-4d2e-9a51-0c3b8d9e6f12";
+const DEV = "/dev/nvme1n1";
+const VOL = "default/pvc-1/5b0c";
+const STAGE = "/var/lib/kubelet/plugins/kubernetes.io/csi/storage.distort.io/ab12/globalmount";
+const TARGET = "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-1/mount";
+const TARGET2 = "/var/lib/kubelet/pods/p2/volumes/kubernetes.io~csi/pvc-1/mount";
+const BLOCK_TARGET = "/var/lib/kubelet/pods/p1/volumeDevices/kubernetes.io~csi/pvc-1";
+
+const volumeContext = (over: Record<string, string | undefined> = {}) => {
+  const base: Record<string, string | undefined> = {
+    [VolumeContextKeys.nqn]: NQN,
+    [VolumeContextKeys.portalIP]: "192.168.100.7",
+    [VolumeContextKeys.portalPort]: "4420",
+    [VolumeContextKeys.transport]: "tcp",
+    [VolumeContextKeys.namespaceUUID]: NS_UUID,
+    ...over,
+  };
+  return Object.fromEntries(Object.entries(base).filter(([, v]) => v !== undefined)) as Record<
+    string,
+    string
+  >;
+};
+const publishContext = (over: Record<string, string | undefined> = {}) => {
+  const base: Record<string, string | undefined> = {
+    [PublishContextKeys.hostNQN]: HOST,
+    [PublishContextKeys.attachmentId]: "att-1",
+    ...over,
+  };
+  return Object.fromEntries(Object.entries(base).filter(([, v]) => v !== undefined)) as Record<
+    string,
+    string
+  >;
+};
+
+type Cap = MessageInitShape<typeof NodeStageVolumeRequestSchema>["volumeCapability"];
+const mountCap = (
+  fsType = "ext4",
+  mode = Mode.SINGLE_NODE_WRITER,
+  mountFlags: string[] = [],
+  volumeMountGroup = "",
+): Cap => ({
+  accessType: { case: "mount", value: { fsType, mountFlags, volumeMountGroup } },
+  accessMode: { mode },
+});
+const blockCap = (mode = Mode.SINGLE_NODE_WRITER): Cap => ({
+  accessType: { case: "block", value: {} },
+  accessMode: { mode },
+});
+
+interface StageInit {
+  volumeId?: string;
+  stagingTargetPath?: string;
+  volumeCapability?: Cap;
+  volumeContext?: Record<string, string>;
+  publishContext?: Record<string, string>;
+}
+interface PublishInit {
+  volumeId?: string;
+  stagingTargetPath?: string;
+  targetPath?: string;
+  volumeCapability?: Cap;
+  readonly?: boolean;
+}
+
+const stageReq = (over: StageInit = {}) =>
+  create(NodeStageVolumeRequestSchema, {
+    volumeId: VOL,
+    stagingTargetPath: STAGE,
+    volumeCapability: mountCap(),
+    volumeContext: volumeContext(),
+    publishContext: publishContext(),
+    ...over,
+  });
+const publishReq = (over: PublishInit = {}) =>
+  create(NodePublishVolumeRequestSchema, {
+    volumeId: VOL,
+    stagingTargetPath: STAGE,
+    targetPath: TARGET,
+    volumeCapability: mountCap(),
+    readonly: false,
+    ...over,
+  });
+const unpublishReq = (targetPath = TARGET) =>
+  create(NodeUnpublishVolumeRequestSchema, { volumeId: VOL, targetPath });
+const unstageReq = () => create(NodeUnstageVolumeRequestSchema, { volumeId: VOL, stagingTargetPath: STAGE });
+
+const ctx = () => ({ signal: new AbortController().signal }) as unknown as HandlerContext;
+
+let log: CallLog;
+let initiator: FakeInitiator;
+let mounter: FakeMounter;
+let fs: FakeFs;
+let state: MemoryStateStore;
+let svc: ReturnType<typeof createNodeService>;
+
+function build(over: Partial<NodeDeps> = {}) {
+  svc = createNodeService({
+    nodeId: "worker-a",
+    hostNqn: HOST,
+    topology: { "topology.storage.distort.io/node": "worker-a" },
+    maxVolumesPerNode: 64,
+    initiator,
+    mounter,
+    fs,
+    state,
+    clock: realClock,
+    logger: silentLogger,
+    deviceWaitMs: 200,
+    pollMs: 5,
+    ...over,
+  });
+}
+
+beforeEach(() => {
+  log = new CallLog();
+  initiator = new FakeInitiator(log);
+  mounter = new FakeMounter(log);
+  fs = new FakeFs(log);
+  state = new MemoryStateStore(log);
+  for (const d of [
+    "/var",
+    "/var/lib",
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins/kubernetes.io",
+    "/var/lib/kubelet/plugins/kubernetes.io/csi",
+    "/var/lib/kubelet/plugins/kubernetes.io/csi/storage.distort.io",
+    "/var/lib/kubelet/plugins/kubernetes.io/csi/storage.distort.io/ab12",
+    STAGE,
+    "/var/lib/kubelet/pods",
+    "/var/lib/kubelet/pods/p1",
+    "/var/lib/kubelet/pods/p1/volumes",
+    "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi",
+    "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-1",
+    "/var/lib/kubelet/pods/p1/volumeDevices",
+    "/var/lib/kubelet/pods/p1/volumeDevices/kubernetes.io~csi",
+    "/var/lib/kubelet/pods/p2",
+    "/var/lib/kubelet/pods/p2/volumes",
+    "/var/lib/kubelet/pods/p2/volumes/kubernetes.io~csi",
+    "/var/lib/kubelet/pods/p2/volumes/kubernetes.io~csi/pvc-1",
+    "/dev",
+  ])
+    fs.dirs.add(d);
+  fs.files.set(DEV, "");
+  initiator.devices.set(NQN, DEV);
+  mounter.addDevice(DEV, { kind: "blank" }, 1 << 30);
+  build();
+});
+
+/** The gRPC code a call fails with (the server maps errors exactly so). */
+async function codeOf(p: unknown): Promise<Code | "ok"> {
+  try {
+    await p;
+    return "ok";
+  } catch (err) {
+    return toConnectError(err).code;
+  }
+}
+
+type Rpc = keyof typeof svc;
+const call = (rpc: Rpc, req: unknown) =>
+  (svc[rpc] as (r: unknown, c: HandlerContext) => Promise<unknown>)(req, ctx());
+
+describe("bad input: right code, no port touched", () => {
+  const I = Code.InvalidArgument;
+  const P = Code.FailedPrecondition;
+  const cases: [string, Rpc, unknown, Code][] = [
+    ["stage: empty volume id", "nodeStageVolume", stageReq({ volumeId: "" }), I],
+    ["stage: NUL in volume id", "nodeStageVolume", stageReq({ volumeId: "a\0b" }), I],
+    ["stage: empty staging path", "nodeStageVolume", stageReq({ stagingTargetPath: "" }), I],
+    ["stage: relative staging path", "nodeStageVolume", stageReq({ stagingTargetPath: "var/lib/x" }), I],
+    ["stage: traversal", "nodeStageVolume", stageReq({ stagingTargetPath: "/var/lib/kubelet/../../etc" }), I],
+    ["stage: trailing separator", "nodeStageVolume", stageReq({ stagingTargetPath: `${STAGE}/` }), I],
+    ["stage: NUL in path", "nodeStageVolume", stageReq({ stagingTargetPath: `${STAGE}\0x` }), I],
+    ["stage: root", "nodeStageVolume", stageReq({ stagingTargetPath: "/" }), I],
+    ["stage: no capability", "nodeStageVolume", stageReq({ volumeCapability: undefined }), I],
+    [
+      "stage: no access type",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: { accessMode: { mode: Mode.SINGLE_NODE_WRITER } } }),
+      I,
+    ],
+    [
+      "stage: no access mode",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: { accessType: { case: "block", value: {} } } }),
+      I,
+    ],
+    [
+      "stage: multi-node writer",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("ext4", Mode.MULTI_NODE_MULTI_WRITER) }),
+      I,
+    ],
+    [
+      "stage: multi-node reader",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY) }),
+      I,
+    ],
+    [
+      "stage: single-node reader",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_READER_ONLY) }),
+      I,
+    ],
+    ["stage: btrfs", "nodeStageVolume", stageReq({ volumeCapability: mountCap("btrfs") }), I],
+    ["stage: EXT4 in capitals", "nodeStageVolume", stageReq({ volumeCapability: mountCap("EXT4") }), I],
+    [
+      "stage: bind flag",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("xfs", Mode.SINGLE_NODE_WRITER, ["bind"]) }),
+      I,
+    ],
+    [
+      "stage: empty flag",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("xfs", Mode.SINGLE_NODE_WRITER, [""]) }),
+      I,
+    ],
+    [
+      "stage: mount group",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "1000") }),
+      I,
+    ],
+    ["stage: no volume context", "nodeStageVolume", stageReq({ volumeContext: {} }), I],
+    [
+      "stage: no NQN",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.nqn]: undefined }) }),
+      I,
+    ],
+    [
+      "stage: malformed NQN",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.nqn]: "vol-1" }) }),
+      I,
+    ],
+    [
+      "stage: port 0",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.portalPort]: "0" }) }),
+      I,
+    ],
+    [
+      "stage: port not a number",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.portalPort]: "44x" }) }),
+      I,
+    ],
+    [
+      "stage: address not an IP",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.portalIP]: "storage-1" }) }),
+      I,
+    ],
+    [
+      "stage: transport fc",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.transport]: "fc" }) }),
+      I,
+    ],
+    [
+      "stage: namespace id not a UUID",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.namespaceUUID]: "1" }) }),
+      I,
+    ],
+    [
+      "stage: ctrlLossTmo not a number",
+      "nodeStageVolume",
+      stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.ctrlLossTmo]: "soon" }) }),
+      I,
+    ],
+    ["stage: no publish context", "nodeStageVolume", stageReq({ publishContext: {} }), I],
+    [
+      "stage: no attachment id",
+      "nodeStageVolume",
+      stageReq({ publishContext: publishContext({ [PublishContextKeys.attachmentId]: undefined }) }),
+      I,
+    ],
+    [
+      "stage: host NQN not an NQN",
+      "nodeStageVolume",
+      stageReq({ publishContext: publishContext({ [PublishContextKeys.hostNQN]: "worker-a" }) }),
+      I,
+    ],
+    [
+      "stage: published to another host",
+      "nodeStageVolume",
+      stageReq({
+        publishContext: publishContext({
+          [PublishContextKeys.hostNQN]: "nqn.2026-01.io.distort:host:worker-b",
+        }),
+      }),
+      P,
+    ],
+    [
+      "unstage: empty volume id",
+      "nodeUnstageVolume",
+      create(NodeUnstageVolumeRequestSchema, { stagingTargetPath: STAGE }),
+      I,
+    ],
+    [
+      "unstage: empty path",
+      "nodeUnstageVolume",
+      create(NodeUnstageVolumeRequestSchema, { volumeId: VOL }),
+      I,
+    ],
+    [
+      "unstage: traversal",
+      "nodeUnstageVolume",
+      create(NodeUnstageVolumeRequestSchema, { volumeId: VOL, stagingTargetPath: "/var/lib/../../root" }),
+      I,
+    ],
+    [
+      "unstage: trailing separator",
+      "nodeUnstageVolume",
+      create(NodeUnstageVolumeRequestSchema, { volumeId: VOL, stagingTargetPath: "/var/lib/" }),
+      I,
+    ],
+    ["publish: empty volume id", "nodePublishVolume", publishReq({ volumeId: "" }), I],
+    ["publish: empty target", "nodePublishVolume", publishReq({ targetPath: "" }), I],
+    ["publish: relative target", "nodePublishVolume", publishReq({ targetPath: "pods/p1/mount" }), I],
+    [
+      "publish: traversal in target",
+      "nodePublishVolume",
+      publishReq({ targetPath: "/var/lib/kubelet/pods/../../../etc" }),
+      I,
+    ],
+    [
+      "publish: dot segment in target",
+      "nodePublishVolume",
+      publishReq({ targetPath: "/var/lib/./kubelet" }),
+      I,
+    ],
+    ["publish: NUL in target", "nodePublishVolume", publishReq({ targetPath: `${TARGET}\0` }), I],
+    ["publish: no staging path", "nodePublishVolume", publishReq({ stagingTargetPath: "" }), P],
+    [
+      "publish: relative staging path",
+      "nodePublishVolume",
+      publishReq({ stagingTargetPath: "globalmount" }),
+      I,
+    ],
+    ["publish: target is the staging path", "nodePublishVolume", publishReq({ targetPath: STAGE }), I],
+    ["publish: no capability", "nodePublishVolume", publishReq({ volumeCapability: undefined }), I],
+    [
+      "publish: multi-node mode",
+      "nodePublishVolume",
+      publishReq({ volumeCapability: blockCap(Mode.MULTI_NODE_SINGLE_WRITER) }),
+      I,
+    ],
+    ["publish: vfat", "nodePublishVolume", publishReq({ volumeCapability: mountCap("vfat") }), I],
+    [
+      "unpublish: empty volume id",
+      "nodeUnpublishVolume",
+      create(NodeUnpublishVolumeRequestSchema, { targetPath: TARGET }),
+      I,
+    ],
+    ["unpublish: empty target", "nodeUnpublishVolume", unpublishReq(""), I],
+    ["unpublish: relative target", "nodeUnpublishVolume", unpublishReq("mount"), I],
+    [
+      "unpublish: traversal",
+      "nodeUnpublishVolume",
+      unpublishReq("/var/lib/kubelet/pods/p1/../../../../etc/passwd"),
+      I,
+    ],
+    ["unpublish: double separator", "nodeUnpublishVolume", unpublishReq("/var//lib"), I],
+    [
+      "stats: empty volume id",
+      "nodeGetVolumeStats",
+      create(NodeGetVolumeStatsRequestSchema, { volumePath: TARGET }),
+      I,
+    ],
+    [
+      "stats: empty path",
+      "nodeGetVolumeStats",
+      create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL }),
+      I,
+    ],
+    [
+      "stats: relative path",
+      "nodeGetVolumeStats",
+      create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: "x/y" }),
+      I,
+    ],
+    [
+      "stats: bad staging path",
+      "nodeGetVolumeStats",
+      create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: TARGET, stagingTargetPath: "x" }),
+      I,
+    ],
+    ["health: empty volume id", "nodeGetVolumeHealth", create(NodeGetVolumeHealthRequestSchema, {}), I],
+    [
+      "health: relative publish path",
+      "nodeGetVolumeHealth",
+      create(NodeGetVolumeHealthRequestSchema, { volumeId: VOL, volumePublishPath: "mount" }),
+      I,
+    ],
+    [
+      "expand: empty volume id",
+      "nodeExpandVolume",
+      create(NodeExpandVolumeRequestSchema, { volumePath: TARGET }),
+      I,
+    ],
+    ["expand: empty path", "nodeExpandVolume", create(NodeExpandVolumeRequestSchema, { volumeId: VOL }), I],
+    [
+      "expand: traversal",
+      "nodeExpandVolume",
+      create(NodeExpandVolumeRequestSchema, { volumeId: VOL, volumePath: "/a/../b" }),
+      I,
+    ],
+    [
+      "expand: negative size",
+      "nodeExpandVolume",
+      create(NodeExpandVolumeRequestSchema, {
+        volumeId: VOL,
+        volumePath: TARGET,
+        capacityRange: { requiredBytes: -1n },
+      }),
+      I,
+    ],
+    [
+      "expand: required above limit",
+      "nodeExpandVolume",
+      create(NodeExpandVolumeRequestSchema, {
+        volumeId: VOL,
+        volumePath: TARGET,
+        capacityRange: { requiredBytes: 10n, limitBytes: 5n },
+      }),
+      I,
+    ],
+    [
+      "expand: bad capability",
+      "nodeExpandVolume",
+      create(NodeExpandVolumeRequestSchema, {
+        volumeId: VOL,
+        volumePath: TARGET,
+        volumeCapability: mountCap("zfs"),
+      }),
+      I,
+    ],
+  ];
+  test.each(cases)("%s", async (_name, rpc, req, code) => {
+    expect(await codeOf(call(rpc, req))).toBe(code);
+    expect(log.calls).toEqual([]);
+  });
+});
+
+async function stage(over: StageInit = {}) {
+  return svc.nodeStageVolume?.(stageReq(over), ctx());
+}
+
+describe("NodeStageVolume", () => {
+  test("connects as the node, waits for the device, formats a blank device and mounts it", async () => {
+    initiator.lookupsBeforeDevice = 3;
+    await stage({
+      volumeContext: volumeContext({
+        [VolumeContextKeys.ctrlLossTmo]: "-1",
+        [VolumeContextKeys.reconnectDelay]: "5",
+      }),
+      volumeCapability: mountCap("xfs", Mode.SINGLE_NODE_WRITER, ["noatime"]),
+    });
+    expect(log.calls.find((c) => c[1] === "connect")?.[2]).toEqual({
+      transport: "tcp",
+      address: "192.168.100.7",
+      port: 4420,
+      nqn: NQN,
+      hostNqn: HOST,
+      ctrlLossTmo: -1,
+      reconnectDelay: 5,
+      fastIoFailTmo: undefined,
+    });
+    expect(log.calls.filter((c) => c[1] === "findNamespaceDevice").map((c) => c[3])).toEqual([
+      NS_UUID,
+      NS_UUID,
+      NS_UUID,
+      NS_UUID,
+    ]);
+    expect(log.calls.filter((c) => c[0] === "mounter" && ["probe", "mkfs", "mount"].includes(c[1]))).toEqual([
+      ["mounter", "probe", DEV],
+      ["mounter", "mkfs", DEV, "xfs"],
+      ["mounter", "probe", DEV],
+      ["mounter", "mount", DEV, STAGE, "xfs", ["noatime"]],
+    ]);
+    expect(state.records.get(VOL)).toMatchObject({
+      nqn: NQN,
+      device: DEV,
+      stagingPath: STAGE,
+      access: { kind: "mount", fsType: "xfs" },
+    });
+  });
+
+  test("an empty fs_type means the default filesystem", async () => {
+    build({ defaultFsType: "xfs" });
+    await stage({ volumeCapability: mountCap("") });
+    expect(log.calls.find((c) => c[1] === "mkfs")).toEqual(["mounter", "mkfs", DEV, "xfs"]);
+  });
+
+  test("repeating a stage does nothing more", async () => {
+    await stage();
+    const before = log.methods("mounter").filter((m) => ["mkfs", "mount"].includes(m));
+    await stage();
+    expect(log.methods("mounter").filter((m) => ["mkfs", "mount"].includes(m))).toEqual(before);
+    expect(mounter.table.filter((e) => e.mountPoint === STAGE)).toHaveLength(1);
+  });
+
+  test("a matching filesystem is kept, not reformatted", async () => {
+    mounter.content.set(DEV, { kind: "filesystem", fsType: "ext4" });
+    await stage();
+    expect(log.methods("mounter")).not.toContain("mkfs");
+    expect(log.methods("mounter")).toContain("mount");
+  });
+
+  test.each([
+    ["another filesystem", { kind: "filesystem", fsType: "xfs" } as const],
+    ["a partition table", { kind: "other", description: "gpt partition table" } as const],
+  ])(
+    "a device holding %s is FAILED_PRECONDITION and is neither formatted nor mounted",
+    async (_n, content) => {
+      mounter.content.set(DEV, content);
+      expect(await codeOf(stage())).toBe(Code.FailedPrecondition);
+      expect(log.methods("mounter")).not.toContain("mkfs");
+      expect(log.methods("mounter")).not.toContain("mount");
+    },
+  );
+
+  test("an unreadable device is never formatted", async () => {
+    mounter.content.delete(DEV);
+    expect(await codeOf(stage())).toBe(Code.Unavailable);
+    expect(log.methods("mounter")).not.toContain("mkfs");
+  });
+
+  test("staged again with another capability: ALREADY_EXISTS", async () => {
+    await stage();
+    expect(await codeOf(stage({ volumeCapability: mountCap("xfs") }))).toBe(Code.AlreadyExists);
+    expect(await codeOf(stage({ volumeCapability: blockCap() }))).toBe(Code.AlreadyExists);
+    expect(await codeOf(stage({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_MULTI_WRITER) }))).toBe(
+      Code.AlreadyExists,
+    );
+  });
+
+  test("a staging path with someone else's mount: ALREADY_EXISTS before connecting", async () => {
+    mounter.addDevice("/dev/sdz", { kind: "filesystem", fsType: "ext4" }, 1);
+    await mounter.mount("/dev/sdz", STAGE, "ext4", []);
+    expect(await codeOf(stage())).toBe(Code.AlreadyExists);
+    expect(log.methods("mounter")).not.toContain("mkfs");
+    expect(log.methods("initiator")).toEqual([]);
+    expect(state.records.has(VOL)).toBe(false);
+  });
+
+  test("a failed first stage leaves neither a connection nor a record", async () => {
+    initiator.refuse = true;
+    expect(await codeOf(stage())).toBe(Code.Unavailable);
+    expect(state.records.has(VOL)).toBe(false);
+    initiator.refuse = false;
+    mounter.content.set(DEV, { kind: "filesystem", fsType: "xfs" });
+    expect(await codeOf(stage())).toBe(Code.FailedPrecondition);
+    expect(initiator.connected.has(NQN)).toBe(false);
+    expect(state.records.has(VOL)).toBe(false);
+  });
+
+  test("a failed retry of a recorded stage keeps the record for NodeUnstage", async () => {
+    await stage({ volumeCapability: blockCap() });
+    initiator.devices.delete(NQN);
+    expect(await codeOf(stage({ volumeCapability: blockCap() }))).toBe(Code.Unavailable);
+    expect(state.records.has(VOL)).toBe(true);
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+    expect(state.records.has(VOL)).toBe(false);
+    expect(initiator.connected.has(NQN)).toBe(false);
+  });
+
+  test("a device that never appears is UNAVAILABLE after the wait", async () => {
+    initiator.devices.delete(NQN);
+    const t0 = Date.now();
+    expect(await codeOf(stage())).toBe(Code.Unavailable);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(190);
+  });
+
+  test("a missing staging directory is FAILED_PRECONDITION before connecting", async () => {
+    fs.dirs.delete(STAGE);
+    expect(await codeOf(stage())).toBe(Code.FailedPrecondition);
+    expect(log.methods("initiator")).toEqual([]);
+  });
+
+  test("raw block stages only the connection and records the device", async () => {
+    await stage({ volumeCapability: blockCap() });
+    expect(log.methods("mounter")).toEqual(["mountsAt"]);
+    expect(state.records.get(VOL)).toMatchObject({ device: DEV, access: { kind: "block" } });
+  });
+
+  test("a second RPC on a volume in flight is ABORTED", async () => {
+    initiator.lookupsBeforeDevice = 5;
+    const first = stage();
+    expect(await codeOf(stage())).toBe(Code.Aborted);
+    await first;
+  });
+});
+
+describe("NodePublishVolume / NodeUnpublishVolume", () => {
+  test("bind-mounts the staging path, idempotently; conflicting re-publish is ALREADY_EXISTS", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toEqual([
+      ["mounter", "bindMount", STAGE, TARGET, { readonly: false }],
+    ]);
+    expect(fs.dirs.has(TARGET)).toBe(true);
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toHaveLength(1);
+    expect(await codeOf(svc.nodePublishVolume?.(publishReq({ readonly: true }), ctx()))).toBe(
+      Code.AlreadyExists,
+    );
+  });
+
+  test("read-only is honoured", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq({ readonly: true }), ctx());
+    expect(mounter.table.find((e) => e.mountPoint === TARGET)?.readonly).toBe(true);
+  });
+
+  test("a target holding another mount is ALREADY_EXISTS", async () => {
+    await stage();
+    mounter.addDevice("/dev/sdz", { kind: "filesystem", fsType: "ext4" }, 1);
+    fs.dirs.add(TARGET);
+    await mounter.mount("/dev/sdz", TARGET, "ext4", []);
+    expect(await codeOf(svc.nodePublishVolume?.(publishReq(), ctx()))).toBe(Code.AlreadyExists);
+  });
+
+  test("publishing an unstaged volume, or as another kind, is FAILED_PRECONDITION", async () => {
+    expect(await codeOf(svc.nodePublishVolume?.(publishReq(), ctx()))).toBe(Code.FailedPrecondition);
+    await stage();
+    expect(await codeOf(svc.nodePublishVolume?.(publishReq({ volumeCapability: blockCap() }), ctx()))).toBe(
+      Code.FailedPrecondition,
+    );
+    expect(
+      await codeOf(svc.nodePublishVolume?.(publishReq({ stagingTargetPath: "/elsewhere" }), ctx())),
+    ).toBe(Code.FailedPrecondition);
+  });
+
+  test("SINGLE_NODE_SINGLE_WRITER allows one read-write publication; MULTI_WRITER several", async () => {
+    await stage({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_SINGLE_WRITER) });
+    const cap = mountCap("ext4", Mode.SINGLE_NODE_SINGLE_WRITER);
+    await svc.nodePublishVolume?.(publishReq({ volumeCapability: cap }), ctx());
+    expect(
+      await codeOf(
+        svc.nodePublishVolume?.(publishReq({ volumeCapability: cap, targetPath: TARGET2 }), ctx()),
+      ),
+    ).toBe(Code.FailedPrecondition);
+    expect(
+      await codeOf(
+        svc.nodePublishVolume?.(
+          publishReq({ volumeCapability: cap, targetPath: TARGET2, readonly: true }),
+          ctx(),
+        ),
+      ),
+    ).toBe("ok");
+  });
+
+  test("unpublish unmounts and removes the target; again is fine", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
+    expect(mounter.table.some((e) => e.mountPoint === TARGET)).toBe(false);
+    expect(fs.dirs.has(TARGET)).toBe(false);
+    expect(state.records.get(VOL)?.publications).toEqual([]);
+    await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
+  });
+
+  test("raw block: a file target bound to the device; read-only through a read-only view", async () => {
+    await stage({ volumeCapability: blockCap() });
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET }),
+      ctx(),
+    );
+    expect(fs.files.has(BLOCK_TARGET)).toBe(true);
+    expect(log.calls.find((c) => c[1] === "bindMount")).toEqual([
+      "mounter",
+      "bindMount",
+      DEV,
+      BLOCK_TARGET,
+      { readonly: false },
+    ]);
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toHaveLength(1);
+    await svc.nodeUnpublishVolume?.(unpublishReq(BLOCK_TARGET), ctx());
+    expect(fs.files.has(BLOCK_TARGET)).toBe(false);
+
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET, readonly: true }),
+      ctx(),
+    );
+    const view = state.records.get(VOL)?.publications[0]?.view;
+    expect(view).toStartWith("/dev/loop-ro");
+    expect(log.calls.filter((c) => c[1] === "bindMount").at(-1)).toEqual([
+      "mounter",
+      "bindMount",
+      view,
+      BLOCK_TARGET,
+      { readonly: true },
+    ]);
+    await svc.nodeUnpublishVolume?.(unpublishReq(BLOCK_TARGET), ctx());
+    expect(log.calls.find((c) => c[1] === "releaseReadOnlyView")).toEqual([
+      "mounter",
+      "releaseReadOnlyView",
+      view,
+    ]);
+  });
+});
+
+describe("NodeUnstageVolume", () => {
+  test("unmounts, disconnects by NQN, forgets the volume; again is fine", async () => {
+    await stage();
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+    expect(mounter.table).toEqual([]);
+    expect(log.calls.filter((c) => c[1] === "disconnect")).toEqual([["initiator", "disconnect", NQN]]);
+    expect(state.records.size).toBe(0);
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+    expect(log.calls.filter((c) => c[1] === "disconnect")).toHaveLength(1);
+  });
+
+  test("a failing disconnect fails the call and keeps the record for the retry", async () => {
+    await stage();
+    initiator.failDisconnect = true;
+    expect(await codeOf(svc.nodeUnstageVolume?.(unstageReq(), ctx()))).toBe(Code.Internal);
+    expect(state.records.has(VOL)).toBe(true);
+    initiator.failDisconnect = false;
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+    expect(initiator.connected.size).toBe(0);
+  });
+
+  test("refuses while still published", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    expect(await codeOf(svc.nodeUnstageVolume?.(unstageReq(), ctx()))).toBe(Code.FailedPrecondition);
+    expect(log.methods("initiator")).not.toContain("disconnect");
+  });
+});
+
+describe("stats, health, expansion, info", () => {
+  test("stats: bytes and inodes of a mount; bytes of a block device; NOT_FOUND elsewhere", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    const r = await svc.nodeGetVolumeStats?.(
+      create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: TARGET }),
+      ctx(),
+    );
+    expect(r?.usage).toEqual([
+      { unit: VolumeUsage_Unit.BYTES, total: 1000n, available: 600n, used: 400n },
+      { unit: VolumeUsage_Unit.INODES, total: 64n, available: 60n, used: 4n },
+    ]);
+    const other = create(NodeGetVolumeStatsRequestSchema, {
+      volumeId: VOL,
+      volumePath: "/var/lib/kubelet/pods/p9/mount",
+    });
+    expect(await codeOf(svc.nodeGetVolumeStats?.(other, ctx()))).toBe(Code.NotFound);
+    const unknown = create(NodeGetVolumeStatsRequestSchema, { volumeId: "nope", volumePath: TARGET });
+    expect(await codeOf(svc.nodeGetVolumeStats?.(unknown, ctx()))).toBe(Code.NotFound);
+  });
+
+  test("stats of a block volume: bytes only", async () => {
+    await stage({ volumeCapability: blockCap() });
+    const r = await svc.nodeGetVolumeStats?.(
+      create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: STAGE }),
+      ctx(),
+    );
+    expect(r?.usage).toEqual([{ unit: VolumeUsage_Unit.BYTES, total: BigInt(1 << 30) }]);
+  });
+
+  const health = async (volumePublishPath = "") =>
+    (
+      await svc.nodeGetVolumeHealth?.(
+        create(NodeGetVolumeHealthRequestSchema, { volumeId: VOL, volumePublishPath }),
+        ctx(),
+      )
+    )?.volumeHealth?.healthStatuses?.map((h) => [VolumeHealthErrorType[h.status ?? 0], h.reason]);
+
+  test("health: empty when all is well; abnormal when the controller is gone or not live, or the mount is broken", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    expect(await health(TARGET)).toEqual([]);
+    const sub = initiator.connected.get(NQN);
+    if (!sub) throw new Error("not connected");
+    initiator.connected.set(NQN, {
+      ...sub,
+      paths: [{ ...(sub.paths[0] as (typeof sub.paths)[0]), state: "connecting" }],
+    });
+    expect(await health()).toEqual([["INACCESSIBLE", "ControllerNotLive"]]);
+    initiator.connected.delete(NQN);
+    expect(await health()).toEqual([["INACCESSIBLE", "ControllerGone"]]);
+    initiator.connected.set(NQN, sub);
+    mounter.statfsError = "Input/output error";
+    expect(await health()).toEqual([["INACCESSIBLE", "StagingMountBroken"]]);
+    mounter.statfsError = undefined;
+    await mounter.unmount(TARGET);
+    expect(await health(TARGET)).toEqual([["INACCESSIBLE", "PublishMountMissing"]]);
+    expect(
+      await codeOf(
+        svc.nodeGetVolumeHealth?.(create(NodeGetVolumeHealthRequestSchema, { volumeId: "nope" }), ctx()),
+      ),
+    ).toBe(Code.NotFound);
+  });
+
+  test("expand: rescan, wait for the size, grow the filesystem at the staging path", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    mounter.sizes.set(DEV, 2 * 2 ** 30);
+    const r = await svc.nodeExpandVolume?.(
+      create(NodeExpandVolumeRequestSchema, {
+        volumeId: VOL,
+        volumePath: TARGET,
+        capacityRange: { requiredBytes: BigInt(2 * 2 ** 30) },
+      }),
+      ctx(),
+    );
+    expect(r?.capacityBytes).toBe(BigInt(2 * 2 ** 30));
+    expect(log.calls.find((c) => c[1] === "rescan")).toEqual(["initiator", "rescan", NQN]);
+    expect(log.calls.find((c) => c[1] === "growFs")).toEqual(["mounter", "growFs", "ext4", DEV, STAGE]);
+  });
+
+  test("expand: a device that does not grow is UNAVAILABLE; a block volume needs no growth", async () => {
+    await stage({ volumeCapability: blockCap() });
+    const tooBig = create(NodeExpandVolumeRequestSchema, {
+      volumeId: VOL,
+      volumePath: STAGE,
+      capacityRange: { requiredBytes: BigInt(4 * 2 ** 30) },
+    });
+    expect(await codeOf(svc.nodeExpandVolume?.(tooBig, ctx()))).toBe(Code.Unavailable);
+    const ok = await svc.nodeExpandVolume?.(
+      create(NodeExpandVolumeRequestSchema, { volumeId: VOL, volumePath: STAGE }),
+      ctx(),
+    );
+    expect(ok?.capacityBytes).toBe(BigInt(1 << 30));
+    expect(log.methods("mounter")).not.toContain("growFs");
+  });
+
+  test("info and capabilities", async () => {
+    const info = await svc.nodeGetInfo?.(
+      create((await import("../gen/csi/v1/csi_pb.ts")).NodeGetInfoRequestSchema, {}),
+      ctx(),
+    );
+    expect(info).toEqual({
+      nodeId: "worker-a",
+      maxVolumesPerNode: 64n,
+      accessibleTopology: { segments: { "topology.storage.distort.io/node": "worker-a" } },
+    });
+    const caps = await svc.nodeGetCapabilities?.(
+      create((await import("../gen/csi/v1/csi_pb.ts")).NodeGetCapabilitiesRequestSchema, {}),
+      ctx(),
+    );
+    expect(
+      caps?.capabilities?.map((c) => (c.type?.case === "rpc" ? RpcType[c.type.value.type ?? 0] : "?")),
+    ).toEqual([
+      "STAGE_UNSTAGE_VOLUME",
+      "GET_VOLUME_STATS",
+      "EXPAND_VOLUME",
+      "SINGLE_NODE_MULTI_WRITER",
+      "GET_VOLUME_HEALTH",
+    ]);
+  });
+});
