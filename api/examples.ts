@@ -27,6 +27,14 @@ export function exampleNVMeDevice(): NVMeDevice {
       claimRef: { namespace: "distort-system", name: "drive-1", uid: "6d1f7c1e-0000-4000-8000-000000000002" },
       freeBytes: 3_700 * GiB,
       activeBackend: "spdk",
+      reservations: [
+        {
+          uid: "0f8fad5b-d9cb-469f-a165-70867728950e",
+          namespace: "distort-system",
+          name: "pvc-0f8fad5b",
+          bytes: 100 * GiB,
+        },
+      ],
       conditions: [],
       observedGeneration: 1,
     },

@@ -17,6 +17,12 @@ describe("NVMeDevice", () => {
     },
     { name: "Unavailable keeps claimRef", set: { "status.phase": "Unavailable" } },
     { name: "status without conditions", set: { "status.conditions": undefined } },
+    {
+      name: "a placement ledger",
+      set: {
+        "status.reservations": [{ uid: "u1", namespace: "ns", name: "p1", bytes: 4 * 1024 ** 2 }],
+      },
+    },
   ];
   test.each(accepts)("accepts $name", ({ set }) => {
     expect(issuePaths(NVMeDeviceSchema, withPaths(exampleNVMeDevice(), set))).toEqual([]);
@@ -49,6 +55,16 @@ describe("NVMeDevice", () => {
     { name: "negative freeBytes", set: { "status.freeBytes": -1 }, at: "status.freeBytes" },
     { name: "unknown backend", set: { "status.activeBackend": "zfs" }, at: "status.activeBackend" },
     {
+      name: "ledger entry of zero bytes",
+      set: { "status.reservations": [{ uid: "u1", namespace: "ns", name: "p1", bytes: 0 }] },
+      at: "status.reservations.0.bytes",
+    },
+    {
+      name: "ledger entry without uid",
+      set: { "status.reservations": [{ namespace: "ns", name: "p1", bytes: 1 }] },
+      at: "status.reservations.0.uid",
+    },
+    {
       name: "negative observedGeneration",
       set: { "status.observedGeneration": -1 },
       at: "status.observedGeneration",
@@ -56,6 +72,11 @@ describe("NVMeDevice", () => {
   ];
   test.each(rejects)("rejects $name at $at", ({ set, at }) => {
     expect(issuePaths(NVMeDeviceSchema, withPaths(exampleNVMeDevice(), set))).toContain(at);
+  });
+
+  test("an absent ledger parses as empty", () => {
+    const d = v.parse(NVMeDeviceSchema, withPaths(exampleNVMeDevice(), { "status.reservations": undefined }));
+    expect(d.status?.reservations).toEqual([]);
   });
 
   test("the claimRef rule names its field in the message", () => {

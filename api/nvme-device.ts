@@ -12,6 +12,7 @@ import {
   name,
   ObjectMetaSchema,
   ObservedGenerationSchema,
+  openapi,
   type PrinterColumn,
   positiveBytes,
   type SelectableField,
@@ -59,6 +60,27 @@ export const NVMeDeviceSpecSchema = v.pipe(
 );
 export type NVMeDeviceSpec = v.InferOutput<typeof NVMeDeviceSpecSchema>;
 
+/**
+ * One entry of the device's placement ledger: capacity promised to one NVMePartition. The manager
+ * writes it (resourceVersion-guarded) BEFORE it sets the partition's spec.nodeName/deviceSerial, so
+ * the apiserver arbitrates every promise and two managers can never over-commit the device.
+ */
+export const DeviceReservationSchema = v.pipe(
+  v.object({
+    uid: str("metadata.uid of the NVMePartition the capacity is promised to.", 128, 1),
+    namespace: v.pipe(
+      v.string(),
+      v.minLength(1),
+      v.maxLength(63),
+      v.description("Namespace of the NVMePartition."),
+    ),
+    name: name("Name of the NVMePartition."),
+    bytes: positiveBytes("Bytes promised: the partition's size rounded up to the 4 MiB allocation unit."),
+  }),
+  v.description("Capacity promised to one partition (placement ledger entry)."),
+);
+export type DeviceReservation = v.InferOutput<typeof DeviceReservationSchema>;
+
 const claimedNeedsRef = "status.claimRef is required when status.phase is Claimed";
 
 export const NVMeDeviceStatusSchema = v.pipe(
@@ -75,6 +97,17 @@ export const NVMeDeviceStatusSchema = v.pipe(
           "Backend currently owning the controller; a lock against mixing SPDK and kernel allocations.",
         ),
       ),
+    ),
+    reservations: v.optional(
+      v.pipe(
+        v.array(DeviceReservationSchema),
+        v.maxLength(4096),
+        openapi({ "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uid"] }),
+        v.description(
+          "Placement ledger (manager): one entry per partition placed on, or being placed on, this device. Entries are removed only once their partition is gone or was placed on another device.",
+        ),
+      ),
+      () => [],
     ),
     conditions: conditions("Observations of the device by the agent and the manager."),
     observedGeneration: ObservedGenerationSchema,

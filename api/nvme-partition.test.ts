@@ -47,6 +47,15 @@ describe("NVMePartition", () => {
     },
     { name: "IPv6 portal", set: { "status.portalIP": "fd00::10" } },
     { name: "Pending status only", set: { status: { state: "Pending" } } },
+    {
+      name: "topology requirements",
+      set: {
+        "spec.topology": {
+          requisite: [{ segments: { "topology.kubernetes.io/zone": "a" } }],
+          preferred: [{ segments: { "topology.kubernetes.io/zone": "a", rack: "r1" } }],
+        },
+      },
+    },
   ];
   test.each(accepts)("accepts $name", ({ set }) => {
     expect(issuePaths(NVMePartitionSchema, withPaths(exampleNVMePartition(), set))).toEqual([]);
@@ -107,6 +116,16 @@ describe("NVMePartition", () => {
       name: "claimRef without namespace",
       set: { "spec.claimRef.namespace": undefined },
       at: "spec.claimRef.namespace",
+    },
+    {
+      name: "topology value over 63 characters",
+      set: { "spec.topology": { requisite: [{ segments: { zone: "z".repeat(64) } }] } },
+      at: "spec.topology.requisite.0.segments.zone",
+    },
+    {
+      name: "topology without segments",
+      set: { "spec.topology": { preferred: [{}] } },
+      at: "spec.topology.preferred.0.segments",
     },
     { name: "unknown state", set: { "status.state": "Done" }, at: "status.state" },
     { name: "empty externalId", set: { "status.externalId": "" }, at: "status.externalId" },

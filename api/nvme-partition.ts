@@ -64,6 +64,45 @@ export const TargetOptionsSchema = v.pipe(
 );
 export type TargetOptions = v.InferOutput<typeof TargetOptionsSchema>;
 
+/**
+ * One accessible topology, as CSI's Topology message carries it: every segment must equal the
+ * storage node's label of the same key (labels on the RDMAStorageNode object).
+ */
+export const TopologySchema = v.pipe(
+  v.object({
+    segments: v.pipe(
+      v.record(v.string(), v.pipe(v.string(), v.maxLength(63))),
+      v.maxEntries(16),
+      v.description("Topology key -> value, e.g. topology.kubernetes.io/zone: zone-a."),
+    ),
+  }),
+  v.description("One topology segment map."),
+);
+export type Topology = v.InferOutput<typeof TopologySchema>;
+
+export const TopologyRequirementSchema = v.pipe(
+  v.object({
+    requisite: v.optional(
+      v.pipe(
+        v.array(TopologySchema),
+        v.maxLength(32),
+        v.description("The storage node must match at least one of these; any node when empty."),
+      ),
+    ),
+    preferred: v.optional(
+      v.pipe(
+        v.array(TopologySchema),
+        v.maxLength(32),
+        v.description("Tried in order: a node matching an earlier entry wins over later ones."),
+      ),
+    ),
+  }),
+  v.description(
+    "Accessibility requirements (CSI CreateVolume accessibility_requirements); read by placement only.",
+  ),
+);
+export type TopologyRequirement = v.InferOutput<typeof TopologyRequirementSchema>;
+
 const lvolNeedsSpdk = "spec.volumeManager spdk-lvol requires spec.backend spdk";
 const partedNeedsKernel = "spec.volumeManager parted requires spec.backend kernel";
 const placementTogether = "spec.nodeName and spec.deviceSerial must be set together";
@@ -89,6 +128,7 @@ export const NVMePartitionSpecSchema = v.pipe(
     backend: v.optional(v.pipe(BackendSchema, immutable("spec.backend")), "spdk"),
     volumeManager: v.optional(v.pipe(VolumeManagerSchema, immutable("spec.volumeManager")), "partition"),
     targetOptions: v.optional(TargetOptionsSchema),
+    topology: v.optional(TopologyRequirementSchema),
   }),
   immutableOnceSet("spec", "nodeName"),
   immutableOnceSet("spec", "deviceSerial"),

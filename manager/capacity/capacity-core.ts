@@ -1,0 +1,116 @@
+// Device capacity accounting as pure functions: which ledger entries might be dead (their partition
+// gone or placed on another device), and the device status with dead entries dropped, placed
+// partitions adopted into the ledger, and free = allocatable - committed.
+import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../../api/index.ts";
+import { findCondition } from "../../lib/kube/conditions.ts";
+import {
+  devicePlacementKey,
+  deviceUsage,
+  INITIAL_DEVICE_STATUS,
+  ledgerOf,
+  type PartitionUse,
+  partitionPlacementKey,
+} from "../ledger.ts";
+import { MAX_LEDGER_ENTRIES } from "../placement/reservation.ts";
+import { applyStatusPatch, type ConditionInput } from "../status-patch.ts";
+import { formatBytes } from "../units.ts";
+import { ConditionTypes } from "../vocabulary.ts";
+
+/** What capacity accounting reads. */
+export interface CapacityView {
+  /** Placed partitions pointing at the device. */
+  assigned(device: NVMeDevice): PartitionUse[];
+  /** A partition by "namespace/name". */
+  partition(key: string): NVMePartition | undefined;
+}
+
+export interface LedgerAudit {
+  /** Entries the cache proves dead: the same partition (UID) is placed on another device. */
+  dead: DeviceReservation[];
+  /** Entries whose partition the cache does not show: ask the API server before dropping. */
+  verify: DeviceReservation[];
+}
+
+/**
+ * Sorts the ledger of `device` into entries known dead and entries to verify; every other entry
+ * belongs to a partition the cache shows alive and unplaced or placed here, and stays.
+ */
+export function auditLedger(device: NVMeDevice, view: CapacityView): LedgerAudit {
+  const here = devicePlacementKey(device);
+  const dead: DeviceReservation[] = [];
+  const verify: DeviceReservation[] = [];
+  for (const r of ledgerOf(device)) {
+    const p = view.partition(`${r.namespace}/${r.name}`);
+    if (!p || p.metadata.uid !== r.uid) {
+      verify.push(r);
+      continue;
+    }
+    const pk = partitionPlacementKey(p);
+    if (pk !== undefined && pk !== here) dead.push(r);
+  }
+  return { dead, verify };
+}
+
+/**
+ * Whether a ledger entry's partition, as just read from the API server (undefined: not found), is
+ * gone for good: absent, a different object of the same name, or placed on another device. All
+ * three are permanent (UIDs are never reused, placement is immutable once set).
+ */
+export function entryIsDead(
+  entry: DeviceReservation,
+  fresh: NVMePartition | undefined,
+  device: NVMeDevice,
+): boolean {
+  if (!fresh || fresh.metadata.uid !== entry.uid) return true;
+  const pk = partitionPlacementKey(fresh);
+  return pk !== undefined && pk !== devicePlacementKey(device);
+}
+
+/**
+ * The status of `device` (as read at write time) with entries in `dead` removed, placed
+ * partitions from `assigned` adopted (an entry is added, or grown to the partition's current
+ * rounded size), freeBytes recomputed (never below 0) and Overcommitted set when placed
+ * partitions exceed allocatable. Entries not in `dead` are always kept, including ones written
+ * after the audit: only verified-dead UIDs are ever dropped.
+ */
+export function capacityStatus(
+  device: NVMeDevice,
+  assigned: readonly PartitionUse[],
+  dead: ReadonlySet<string>,
+  now: Date,
+): NVMeDeviceStatus {
+  const ledger = ledgerOf(device)
+    .filter((r) => !dead.has(r.uid))
+    .map((r) => ({ ...r }));
+  const byUid = new Map(ledger.map((r) => [r.uid, r]));
+  const live = assigned.filter((a) => !dead.has(a.uid));
+  for (const a of live) {
+    const r = byUid.get(a.uid);
+    if (r) r.bytes = Math.max(r.bytes, a.bytes);
+    else if (ledger.length < MAX_LEDGER_ENTRIES) {
+      const entry = { uid: a.uid, namespace: a.namespace, name: a.name, bytes: a.bytes };
+      ledger.push(entry);
+      byUid.set(a.uid, entry);
+    }
+  }
+  const base = device.status ?? INITIAL_DEVICE_STATUS;
+  const usage = deviceUsage({ ...device, status: { ...base, reservations: ledger } }, live);
+  const conditions: ConditionInput[] = [];
+  const over = usage.freeBytes < 0;
+  if (over || findCondition(base.conditions ?? [], ConditionTypes.Overcommitted)) {
+    conditions.push({
+      type: ConditionTypes.Overcommitted,
+      status: over ? "True" : "False",
+      reason: over ? "PlacedExceedsAllocatable" : "WithinAllocatable",
+      message: over
+        ? `partitions on this device add up to ${formatBytes(usage.committedBytes)}, ${formatBytes(-usage.freeBytes)} more than its ${formatBytes(device.spec.allocatableBytes)}`
+        : "",
+    });
+  }
+  return applyStatusPatch(
+    base,
+    INITIAL_DEVICE_STATUS,
+    { set: { reservations: ledger, freeBytes: Math.max(0, usage.freeBytes) }, conditions },
+    now,
+  );
+}

@@ -1,0 +1,134 @@
+// Capacity accounting of one device: what is committed on it, from its reservation ledger
+// (status.reservations) and from the partitions whose spec points at it. Pure; shared by
+// placement, the capacity reconciler and claim release.
+import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../api/index.ts";
+import { roundUpToUnit } from "./units.ts";
+
+/** Status of a device the manager writes first (the agent creates devices without one). */
+export const INITIAL_DEVICE_STATUS: NVMeDeviceStatus = {
+  phase: "Available",
+  reservations: [],
+  conditions: [],
+};
+
+/** A partition as capacity accounting sees it. */
+export interface PartitionUse {
+  uid: string;
+  namespace: string;
+  name: string;
+  /** spec.sizeBytes rounded up to the allocation unit. */
+  bytes: number;
+  /** metadata.deletionTimestamp is set: the agent has not freed it yet, so it still counts. */
+  terminating: boolean;
+}
+
+/** What holds capacity on a device, keyed by partition UID. */
+export interface Holder {
+  namespace: string;
+  name: string;
+  bytes: number;
+  /** Has a ledger entry (written before placement). */
+  inLedger: boolean;
+  /** Its spec names this device (placed). */
+  assigned: boolean;
+}
+
+export interface DeviceUsage {
+  committedBytes: number;
+  /** allocatable - committed; negative when over-committed. */
+  freeBytes: number;
+  holders: ReadonlyMap<string, Holder>;
+}
+
+/** The usage record of a partition; undefined for one without a UID (never seen from the server). */
+export function partitionUse(p: NVMePartition): PartitionUse | undefined {
+  const uid = p.metadata.uid;
+  if (!uid) return undefined;
+  return {
+    uid,
+    namespace: p.metadata.namespace ?? "",
+    name: p.metadata.name,
+    bytes: roundUpToUnit(p.spec.sizeBytes),
+    terminating: p.metadata.deletionTimestamp !== undefined,
+  };
+}
+
+/** The ledger of a device (empty when it has no status yet). */
+export function ledgerOf(device: NVMeDevice): readonly DeviceReservation[] {
+  return device.status?.reservations ?? [];
+}
+
+/** "node\0serial": how a partition's spec names its device. */
+export function placementKey(nodeName: string, serial: string): string {
+  return `${nodeName}\u0000${serial}`;
+}
+
+/** The placement key of a device. */
+export function devicePlacementKey(d: NVMeDevice): string {
+  return placementKey(d.spec.nodeName, d.spec.serial);
+}
+
+/** The placement key a placed partition points at, or undefined while unplaced. */
+export function partitionPlacementKey(p: NVMePartition): string | undefined {
+  const { nodeName, deviceSerial } = p.spec;
+  return nodeName && deviceSerial ? placementKey(nodeName, deviceSerial) : undefined;
+}
+
+/**
+ * Committed bytes of `device`: every partition counted once (by UID), at the larger of its ledger
+ * entry and its current rounded size (a placed volume may have grown). Terminating partitions
+ * count: their space is not free until the agent deleted them and the object is gone.
+ */
+export function deviceUsage(
+  device: NVMeDevice,
+  assigned: Iterable<PartitionUse>,
+  /** Decisions in flight in this process: counted like placed partitions. */
+  assumed: Iterable<PartitionUse> = [],
+): DeviceUsage {
+  const holders = new Map<string, Holder>();
+  for (const r of ledgerOf(device)) {
+    holders.set(r.uid, {
+      namespace: r.namespace,
+      name: r.name,
+      bytes: r.bytes,
+      inLedger: true,
+      assigned: false,
+    });
+  }
+  for (const a of assumed) {
+    if (!holders.has(a.uid)) {
+      holders.set(a.uid, {
+        namespace: a.namespace,
+        name: a.name,
+        bytes: a.bytes,
+        inLedger: false,
+        assigned: false,
+      });
+    }
+  }
+  for (const a of assigned) {
+    const h = holders.get(a.uid);
+    if (h) {
+      h.assigned = true;
+      h.bytes = Math.max(h.bytes, a.bytes);
+    } else {
+      holders.set(a.uid, {
+        namespace: a.namespace,
+        name: a.name,
+        bytes: a.bytes,
+        inLedger: false,
+        assigned: true,
+      });
+    }
+  }
+  let committed = 0;
+  for (const h of holders.values()) committed += h.bytes;
+  return { committedBytes: committed, freeBytes: device.spec.allocatableBytes - committed, holders };
+}
+
+/** Up to `max` holders as "ns/name", for conditions and events, plus how many were left out. */
+export function describeHolders(holders: ReadonlyMap<string, Holder>, max = 5): string {
+  const names = [...holders.values()].map((h) => `${h.namespace}/${h.name}`).sort();
+  const shown = names.slice(0, max).join(", ");
+  return names.length > max ? `${shown} and ${names.length - max} more` : shown;
+}

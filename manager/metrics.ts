@@ -1,0 +1,58 @@
+// The manager's own Prometheus metrics (the work queues and reconcile loops have theirs in
+// lib/kube/runner.ts). Registered with reuse so a process that regains leadership re-attaches.
+import type { Counter, Gauge, Histogram, Registry } from "../lib/metrics.ts";
+
+export interface ManagerMetrics {
+  /** Seconds from first seeing an unplaced partition to writing its placement. */
+  placementLatency: Histogram<never>;
+  /** Placement decisions by result (placed, unschedulable, conflict). */
+  placements: Counter<"result">;
+  /** Reservation writes refused by the API server's resourceVersion check (another writer won). */
+  reservationConflicts: Counter<never>;
+  /** Partitions without a node that are not being deleted. */
+  pendingPartitions: Gauge<never>;
+  /** Free bytes per device as last accounted. */
+  deviceFreeBytes: Gauge<"device" | "node">;
+  /** 1 while this process leads (runs controllers). */
+  leader: Gauge<never>;
+}
+
+const LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+
+export function managerMetrics(registry: Registry): ManagerMetrics {
+  return {
+    placementLatency: registry.histogram({
+      name: "distort_placement_latency_seconds",
+      help: "Time from the manager first seeing an unplaced NVMePartition to writing its placement.",
+      buckets: LATENCY_BUCKETS,
+      reuse: true,
+    }),
+    placements: registry.counter({
+      name: "distort_placements_total",
+      help: "Placement decisions by result.",
+      labelNames: ["result"],
+      reuse: true,
+    }),
+    reservationConflicts: registry.counter({
+      name: "distort_reservation_conflicts_total",
+      help: "Device ledger writes refused because another writer changed the device first.",
+      reuse: true,
+    }),
+    pendingPartitions: registry.gauge({
+      name: "distort_partitions_pending",
+      help: "NVMePartitions not yet placed on a node (excluding ones being deleted).",
+      reuse: true,
+    }),
+    deviceFreeBytes: registry.gauge({
+      name: "distort_device_free_bytes",
+      help: "Free bytes of an NVMeDevice: allocatable minus ledger and placed partitions.",
+      labelNames: ["device", "node"],
+      reuse: true,
+    }),
+    leader: registry.gauge({
+      name: "distort_manager_leader",
+      help: "1 while this manager process holds the leader lease and runs its controllers.",
+      reuse: true,
+    }),
+  };
+}

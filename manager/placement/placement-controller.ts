@@ -1,0 +1,273 @@
+// The placement controller: decides with decidePlacement, stores the ledger entry on the chosen
+// device (resourceVersion-guarded, claim and node read fresh), only then writes the partition's
+// spec, and records Scheduled and Events. Keys are partitions; README.md gives the safety argument.
+import type { NVMeDevice, NVMePartition, NVMePartitionStatus } from "../../api/index.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { objectKey } from "../../lib/kube/resource.ts";
+import type { Reconcile } from "../../lib/kube/runner.ts";
+import type { Logger } from "../../lib/log.ts";
+import type { ManagerContext, Triggers } from "../context.ts";
+import { type PartitionUse, partitionUse } from "../ledger.ts";
+import { nodeHealth } from "../node-health.ts";
+import { applyStatusPatch } from "../status-patch.ts";
+import { writeStatus } from "../status-write.ts";
+import {
+  decidePlacement,
+  INITIAL_PARTITION_STATUS,
+  type PlacementConfig,
+  type PlacementOutcome,
+  type Reserve,
+} from "./placement-core.ts";
+import { reserveVerdict } from "./reservation.ts";
+
+export const PLACEMENT = "placement";
+
+/** Decide-reserve rounds per reconcile before giving up to the rate-limited retry. */
+const ROUNDS = 4;
+/** Ledger write attempts per reservation (each conflict re-reads the device). */
+const WRITE_ATTEMPTS = 8;
+
+/** State the placement controller keeps between reconciles (all of it rebuildable). */
+export class PlacementState {
+  /** When this process first saw each unplaced partition, for the latency histogram. */
+  readonly firstSeen = new Map<string, number>();
+  /** Partitions last found unschedulable: requeued at once when capacity may have appeared. */
+  readonly unschedulable = new Set<string>();
+
+  /** Notes when an unplaced partition was first seen (the start of its placement latency). */
+  observe(key: string, p: NVMePartition, nowMs: number): void {
+    if (!p.spec.nodeName && !p.metadata.deletionTimestamp && !this.firstSeen.has(key))
+      this.firstSeen.set(key, nowMs);
+  }
+}
+
+export function placementConfig(ctx: ManagerContext): PlacementConfig {
+  return {
+    stalenessMs: ctx.config.stalenessMs,
+    policy: ctx.config.spreadPolicy,
+    backoff: ctx.config.placementBackoff,
+  };
+}
+
+/**
+ * Reconciles one partition key. Idempotent and safe to run in several processes at once: a
+ * partition's spec is written only after its ledger entry is stored on the device, and the entry
+ * is written only on the device version it was checked against.
+ */
+export function placementReconciler(ctx: ManagerContext, state: PlacementState): Reconcile {
+  const cfg = placementConfig(ctx);
+  const { inventory, metrics } = ctx;
+  return async (key, rctx) => {
+    let p = inventory.partition(key);
+    if (!p) {
+      state.firstSeen.delete(key);
+      state.unschedulable.delete(key);
+      return;
+    }
+    state.observe(key, p, ctx.clock.now());
+    for (let round = 0; round < ROUNDS; round++) {
+      const out = decidePlacement(p, inventory, ctx.clock.now(), cfg);
+      if (out.result !== "placed") return finish(ctx, state, key, p, out);
+      const reserve = out.actions[0] as Reserve;
+      const use = partitionUse(p) as PartitionUse;
+      // A deposed leader stops writing as soon as it knows (safety never depends on it).
+      rctx.signal.throwIfAborted();
+      const unassume = inventory.assume(reserve.device, { ...use, bytes: reserve.bytes });
+      let reserved: boolean;
+      try {
+        reserved = await ctx.deviceLocks.run(reserve.device, () =>
+          reserveOn(ctx, p as NVMePartition, use, reserve, rctx.log),
+        );
+      } finally {
+        unassume();
+      }
+      if (!reserved) continue; // the inventory now holds what the fresh reads showed: decide again
+      rctx.signal.throwIfAborted();
+      const placed = await assign(ctx, p, reserve);
+      if (placed === undefined) return; // deleted meanwhile: the capacity reconciler drops the entry
+      p = placed;
+      const onOurs = p.spec.nodeName === reserve.nodeName && p.spec.deviceSerial === reserve.serial;
+      if (onOurs) {
+        const note = out.actions.find((a) => a.type === "event");
+        if (note?.type === "event") ctx.events.emit(p, note.eventType, note.reason, "Place", note.note);
+        metrics.placements.inc({ result: "placed" });
+        const seen = state.firstSeen.get(key);
+        if (seen !== undefined) metrics.placementLatency.observe({}, (ctx.clock.now() - seen) / 1000);
+        rctx.log.info("partition placed", {
+          partition: key,
+          device: reserve.device,
+          node: reserve.nodeName,
+          bytes: reserve.bytes,
+        });
+      }
+      return finish(ctx, state, key, p, decidePlacement(p, inventory, ctx.clock.now(), cfg));
+    }
+    metrics.placements.inc({ result: "conflict" });
+    throw new StorageError(
+      "conflict",
+      `placement of ${key}: devices kept changing under ${ROUNDS} decisions`,
+    );
+  };
+}
+
+/** Writes the outcome's status and events, and records bookkeeping; returns the requeue. */
+async function finish(
+  ctx: ManagerContext,
+  state: PlacementState,
+  key: string,
+  p: NVMePartition,
+  out: PlacementOutcome,
+): Promise<{ requeueAfterMs?: number }> {
+  if (out.result === "unschedulable") {
+    state.unschedulable.add(key);
+    ctx.metrics.placements.inc({ result: "unschedulable" });
+  } else {
+    state.unschedulable.delete(key);
+  }
+  if (p.spec.nodeName) state.firstSeen.delete(key);
+  for (const a of out.actions) {
+    if (a.type === "event") ctx.events.emit(p, a.eventType, a.reason, "Place", a.note);
+  }
+  const patch = out.status;
+  if (patch) {
+    const uid = p.metadata.uid;
+    const now = new Date(ctx.clock.now());
+    await writeStatus<NVMePartitionStatus, NVMePartition>(ctx.clients.partitions, p, (latest) =>
+      latest.metadata.uid !== uid
+        ? undefined
+        : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, patch, now),
+    );
+  }
+  return out.requeueAfterMs === undefined ? {} : { requeueAfterMs: out.requeueAfterMs };
+}
+
+/**
+ * Stores `use`'s ledger entry on the device (or finds it there). True once the entry is on the
+ * server; false when fresh reads show the device can no longer take the partition (the inventory
+ * then knows the fresh device version). Conflicts re-read the device and re-decide on it.
+ */
+async function reserveOn(
+  ctx: ManagerContext,
+  p: NVMePartition,
+  use: PartitionUse,
+  r: Reserve,
+  log: Logger,
+): Promise<boolean> {
+  const { clients, inventory } = ctx;
+  const nodeRecord = inventory.node(r.nodeName);
+  const [claim, node] = await Promise.all([
+    clients.claims.get(r.claimRef.name, r.claimRef.namespace),
+    nodeRecord ? clients.nodes.get(nodeRecord.metadata.name, nodeRecord.metadata.namespace) : undefined,
+  ]);
+  // Start from the newest version this process knows; the guarded write proves it current.
+  let device: NVMeDevice | undefined = inventory.latestDevice(r.device);
+  let fresh = false;
+  for (let i = 0; i < WRITE_ATTEMPTS; i++) {
+    if (!device || (i > 0 && !fresh)) {
+      device = await clients.devices.get(r.device);
+      fresh = true;
+      if (!device) return false;
+      inventory.noteFreshDevice(device);
+    }
+    const verdict = reserveVerdict({
+      partition: p,
+      use,
+      reserve: r,
+      device,
+      claim,
+      node,
+      assigned: inventory.assigned(device),
+      nowMs: ctx.clock.now(),
+      stalenessMs: ctx.config.stalenessMs,
+    });
+    if (verdict.kind === "held") return true;
+    if (verdict.kind === "reject") {
+      if (!fresh) {
+        device = undefined;
+        continue;
+      }
+      log.info("reservation refused on fresh data", { device: r.device, reason: verdict.message });
+      // Let the next decision see what the API server said, ahead of the watch.
+      if (claim) inventory.noteFreshClaim(claim);
+      if (node) inventory.noteFreshNode(node);
+      return false;
+    }
+    try {
+      const stored = await clients.devices.replaceStatus({ ...device, status: verdict.status });
+      inventory.noteFreshDevice(stored);
+      return true;
+    } catch (err) {
+      if (err instanceof StorageError && err.kind === "conflict") {
+        ctx.metrics.reservationConflicts.inc();
+        fresh = false;
+        device = undefined;
+        continue;
+      }
+      if (err instanceof StorageError && err.kind === "not-found") return false;
+      throw err;
+    }
+  }
+  throw new StorageError(
+    "conflict",
+    `reservation on ${r.device}: ${WRITE_ATTEMPTS} conflicting writes in a row`,
+  );
+}
+
+/**
+ * Writes the placement into the partition's spec. The patch carries the partition's UID, so it
+ * cannot land on a same-named replacement (the server refuses a UID change). Returns the stored
+ * partition (possibly placed by another manager first: nodeName is immutable once set), or
+ * undefined when this incarnation is gone.
+ */
+async function assign(ctx: ManagerContext, p: NVMePartition, r: Reserve): Promise<NVMePartition | undefined> {
+  const { partitions } = ctx.clients;
+  const { name, namespace } = p.metadata;
+  try {
+    return await partitions.mergePatch(name, namespace, {
+      metadata: { uid: p.metadata.uid },
+      spec: { nodeName: r.nodeName, deviceSerial: r.serial, claimRef: r.claimRef },
+    });
+  } catch (err) {
+    if (!(err instanceof StorageError)) throw err;
+    if (err.kind === "not-found") return undefined;
+    if (err.kind !== "invalid") throw err;
+    const fresh = await partitions.get(name, namespace);
+    if (!fresh || fresh.metadata.uid !== p.metadata.uid) return undefined;
+    if (fresh.spec.nodeName) return fresh;
+    throw err;
+  }
+}
+
+/** Partition keys to (re)place when objects change. */
+export function placementTriggers(ctx: ManagerContext, state: PlacementState): Triggers {
+  const retryUnschedulable = () => [...state.unschedulable];
+  const ledgerBytes = (d: NVMeDevice) => (d.status?.reservations ?? []).reduce((s, r) => s + r.bytes, 0);
+  return {
+    // Placed partitions are cheap no-ops once Scheduled=True is current.
+    partition: (_old, p) => {
+      const key = objectKey(p.metadata);
+      state.observe(key, p, ctx.clock.now());
+      return [key];
+    },
+    // Room or eligibility may have appeared: retry partitions that found none.
+    device: (old, d) => {
+      if (!old || old === d) return retryUnschedulable();
+      const more =
+        old.status?.phase !== d.status?.phase ||
+        old.status?.claimRef?.uid !== d.status?.claimRef?.uid ||
+        old.status?.activeBackend !== d.status?.activeBackend ||
+        d.spec.allocatableBytes > old.spec.allocatableBytes ||
+        ledgerBytes(d) < ledgerBytes(old);
+      return more ? retryUnschedulable() : [];
+    },
+    node: (old, n) => {
+      const now = ctx.clock.now();
+      const was = old ? nodeHealth(old.spec.nodeName, old, now, ctx.config.stalenessMs).ok : false;
+      const is = nodeHealth(n.spec.nodeName, n, now, ctx.config.stalenessMs).ok;
+      const relabelled =
+        JSON.stringify(old?.metadata.labels ?? {}) !== JSON.stringify(n.metadata.labels ?? {});
+      return (is && !was) || relabelled ? retryUnschedulable() : [];
+    },
+    claim: (old, c) => (old?.status?.phase !== c.status?.phase ? retryUnschedulable() : []),
+  };
+}
