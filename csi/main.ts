@@ -61,10 +61,13 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
 
   if (serveNode) {
     const nodeId = cfg.nodeId as string;
-    const fs = opts.node?.fs ?? hostFs(cfg.hostRoot);
+    // Staging paths, /dev and /proc/self/mountinfo are as this process sees them; only the
+    // host's identity and its sysfs may sit under another root (a container mount, the lab).
+    const fs = opts.node?.fs ?? hostFs("/");
+    const hostRootFs = hostFs(cfg.hostRoot);
     const exec = opts.node?.exec ?? hostExec;
     const nodeLog = logger.with({ service: "node" });
-    const hostNqn = await readHostNqn(fs);
+    const hostNqn = await readHostNqn(hostRootFs);
     const labels = await withRetries(() => registerHostNQN(conn, nodeId, hostNqn), logger);
     const topology = Object.fromEntries(
       cfg.topologyKeys.flatMap((k) => (labels[k] === undefined ? [] : [[k, labels[k] as string]])),
@@ -74,7 +77,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       hostNqn,
       topology,
       maxVolumesPerNode: cfg.maxVolumesPerNode,
-      initiator: opts.node?.initiator ?? new NvmeCli({ exec, fs, logger: nodeLog }),
+      initiator: opts.node?.initiator ?? new NvmeCli({ exec, fs: hostRootFs, logger: nodeLog }),
       mounter: opts.node?.mounter ?? new HostMounter({ exec, fs }),
       fs,
       state: opts.node?.state ?? new FileStateStore(cfg.stateDir),

@@ -192,6 +192,7 @@ const call = (rpc: Rpc, req: unknown) =>
 describe("bad input: right code, no port touched", () => {
   const I = Code.InvalidArgument;
   const P = Code.FailedPrecondition;
+  const NF = Code.NotFound;
   const cases: [string, Rpc, unknown, Code][] = [
     ["stage: empty volume id", "nodeStageVolume", stageReq({ volumeId: "" }), I],
     ["stage: NUL in volume id", "nodeStageVolume", stageReq({ volumeId: "a\0b" }), I],
@@ -364,7 +365,7 @@ describe("bad input: right code, no port touched", () => {
       I,
     ],
     ["publish: NUL in target", "nodePublishVolume", publishReq({ targetPath: `${TARGET}\0` }), I],
-    ["publish: no staging path", "nodePublishVolume", publishReq({ stagingTargetPath: "" }), P],
+    ["publish: no staging path", "nodePublishVolume", publishReq({ stagingTargetPath: "" }), I],
     [
       "publish: relative staging path",
       "nodePublishVolume",
@@ -411,7 +412,7 @@ describe("bad input: right code, no port touched", () => {
       "stats: relative path",
       "nodeGetVolumeStats",
       create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: "x/y" }),
-      I,
+      NF,
     ],
     [
       "stats: bad staging path",
@@ -437,7 +438,7 @@ describe("bad input: right code, no port touched", () => {
       "expand: traversal",
       "nodeExpandVolume",
       create(NodeExpandVolumeRequestSchema, { volumeId: VOL, volumePath: "/a/../b" }),
-      I,
+      NF,
     ],
     [
       "expand: negative size",

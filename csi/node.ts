@@ -26,7 +26,7 @@ import {
   sameAccess,
   type VolumeAccess,
 } from "./node/validate.ts";
-import { requireCanonicalPath } from "./paths.ts";
+import { pathProblem, requireCanonicalPath } from "./paths.ts";
 
 /** What the Node service needs from its process: identity, configuration and host ports. */
 export interface NodeDeps {
@@ -55,6 +55,16 @@ export interface NodeDeps {
 
 // Stacked mounts on one path are unusual; this bounds the unmount loop if one keeps reappearing.
 const MAX_STACKED_MOUNTS = 8;
+
+/**
+ * volume_path of NodeGetVolumeStats / NodeExpandVolume: empty is INVALID_ARGUMENT; a path that is
+ * not canonical cannot be where this plugin put a volume, so it is NOT_FOUND (as for any unknown path).
+ */
+function volumePathOrNotFound(path: string): string {
+  if (path === "") throw invalidArgument("volume_path is required");
+  if (pathProblem(path) !== undefined) throw notFound(`no volume at ${JSON.stringify(path)}`);
+  return path;
+}
 
 function describeAccess(a: VolumeAccess): string {
   return a.kind === "block"
@@ -319,11 +329,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     async nodePublishVolume(req) {
       const volumeId = requireVolumeId(req.volumeId);
       const target = requireCanonicalPath("target_path", req.targetPath);
+      const cap = parseCapability(req.volumeCapability, defaultFs);
+      // A required field that is missing is the caller's error, whatever else is wrong.
       if (req.stagingTargetPath === "") {
-        throw failedPrecondition("staging_target_path is required: the plugin offers STAGE_UNSTAGE_VOLUME");
+        throw invalidArgument("staging_target_path is required: the plugin offers STAGE_UNSTAGE_VOLUME");
       }
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
-      const cap = parseCapability(req.volumeCapability, defaultFs);
       if (target === staging) throw invalidArgument("target_path equals staging_target_path");
       const readonly = req.readonly;
       return inFlight.run(volumeId, "NodePublishVolume", async () => {
@@ -417,7 +428,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
 
     async nodeGetVolumeStats(req) {
       const volumeId = requireVolumeId(req.volumeId);
-      const path = requireCanonicalPath("volume_path", req.volumePath);
+      const path = volumePathOrNotFound(req.volumePath);
       if (req.stagingTargetPath !== "") requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       const rec = await recordOf(volumeId);
       requireVolumePath(rec, path);
@@ -496,7 +507,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
 
     async nodeExpandVolume(req, ctx: HandlerContext) {
       const volumeId = requireVolumeId(req.volumeId);
-      const path = requireCanonicalPath("volume_path", req.volumePath);
+      const path = volumePathOrNotFound(req.volumePath);
       if (req.stagingTargetPath !== "") requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       const cap =
         req.volumeCapability === undefined ? undefined : parseCapability(req.volumeCapability, defaultFs);

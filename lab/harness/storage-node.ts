@@ -9,7 +9,7 @@ import { kinds, type NVMeDevice, type NVMeDeviceClaim, type NVMePartition } from
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
-import { type SpdkEmulator, startSpdkEmulator } from "../sim/spdk/emulator.ts";
+import { type SimFabric, type SpdkEmulator, startSpdkEmulator } from "../sim/spdk/emulator.ts";
 import { buildSysfs } from "../sim/sysfs/build-sysfs.ts";
 
 export interface SimNodeDrive {
@@ -34,6 +34,8 @@ export interface SimStorageNode {
 export async function startSimStorageNode(opts: {
   nodeName: string;
   drives: SimNodeDrive[];
+  /** The fabric its listeners join, so initiators (the lab's nodes, SNAP) can reach its exports. */
+  fabric?: SimFabric;
 }): Promise<SimStorageNode> {
   const dir = mkdtempSync(join(tmpdir(), `distort-node-${opts.nodeName}-`));
   const hostRoot = join(dir, "host");
@@ -59,6 +61,7 @@ export async function startSimStorageNode(opts: {
       model: d.model ?? "DISTORT SIM NVMe",
       sizeBytes: d.sizeBytes,
     })),
+    fabric: opts.fabric,
   });
   return {
     nodeName: opts.nodeName,

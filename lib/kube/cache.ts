@@ -55,6 +55,8 @@ export class WatchCache<T extends KubeObject> {
   private synced = false;
   private syncedWaiters: (() => void)[] = [];
   private stopped = false;
+  /** Aborts whatever request is in flight (list or watch) when the cache stops. */
+  private readonly stopCtl = new AbortController();
   private watchAbort: AbortController | undefined;
   private resyncTimer: ReturnType<typeof setInterval> | undefined;
   private loop: Promise<void> | undefined;
@@ -109,6 +111,7 @@ export class WatchCache<T extends KubeObject> {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.resyncTimer) clearInterval(this.resyncTimer);
+    this.stopCtl.abort();
     this.watchAbort?.abort();
     await this.loop?.catch(() => {});
   }
@@ -157,7 +160,7 @@ export class WatchCache<T extends KubeObject> {
     const q = new URLSearchParams();
     if (this.opts.labelSelector) q.set("labelSelector", this.opts.labelSelector);
     if (this.opts.fieldSelector) q.set("fieldSelector", this.opts.fieldSelector);
-    const res = await this.client.conn.request(`${path}?${q}`);
+    const res = await this.client.conn.request(`${path}?${q}`, { signal: this.stopCtl.signal });
     if (!res.ok) throw new Error(`list ${path}: HTTP ${res.status} ${(await res.text()).slice(0, 300)}`);
     const body = (await res.json()) as { items: unknown[]; metadata: { resourceVersion: string } };
     this.stats.lists++;
@@ -228,6 +231,9 @@ export class WatchCache<T extends KubeObject> {
     if (this.opts.fieldSelector) q.set("fieldSelector", this.opts.fieldSelector);
     const abort = new AbortController();
     this.watchAbort = abort;
+    if (this.stopped) return;
+    const onStop = () => abort.abort();
+    this.stopCtl.signal.addEventListener("abort", onStop, { once: true });
     const res = await this.client.conn.request(`${this.client.collectionPath(this.opts.namespace)}?${q}`, {
       signal: abort.signal,
     });
@@ -255,6 +261,7 @@ export class WatchCache<T extends KubeObject> {
       if (abort.signal.aborted) return; // restartWatch() or stop()
       throw err;
     } finally {
+      this.stopCtl.signal.removeEventListener("abort", onStop);
       reader.releaseLock();
     }
   }

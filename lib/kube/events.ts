@@ -16,8 +16,6 @@ export interface EventRecorderOptions {
   controller: string;
   /** Reported as reportingInstance, e.g. the Pod name. */
   instance: string;
-  /** Namespace for events about cluster-scoped objects. */
-  clusterScopedNamespace?: string;
   /** Identical events inside this window update one series instead of creating objects. */
   dedupWindowMs?: number;
   logger: Logger;
@@ -55,7 +53,8 @@ export class EventRecorder {
     note: string,
   ): Promise<void> {
     const now = (this.opts.now ?? Date.now)();
-    const namespace = regarding.metadata.namespace ?? this.opts.clusterScopedNamespace ?? "default";
+    // The apiserver accepts events about cluster-scoped objects only in "default".
+    const namespace = regarding.metadata.namespace ?? "default";
     const key = [regarding.metadata.uid ?? regarding.metadata.name, type, reason, action, note].join(
       "\u0000",
     );

@@ -1,0 +1,447 @@
+// The chart's values, as valibot schemas, and their rendering into helm/distort/values.schema.json
+// (JSON Schema draft-07, which helm enforces on install, upgrade, template and lint). Enumerations
+// and ranges come from the binaries' own constants; helm/values-schema.test.ts checks the rest.
+import { readFileSync, writeFileSync } from "node:fs";
+import { join, relative, resolve } from "node:path";
+import * as v from "valibot";
+import { BackendSchema, TransportSchema } from "../api/common.ts";
+import { VolumeManagerSchema } from "../api/nvme-partition.ts";
+import { SUPPORTED_FS_TYPES } from "../csi/controller/capabilities.ts";
+import { MAX_LCORES } from "../lib/spdk/core-mask.ts";
+
+const ROOT = resolve(import.meta.dir, "..");
+export const VALUES_SCHEMA_PATH = join(ROOT, "helm", "distort", "values.schema.json");
+
+// ---- building blocks -------------------------------------------------------------------------
+
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) =>
+  v.pipe(v.number(), v.integer(), v.minValue(min), v.maxValue(max));
+const port = (what: string) => v.pipe(int(1, 65535), v.description(what));
+const ms = (min: number, max: number, what: string) => v.pipe(int(min, max), v.description(`${what} (ms)`));
+const text = (what: string) => v.pipe(v.string(), v.description(what));
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const name = (what: string) => v.pipe(v.string(), v.regex(DNS_SUBDOMAIN), v.description(what));
+const absPath = (what: string) => v.pipe(v.string(), v.regex(/^\//), v.description(what));
+// A Go duration as the sidecars' flags take it.
+const duration = (what: string) => v.pipe(v.string(), v.regex(/^([0-9]+(ms|s|m|h))+$/), v.description(what));
+const QUANTITY = /^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$/;
+// A YAML number is a quantity too ("cpu: 2").
+const quantity = v.union([v.pipe(v.string(), v.regex(QUANTITY)), v.pipe(v.number(), v.minValue(0))]);
+const cpuMemory = v.strictObject({
+  cpu: quantity,
+  memory: quantity,
+  "ephemeral-storage": v.optional(quantity),
+});
+/** Requests and limits are both mandatory: every container of the chart carries them. */
+const resources = (what: string) =>
+  v.pipe(v.strictObject({ requests: cpuMemory, limits: cpuMemory }), v.description(what));
+// Free-form Kubernetes fragments handed to the Pod spec unchanged (the API server validates them).
+const anyObject = (what: string) => v.pipe(v.record(v.string(), v.unknown()), v.description(what));
+const anyList = (what: string) => v.pipe(v.array(v.record(v.string(), v.unknown())), v.description(what));
+const stringMap = (what: string) => v.pipe(v.record(v.string(), v.string()), v.description(what));
+const image = v.strictObject({
+  repository: text("image repository"),
+  tag: text("image tag; empty means the chart's appVersion"),
+});
+const sidecarImage = v.strictObject({ image: text("full image reference") });
+
+/**
+ * nvmf_tgt reactor mask as the agent's DISTORT_SPDK_CORE_MASK takes it: 0x-prefixed hex selecting
+ * at least one and at most MAX_LCORES cores (lib/spdk/core-mask.ts refuses anything else).
+ */
+const CORE_MASK = new RegExp(`^0x0*[1-9a-fA-F][0-9a-fA-F]{0,${MAX_LCORES / 4 - 1}}$`);
+
+// ---- the values ------------------------------------------------------------------------------
+
+const LogLevel = v.picklist(["debug", "info", "warn", "error"]);
+
+// csi/controller/parameters.ts refuses a volume manager that belongs to the other backend.
+const MANAGER_BACKEND = { "spdk-lvol": "spdk", parted: "kernel" } as const;
+
+const StorageClassSchema = v.pipe(
+  v.strictObject({
+    name: name("StorageClass name"),
+    isDefault: v.pipe(v.boolean(), v.description("mark as the cluster's default StorageClass")),
+    backend: BackendSchema,
+    volumeManager: VolumeManagerSchema,
+    transport: TransportSchema,
+    fsType: v.picklist(SUPPORTED_FS_TYPES),
+    reclaimPolicy: v.picklist(["Delete", "Retain"]),
+    volumeBindingMode: v.picklist(["WaitForFirstConsumer", "Immediate"]),
+    allowVolumeExpansion: v.boolean(),
+    portalPort: v.optional(port("NVMe-oF listener port for volumes of this class")),
+    // Ranges of csi/context.ts's volume-context schema (nvme connect -l/-c/-F bounds).
+    reconnect: v.optional(
+      v.strictObject({
+        ctrlLossTmo: v.optional(v.pipe(int(-1, 86400), v.description("seconds; -1 reconnects forever"))),
+        reconnectDelay: v.optional(v.pipe(int(1, 3600), v.description("seconds between reconnects"))),
+        fastIoFailTmo: v.optional(v.pipe(int(-1, 86400), v.description("seconds until queued I/O fails"))),
+      }),
+    ),
+    dhchapSecret: v.optional(
+      v.strictObject({
+        name: name("Secret (in the release namespace) holding the DH-HMAC-CHAP key"),
+        key: v.pipe(v.string(), v.regex(/^[-._a-zA-Z0-9]+$/), v.maxLength(253), v.description("data key")),
+      }),
+    ),
+  }),
+  v.check(
+    (sc) => sc.volumeManager === "partition" || MANAGER_BACKEND[sc.volumeManager] === sc.backend,
+    "volumeManager spdk-lvol needs backend spdk, parted needs kernel",
+  ),
+  v.metadata({
+    jsonSchema: {
+      allOf: Object.entries(MANAGER_BACKEND).map(([manager, backend]) => ({
+        if: { properties: { volumeManager: { const: manager } }, required: ["volumeManager"] },
+        // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then keyword; never awaited.
+        then: { properties: { backend: { const: backend } } },
+      })),
+    },
+  }),
+);
+
+export const ValuesSchema = v.strictObject({
+  logLevel: LogLevel,
+  images: v.strictObject({
+    manager: image,
+    agent: image,
+    csi: image,
+    dpu: image,
+    pullPolicy: v.picklist(["Always", "IfNotPresent", "Never"]),
+    pullSecrets: v.array(v.strictObject({ name: name("imagePullSecret name") })),
+  }),
+  sidecars: v.strictObject({
+    provisioner: sidecarImage,
+    attacher: sidecarImage,
+    resizer: sidecarImage,
+    snapshotter: sidecarImage,
+    nodeDriverRegistrar: sidecarImage,
+    livenessProbe: sidecarImage,
+  }),
+  priorityClass: v.strictObject({
+    create: v.boolean(),
+    name: v.pipe(
+      v.string(),
+      v.regex(/^$|^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/),
+      v.description("PriorityClass of every DISTORT Pod; empty (with create: false) uses none"),
+    ),
+    // User-defined PriorityClasses may not exceed one billion.
+    value: int(0, 1_000_000_000),
+  }),
+  manager: v.strictObject({
+    replicas: int(1, 9),
+    // Bounds of manager/config.ts (DISTORT_LEASE_DURATION_MS >= 1000, ...).
+    leaderElection: v.strictObject({
+      enabled: v.boolean(),
+      leaseName: name("Lease the replicas campaign for"),
+      leaseDurationMs: ms(1000, Number.MAX_SAFE_INTEGER, "lease duration"),
+      renewDeadlineMs: ms(500, Number.MAX_SAFE_INTEGER, "renew deadline"),
+      retryPeriodMs: ms(100, Number.MAX_SAFE_INTEGER, "retry period"),
+    }),
+    workers: int(1, 256),
+    placementWorkers: int(1, 256),
+    heartbeatStalenessMs: ms(1000, Number.MAX_SAFE_INTEGER, "age after which a storage node is stale"),
+    spreadPolicy: v.picklist(["most-free-device", "least-loaded-node"]),
+    resyncMs: ms(0, Number.MAX_SAFE_INTEGER, "full resync period; 0 disables"),
+    healthPort: port("/healthz, /readyz and /metrics"),
+    podDisruptionBudget: v.strictObject({ enabled: v.boolean(), maxUnavailable: int(1, 9) }),
+    resources: resources("manager container"),
+    nodeSelector: stringMap("manager Pod nodeSelector"),
+    tolerations: anyList("manager Pod tolerations"),
+    affinity: anyObject("manager Pod affinity"),
+  }),
+  agent: v.strictObject({
+    nodeSelector: stringMap("selects the storage nodes"),
+    tolerations: anyList("agent Pod tolerations"),
+    backends: v.pipe(v.array(BackendSchema), v.minLength(1)),
+    spdk: v.strictObject({
+      nvmfTgt: text("nvmf_tgt the agent starts; empty adopts a running one"),
+      coreMask: v.pipe(v.string(), v.regex(CORE_MASK), v.description("nvmf_tgt reactor mask, e.g. 0x3")),
+      hugepages: v.strictObject({
+        pageSize: v.picklist(["2Mi", "1Gi"]),
+        sizeMiB: v.pipe(int(256, 1_048_576), v.description("hugepage memory for nvmf_tgt (MiB)")),
+      }),
+      setupScript: text("SPDK setup script; empty when drives are already bound"),
+      socketDir: absPath("host directory of the SPDK JSON-RPC socket"),
+      thinLvols: v.boolean(),
+    }),
+    portal: v.strictObject({
+      // v.ip() is the very check agent/config.ts applies to DISTORT_PORTAL_ADDRESS.
+      address: v.pipe(
+        v.union([v.literal(""), v.pipe(v.string(), v.ip())]),
+        v.description("portal IP; empty discovers the RDMA address"),
+      ),
+      port: port("NVMe-oF listener port"),
+    }),
+    devices: v.strictObject({
+      allowed: text("drives the agent may use (serials or PCI addresses, comma-separated)"),
+      excluded: text("drives the agent must leave alone"),
+    }),
+    // Bounds of agent/config.ts.
+    reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
+    verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
+    healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
+    stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
+    resources: resources("agent container"),
+  }),
+  csi: v.strictObject({
+    kubeletDir: absPath("kubelet root directory"),
+    driver: v.strictObject({
+      podInfoOnMount: v.boolean(),
+      fsGroupPolicy: v.picklist(["File", "ReadWriteOnceWithFSType", "None"]),
+    }),
+    // Bounds of csi/config.ts.
+    defaultTimeoutMs: ms(1000, 3_600_000, "wait budget of CSI calls without a deadline"),
+    defaultVolumeBytes: v.pipe(
+      int(4 * 1024 * 1024),
+      v.multipleOf(4 * 1024 * 1024),
+      v.description("size of a volume requested without capacity (a multiple of 4 MiB)"),
+    ),
+    shutdownGraceMs: ms(0, 600_000, "time in-flight calls get on SIGTERM"),
+    controller: v.strictObject({
+      replicas: int(1, 9),
+      healthPort: port("distort-csi /healthz, /readyz and /metrics"),
+      attacherImage: text("replaces the csi-attacher image (DPU clusters: an SVVolumeAttachment attacher)"),
+      provisioner: v.strictObject({
+        workerThreads: int(1, 1000),
+        timeout: duration("CSI call timeout"),
+        retryIntervalMax: duration("maximum retry backoff"),
+      }),
+      attacher: v.strictObject({
+        workerThreads: int(1, 1000),
+        timeout: duration("CSI call timeout"),
+        retryIntervalMax: duration("maximum retry backoff"),
+      }),
+      resizer: v.strictObject({ workers: int(1, 1000), timeout: duration("CSI call timeout") }),
+      snapshotter: v.strictObject({ workerThreads: int(1, 1000), timeout: duration("CSI call timeout") }),
+      kubeApiQps: int(1, 10000),
+      kubeApiBurst: int(1, 10000),
+      resources: v.strictObject({
+        driver: resources("distort-csi container"),
+        sidecar: resources("each sidecar container"),
+      }),
+      nodeSelector: stringMap("CSI controller nodeSelector"),
+      tolerations: anyList("CSI controller tolerations"),
+      affinity: anyObject("CSI controller affinity"),
+    }),
+    node: v.strictObject({
+      healthPort: port("distort-csi /healthz on the node (hostNetwork)"),
+      livenessProbePort: port("livenessprobe sidecar on the node"),
+      registrarHealthPort: port("node-driver-registrar /healthz on the node"),
+      resources: v.strictObject({
+        driver: resources("distort-csi node container"),
+        sidecar: resources("each sidecar container"),
+      }),
+      nodeSelector: stringMap("CSI node plugin nodeSelector"),
+      tolerations: anyList("CSI node plugin tolerations"),
+    }),
+  }),
+  snapshots: v.strictObject({
+    enabled: v.boolean(),
+    volumeSnapshotClass: v.strictObject({
+      name: name("VolumeSnapshotClass name"),
+      deletionPolicy: v.picklist(["Delete", "Retain"]),
+    }),
+  }),
+  storageClasses: v.array(StorageClassSchema),
+  dpu: v.strictObject({
+    enabled: v.boolean(),
+    pluginName: v.pipe(v.string(), v.regex(DNS_LABEL), v.description("DPF plugin name (socket directory)")),
+    nodeSelector: stringMap("selects the DPU nodes"),
+    tolerations: anyList("dpu Pod tolerations"),
+    pluginsDir: absPath("DPF plugin socket root on the DPU"),
+    snapSocketDir: absPath("directory of DOCA SNAP's JSON-RPC socket"),
+    snapSocketName: v.pipe(v.string(), v.regex(/^[^/]+$/)),
+    healthPort: port("/healthz, /readyz and /metrics (hostNetwork)"),
+    resources: resources("dpu container"),
+  }),
+  dpuCluster: v.strictObject({
+    enabled: v.boolean(),
+    storageVendor: v.strictObject({
+      apiVersion: v.pipe(v.string(), v.regex(/^[a-z0-9.-]+\/v[0-9a-z]+$/)),
+      name: name("StorageVendor name"),
+      namespace: v.pipe(
+        v.string(),
+        v.regex(/^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/),
+        v.description("namespace of the StorageVendor; empty means the release namespace"),
+      ),
+      storageClassName: name("the StorageClass DPF provisions through"),
+    }),
+  }),
+  metrics: v.strictObject({
+    serviceMonitor: v.strictObject({
+      enabled: v.boolean(),
+      interval: duration("scrape interval"),
+      labels: stringMap("labels a Prometheus operator selects ServiceMonitors by"),
+    }),
+  }),
+  networkPolicy: v.strictObject({
+    enabled: v.boolean(),
+    metricsFrom: anyList("NetworkPolicyPeers allowed to reach the metrics ports"),
+  }),
+});
+
+export type Values = v.InferOutput<typeof ValuesSchema>;
+
+// ---- valibot -> JSON Schema ------------------------------------------------------------------
+
+export type JsonSchema = { [key: string]: unknown };
+
+interface Walkable {
+  readonly kind: string;
+  readonly type: string;
+  readonly pipe?: readonly Walkable[];
+  readonly [key: string]: unknown;
+}
+
+/** Raised for a construct helm's validator could not enforce the same way; names the path. */
+export class ValuesSchemaError extends Error {
+  override readonly name = "ValuesSchemaError";
+}
+
+function convert(schema: Walkable, path: string): JsonSchema {
+  const [base, ...actions] = schema.pipe ?? [schema];
+  if (base?.kind !== "schema") throw new ValuesSchemaError(`${path}: not a schema`);
+  let out: JsonSchema;
+  switch (base.type) {
+    case "string":
+    case "number":
+    case "boolean":
+      out = { type: base.type };
+      break;
+    case "unknown":
+      out = {};
+      break;
+    case "picklist":
+      out = { enum: [...(base.options as unknown[])] };
+      break;
+    case "literal":
+      out = { const: base.literal };
+      break;
+    case "union":
+      out = { anyOf: (base.options as Walkable[]).map((o, i) => convert(o, `${path}|${i}`)) };
+      break;
+    case "array":
+      out = { type: "array", items: convert(base.item as Walkable, `${path}[]`) };
+      break;
+    case "record":
+      out = { type: "object", additionalProperties: convert(base.value as Walkable, `${path}{}`) };
+      break;
+    case "object":
+    case "strict_object": {
+      const properties: Record<string, JsonSchema> = {};
+      const required: string[] = [];
+      for (const [key, entry] of Object.entries(base.entries as Record<string, Walkable>)) {
+        if (entry.type === "optional") properties[key] = convert(entry.wrapped as Walkable, `${path}.${key}`);
+        else {
+          properties[key] = convert(entry, `${path}.${key}`);
+          required.push(key);
+        }
+      }
+      out = { type: "object", properties };
+      if (required.length) out.required = required;
+      // Strict: a misspelt key fails `helm install` instead of being silently ignored.
+      if (base.type === "strict_object") out.additionalProperties = false;
+      break;
+    }
+    default:
+      throw new ValuesSchemaError(`${path}: valibot schema "${base.type}" has no JSON Schema mapping`);
+  }
+  for (const [i, a] of actions.entries()) {
+    const req = a.requirement;
+    switch (a.type) {
+      case "ip":
+        // valibot's own expression (agent/config.ts uses v.ip()); helm's validator is Go RE2,
+        // which takes the case-insensitive group.
+        out.pattern = `(?i:${v.IP_REGEX.source})`;
+        break;
+      case "check": {
+        // A TS-only rule must be followed by its JSON Schema twin, or helm would not enforce it.
+        const twin = actions[i + 1];
+        if (
+          twin?.type !== "metadata" ||
+          !Object.hasOwn((twin.metadata as object | undefined) ?? {}, "jsonSchema")
+        )
+          throw new ValuesSchemaError(`${path}: check() must be followed by metadata({ jsonSchema })`);
+        break;
+      }
+      case "metadata":
+        Object.assign(out, (a.metadata as { jsonSchema?: JsonSchema }).jsonSchema ?? {});
+        break;
+      case "description":
+        out.description = a.description;
+        break;
+      case "integer":
+        out.type = "integer";
+        break;
+      case "min_value":
+        out.minimum = req;
+        break;
+      case "max_value":
+        if (req !== Number.MAX_SAFE_INTEGER) out.maximum = req;
+        break;
+      case "multiple_of":
+        out.multipleOf = req;
+        break;
+      case "min_length":
+        out[out.type === "array" ? "minItems" : "minLength"] = req;
+        break;
+      case "max_length":
+        out[out.type === "array" ? "maxItems" : "maxLength"] = req;
+        break;
+      case "regex": {
+        const re = req as RegExp;
+        if (re.flags !== "") throw new ValuesSchemaError(`${path}: regex flags have no JSON Schema form`);
+        out.pattern = re.source;
+        break;
+      }
+      default:
+        throw new ValuesSchemaError(`${path}: valibot action "${a.type}" has no JSON Schema mapping`);
+    }
+  }
+  return out;
+}
+
+/** The JSON Schema of ValuesSchema. Pure and deterministic. */
+export function valuesJsonSchema(): JsonSchema {
+  return {
+    $schema: "http://json-schema.org/draft-07/schema#",
+    title: "DISTORT chart values (generated by scripts/gen-values-schema.ts; do not edit)",
+    ...convert(ValuesSchema as unknown as Walkable, "values"),
+  };
+}
+
+/** Formats JSON the way the repository's Biome configuration does, so lint and drift agree. */
+function biomeFormat(json: string, pathInRepo: string): string {
+  const p = Bun.spawnSync(
+    [join(ROOT, "node_modules", ".bin", "biome"), "format", `--stdin-file-path=${pathInRepo}`],
+    { cwd: ROOT, stdin: Buffer.from(json), stdout: "pipe", stderr: "pipe" },
+  );
+  if (p.exitCode !== 0) throw new Error(`biome format failed: ${p.stderr.toString()}`);
+  return p.stdout.toString();
+}
+
+/** The file's exact content. */
+export function renderValuesSchema(): string {
+  return biomeFormat(`${JSON.stringify(valuesJsonSchema(), null, 2)}\n`, relative(ROOT, VALUES_SCHEMA_PATH));
+}
+
+/** Writes values.schema.json to outPath when its content changed. Returns true if it wrote. */
+export function genValuesSchema(outPath: string = VALUES_SCHEMA_PATH): boolean {
+  const next = renderValuesSchema();
+  let current: string | undefined;
+  try {
+    current = readFileSync(outPath, "utf8");
+  } catch {
+    current = undefined;
+  }
+  if (current === next) return false;
+  writeFileSync(outPath, next);
+  return true;
+}
+
+if (import.meta.main) {
+  const wrote = genValuesSchema();
+  console.log(`values.schema.json ${wrote ? "written" : "unchanged"} at ${VALUES_SCHEMA_PATH}`);
+}
