@@ -4,8 +4,10 @@
 import { join } from "node:path";
 import { genCrds } from "./gen-crds.ts";
 import { genProto } from "./gen-proto.ts";
+import { genValuesSchema } from "./gen-values-schema.ts";
 
 const root = join(import.meta.dir, "..");
 await genProto(join(root, "gen"));
 await genCrds(join(root, "helm", "distort", "crds"));
-process.stdout.write("generated gen/ and helm/distort/crds/\n");
+await genValuesSchema(join(root, "helm", "distort", "values.schema.json"));
+process.stdout.write("generated gen/, helm/distort/crds/ and helm/distort/values.schema.json\n");

@@ -27,8 +27,9 @@ async function step(name: string, cmd: string[], env: Record<string, string> = {
   await Promise.all([pump(p.stdout, process.stdout), pump(p.stderr, process.stderr)]);
   const code = await p.exited;
   const text = out.join("");
-  const pass = Number(/^\s*(\d+) pass$/m.exec(text)?.[1] ?? 0);
-  const fail = Number(/^\s*(\d+) fail$/m.exec(text)?.[1] ?? 0);
+  const sanity = /^csi-sanity: (\d+) passed, (\d+) failed/m.exec(text);
+  const pass = Number(sanity?.[1] ?? /^\s*(\d+) pass$/m.exec(text)?.[1] ?? 0);
+  const fail = Number(sanity?.[2] ?? /^\s*(\d+) fail$/m.exec(text)?.[1] ?? 0);
   if (pass + fail > 0) {
     passed += pass;
     failed += fail;
@@ -65,6 +66,9 @@ try {
 } finally {
   await cp.stop();
 }
+
+// Conformance: csi-sanity against the whole stack, on its own control plane.
+await step("csi-sanity", [bin("bun"), "scripts/sanity.ts"]);
 
 say(`\n${passed} passed, ${failed} failed`);
 process.exit(failed > 0 ? 1 : 0);
