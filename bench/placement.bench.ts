@@ -8,11 +8,11 @@ import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { installCrds } from "../lab/cluster/crds.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
+import { roundUpToUnit } from "../lib/units.ts";
 import { KeyedMutex } from "../manager/device-locks.ts";
 import { claim, device, forCreate, GiB, partition, storageNode } from "../manager/testdata/fixtures.ts";
 import { TEST_LABEL } from "../manager/testdata/harness.ts";
 import { ManagerProcess, metricValue } from "../manager/testdata/manager-process.ts";
-import { roundUpToUnit } from "../manager/units.ts";
 
 const PARTITIONS = Number(process.argv[2] ?? 10_000);
 const DEVICES = Number(process.argv[3] ?? 500);

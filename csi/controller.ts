@@ -4,7 +4,6 @@
 import { randomUUID } from "node:crypto";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
-import { ALLOCATION_UNIT } from "../agent/partitions/identity.ts";
 import {
   API_VERSION,
   kinds,
@@ -37,6 +36,7 @@ import type { KubeConnection } from "../lib/kube/connection.ts";
 import type { EventRecorder } from "../lib/kube/events.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../lib/kube/resource.ts";
 import type { Logger } from "../lib/log.ts";
+import { ALLOCATION_UNIT } from "../lib/units.ts";
 import { PublishContextKeys } from "./context.ts";
 import {
   capabilityKey,

@@ -2,7 +2,7 @@
 // (status.reservations) and from the partitions whose spec points at it. Pure; shared by
 // placement, the capacity reconciler and claim release.
 import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../api/index.ts";
-import { roundUpToUnit } from "./units.ts";
+import { roundUpToUnit } from "../lib/units.ts";
 
 /** Status of a device the manager writes first (the agent creates devices without one). */
 export const INITIAL_DEVICE_STATUS: NVMeDeviceStatus = {

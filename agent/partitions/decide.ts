@@ -2,8 +2,9 @@
 // it (its drive, attachments still referencing it), decide what to do next. No I/O here; the
 // controller runs the decision through the backend and volume-manager ports.
 import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
+import { roundUpToUnit as roundUp } from "../../lib/units.ts";
 import type { BackendName, VolumeManagerName, VolumeSpec } from "../backends/types.ts";
-import { externalIdFor, nqnFor, roundUp } from "./identity.ts";
+import { externalIdFor, nqnFor } from "./identity.ts";
 
 export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
 

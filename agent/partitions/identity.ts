@@ -3,9 +3,6 @@
 // deleted-and-recreated partition of the same name never adopts its predecessor's volume.
 import { createHash } from "node:crypto";
 
-/** Allocation unit shared by the kernel (GPT) and SPDK (lvol clusters) paths. */
-export const ALLOCATION_UNIT = 4 * 1024 * 1024;
-
 export const NQN_PREFIX = "nqn.2026-02.io.distort:volume-";
 
 function sha256hex(s: string): string {
@@ -35,9 +32,4 @@ export function serialNumberFor(externalId: string): string {
 /** lvstore name on a drive: from the drive's serial, which survives renames and rebinding. */
 export function lvstoreNameFor(deviceSerial: string): string {
   return `lvs_${sha256hex(deviceSerial).slice(0, 16)}`;
-}
-
-/** Rounds up to the allocation unit; sizes are positive integers (validated by the CRD). */
-export function roundUp(bytes: number): number {
-  return Math.ceil(bytes / ALLOCATION_UNIT) * ALLOCATION_UNIT;
 }

@@ -1,9 +1,9 @@
 // GetCapacity's arithmetic: the free bytes placement could still hand out for a backend within a
 // topology segment, summed over claimed devices on ready storage nodes. Pure.
 
-import { ALLOCATION_UNIT } from "../../agent/partitions/identity.ts";
 import type { Backend, NVMeDevice, RDMAStorageNode } from "../../api/index.ts";
 import { isTrue } from "../../lib/kube/conditions.ts";
+import { ALLOCATION_UNIT } from "../../lib/units.ts";
 import { matchesSegments } from "./topology.ts";
 
 export interface CapacityQuery {

@@ -1,7 +1,8 @@
 // CSI capacity ranges -> the byte size of a partition, on the 4 MiB allocation unit the kernel
 // (GPT) and SPDK (lvol cluster) paths share. Pure.
-import { ALLOCATION_UNIT } from "../../agent/partitions/identity.ts";
+
 import type { CapacityRange } from "../../gen/csi/v1/csi_pb.ts";
+import { ALLOCATION_UNIT } from "../../lib/units.ts";
 import { csiError, invalidArgument } from "../errors.ts";
 
 /** Largest size a partition spec can hold (the API caps int64 fields at 2^53-1), on the unit. */

@@ -2,9 +2,9 @@
 // recorded request), its capacity, its health, and whether a CreateVolume waiting on it is done,
 // failed or still waiting. Pure.
 import * as v from "valibot";
-import { roundUp } from "../../agent/partitions/identity.ts";
 import type { NVMePartition } from "../../api/index.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
+import { roundUpToUnit as roundUp } from "../../lib/units.ts";
 import { VolumeContextKeys, VolumeContextSchema } from "../context.ts";
 import { aborted, csiError } from "../errors.ts";
 import type { VolumeRecord } from "./fingerprint.ts";

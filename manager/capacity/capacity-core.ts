@@ -3,6 +3,7 @@
 // partitions adopted into the ledger, and free = allocatable - committed.
 import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../../api/index.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
+import { formatBytes } from "../../lib/units.ts";
 import {
   devicePlacementKey,
   deviceUsage,
@@ -13,7 +14,6 @@ import {
 } from "../ledger.ts";
 import { MAX_LEDGER_ENTRIES } from "../placement/reservation.ts";
 import { applyStatusPatch, type ConditionInput } from "../status-patch.ts";
-import { formatBytes } from "../units.ts";
 import { ConditionTypes } from "../vocabulary.ts";
 
 /** What capacity accounting reads. */

@@ -10,11 +10,11 @@ import type {
   RDMAStorageNode,
 } from "../../api/index.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
+import { formatBytes, roundUpToUnit } from "../../lib/units.ts";
 import type { DeviceUsage } from "../ledger.ts";
 import { nodeHealth } from "../node-health.ts";
 import { claimKeyOf, verifyOwner } from "../ownership.ts";
 import type { StatusPatch } from "../status-patch.ts";
-import { formatBytes, roundUpToUnit } from "../units.ts";
 import { ConditionTypes } from "../vocabulary.ts";
 import { topologyRank } from "./topology.ts";
 

@@ -5,11 +5,11 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import * as k8s from "@kubernetes/client-node";
 import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../../lab/cluster/test-support.ts";
+import { roundUpToUnit } from "../../lib/units.ts";
 import { devicePlacementKey, partitionPlacementKey } from "../ledger.ts";
 import { MiB } from "../testdata/fixtures.ts";
 import { type Harness, harness } from "../testdata/harness.ts";
 import { ManagerProcess, metricValue } from "../testdata/manager-process.ts";
-import { roundUpToUnit } from "../units.ts";
 
 const DEVICES = 50;
 const NODES = 10;

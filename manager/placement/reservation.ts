@@ -8,10 +8,10 @@ import type {
   NVMePartition,
   RDMAStorageNode,
 } from "../../api/index.ts";
+import { formatBytes } from "../../lib/units.ts";
 import { deviceUsage, ledgerOf, type PartitionUse } from "../ledger.ts";
 import { nodeHealth } from "../node-health.ts";
 import { verifyOwner } from "../ownership.ts";
-import { formatBytes } from "../units.ts";
 import type { Reserve } from "./placement-core.ts";
 import { topologyRank } from "./topology.ts";
 

@@ -6,8 +6,9 @@ import { StorageError } from "../../../lib/errors.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
+import { ALLOCATION_UNIT } from "../../../lib/units.ts";
 import type { DeviceRef, Volume, VolumeManager, VolumeSpec } from "../../backends/types.ts";
-import { ALLOCATION_UNIT, lvstoreNameFor } from "../../partitions/identity.ts";
+import { lvstoreNameFor } from "../../partitions/identity.ts";
 
 const MiB = 1024 * 1024;
 

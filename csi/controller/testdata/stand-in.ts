@@ -2,7 +2,7 @@
 // (placement, Exported status, AccessReady, finalizer removal), on command or automatically. Tests
 // only; the lead runs the real binaries behind csi-sanity.
 import * as v from "valibot";
-import { externalIdFor, nqnFor, roundUp } from "../../../agent/partitions/identity.ts";
+import { externalIdFor, nqnFor } from "../../../agent/partitions/identity.ts";
 import {
   kinds,
   type NVMePartition,
@@ -15,6 +15,7 @@ import type { KubeConnection } from "../../../lib/kube/connection.ts";
 import { objectKey, ResourceClient } from "../../../lib/kube/resource.ts";
 import { updateStatus } from "../../../lib/kube/status.ts";
 import { silentLogger } from "../../../lib/log.ts";
+import { roundUpToUnit as roundUp } from "../../../lib/units.ts";
 
 export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
 export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
