@@ -20,12 +20,12 @@ import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-s
 import { realClock } from "../lib/clock.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
+import { HOST_NQN_ANNOTATION, kubeNodeDirectory, registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
-import { PublishContextKeys, VolumeContextKeys } from "./context.ts";
+import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
 import { FENCED_ANNOTATION, PREVIOUS_NODE_ANNOTATION } from "./controller/fencing.ts";
 import { Annotations } from "./controller/fingerprint.ts";
-import { HOST_NQN_ANNOTATION, kubeNodeDirectory, registerHostNQN } from "./controller/host-nqn.ts";
 import { StandIn } from "./controller/testdata/stand-in.ts";
 import { attachmentNameFor, parseVolumeId } from "./controller/volume-id.ts";
 import { CONTROLLER_CAPABILITIES, CsiController } from "./controller.ts";

@@ -34,10 +34,15 @@ import { errorMessage, StorageError } from "../lib/errors.ts";
 import { WatchCache } from "../lib/kube/cache.ts";
 import type { KubeConnection } from "../lib/kube/connection.ts";
 import type { EventRecorder } from "../lib/kube/events.ts";
+import {
+  HOST_NQN_ANNOTATION,
+  kubeNodeDirectory,
+  type NodeDirectory,
+} from "../lib/kube/host-nqn-annotation.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../lib/kube/resource.ts";
 import type { Logger } from "../lib/log.ts";
 import { ALLOCATION_UNIT } from "../lib/units.ts";
-import { PublishContextKeys } from "./context.ts";
+import { PublishContextKeys } from "../lib/volume-context.ts";
 import {
   capabilityKey,
   malformedReason,
@@ -68,7 +73,6 @@ import {
   readRecord,
   type VolumeRecord,
 } from "./controller/fingerprint.ts";
-import { HOST_NQN_ANNOTATION, kubeNodeDirectory, type NodeDirectory } from "./controller/host-nqn.ts";
 import { InFlight } from "./controller/in-flight.ts";
 import { paginate } from "./controller/pagination.ts";
 import { parseParameters } from "./controller/parameters.ts";

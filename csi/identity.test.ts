@@ -12,8 +12,8 @@ import {
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
 import { silentLogger } from "../lib/log.ts";
+import { DRIVER_NAME } from "../lib/volume-context.ts";
 import pkg from "../package.json" with { type: "json" };
-import { DRIVER_NAME } from "./context.ts";
 import { createIdentityService, hostToolsCheck, type ReadinessCheck } from "./identity.ts";
 
 const root = await mkdtemp(join(tmpdir(), "distort-csi-identity-"));

@@ -9,7 +9,7 @@ import {
 } from "../gen/csi/v1/csi_pb.ts";
 import { errorMessage } from "../lib/errors.ts";
 import type { Logger } from "../lib/log.ts";
-import { DRIVER_NAME } from "./context.ts";
+import { DRIVER_NAME } from "../lib/volume-context.ts";
 
 /** A readiness check: undefined when ready, else why not. Throwing counts as not ready. */
 export type ReadinessCheck = () => string | undefined | Promise<string | undefined>;

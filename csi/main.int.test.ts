@@ -15,8 +15,8 @@ import {
 } from "../gen/csi/v1/csi_pb.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
+import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
 import pkg from "../package.json" with { type: "json" };
-import { HOST_NQN_ANNOTATION } from "./controller/host-nqn.ts";
 
 async function code(p: Promise<unknown>): Promise<number> {
   try {

@@ -20,7 +20,7 @@ import {
 import { realClock } from "../lib/clock.ts";
 import { toConnectError } from "../lib/grpc/status.ts";
 import { silentLogger } from "../lib/log.ts";
-import { PublishContextKeys, VolumeContextKeys } from "./context.ts";
+import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
 import { CallLog, FakeFs, FakeInitiator, FakeMounter, MemoryStateStore } from "./node/test-doubles.ts";
 import { createNodeService, type NodeDeps } from "./node.ts";
 

@@ -2,8 +2,8 @@
 // and validated with valibot in one place. Nothing else in dpu/ reads process.env.
 import { isAbsolute } from "node:path";
 import * as v from "valibot";
-import { HOSTNQN_PATH } from "../csi/host/host-nqn.ts";
 import { StorageError } from "../lib/errors.ts";
+import { HOSTNQN_PATH } from "../lib/host-nqn.ts";
 import { nqnProblem } from "../lib/spdk/nqn.ts";
 import { FS_TYPES, type FsType } from "./devices/request.ts";
 

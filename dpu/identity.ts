@@ -1,8 +1,8 @@
 // The DPF IdentityService: who the plugin is (a domain-style name, its version, a manifest of its
 // configuration) and whether it is healthy and ready, from Readiness.
 import type { ServiceImpl } from "@connectrpc/connect";
-import { DRIVER_NAME } from "../csi/context.ts";
 import type { IdentityService } from "../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
+import { DRIVER_NAME } from "../lib/volume-context.ts";
 import type { Readiness } from "./readiness.ts";
 
 /** GetPluginInfo's name: RFC 1035 domain notation, at most 63 characters (the DPF contract). */

@@ -7,8 +7,6 @@ import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
-import { VolumeContextKeys } from "../csi/context.ts";
-import { HOST_NQN_ANNOTATION } from "../csi/controller/host-nqn.ts";
 import {
   AccessMode,
   IdentityService,
@@ -18,9 +16,11 @@ import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-s
 import { type SpdkEmulator, startSpdkEmulator } from "../lab/sim/spdk/emulator.ts";
 import { createFabric } from "../lab/sim/spdk/fabric.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
+import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { VolumeContextKeys } from "../lib/volume-context.ts";
 import { namesFor } from "./devices/names.ts";
 import { StorageParameterKeys } from "./devices/request.ts";
 import { exportOnTarget } from "./testing.ts";

@@ -1,10 +1,7 @@
 // The distort-dpu process: reads its configuration, opens one persistent JSON-RPC connection to
 // SNAP, serves the DPF IdentityService and StoragePluginService on the plugin socket and
 // /healthz, /readyz, /metrics over HTTP, and on SIGTERM lets in-flight calls finish before exiting.
-import { dirKeyFiles } from "../agent/backends/spdk/key-files.ts";
-import { kubeSecretReader, type SecretReader } from "../agent/partitions/host-keys.ts";
-import { registerHostNQN } from "../csi/controller/host-nqn.ts";
-import { readHostNqn } from "../csi/host/host-nqn.ts";
+
 import { IdentityService, StoragePluginService } from "../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { type Clock, realClock } from "../lib/clock.ts";
 import { errorMessage } from "../lib/errors.ts";
@@ -13,7 +10,11 @@ import { hostFs } from "../lib/fs.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
 import { codeName, toConnectError } from "../lib/grpc/status.ts";
 import { serveHealth } from "../lib/health-server.ts";
+import { readHostNqn } from "../lib/host-nqn.ts";
+import { dirKeyFiles } from "../lib/key-files.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
+import { registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
+import { kubeSecretReader, type SecretReader } from "../lib/kube/secrets.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { SpdkClient, type SpdkRpc } from "../lib/spdk/client.ts";

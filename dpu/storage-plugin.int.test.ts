@@ -9,7 +9,6 @@ import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as grpc from "@grpc/grpc-js";
-import { VolumeContextKeys } from "../csi/context.ts";
 import {
   AccessMode,
   StoragePluginServiceCapability_RPC_Type as Cap,
@@ -22,6 +21,7 @@ import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { VolumeContextKeys } from "../lib/volume-context.ts";
 import { parseDpuConfig } from "./config.ts";
 import { namesFor } from "./devices/names.ts";
 import { ALTERNATE_PORTALS_KEY, PUBLISHED_HOST_NQN_KEY, StorageParameterKeys } from "./devices/request.ts";

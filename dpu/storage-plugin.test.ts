@@ -6,7 +6,6 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { VolumeContextKeys as K } from "../csi/context.ts";
 import {
   AccessMode,
   type CreateDeviceRequestSchema,
@@ -15,6 +14,7 @@ import {
 } from "../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { silentLogger } from "../lib/log.ts";
+import { VolumeContextKeys as K } from "../lib/volume-context.ts";
 import { parseDpuConfig } from "./config.ts";
 import { StorageParameterKeys as P } from "./devices/request.ts";
 import { type RunningDpu, runDpu } from "./main.ts";

@@ -2,9 +2,9 @@
 // DISTORT volume set up the way the agent does it, a map-backed SecretReader, a recording SNAP
 // connection, and BlockDevices on loop devices over the target's file-backed namespaces.
 import * as v from "valibot";
-import type { SecretReader } from "../agent/partitions/host-keys.ts";
 import { StorageError } from "../lib/errors.ts";
 import { type Exec, runChecked } from "../lib/exec.ts";
+import type { SecretReader } from "../lib/kube/secrets.ts";
 import type { CallOptions, SpdkRpc } from "../lib/spdk/client.ts";
 import type { SpdkMethods } from "../lib/spdk/methods.ts";
 import type { BlockDevices } from "./devices/block-devices.ts";

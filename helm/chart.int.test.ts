@@ -7,10 +7,10 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
 import { parseCsiConfig } from "../csi/config.ts";
-import { DRIVER_NAME } from "../csi/context.ts";
 import { parseParameters } from "../csi/controller/parameters.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { DRIVER_NAME } from "../lib/volume-context.ts";
 import { parseConfig as parseManagerConfig } from "../manager/config.ts";
 import {
   CHART_DIR,

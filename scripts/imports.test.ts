@@ -45,6 +45,23 @@ test("product code does not import lab, e2e or bench", () => {
   expect(offenders).toEqual([]);
 });
 
+test("the four binaries share code only through lib, api and gen", () => {
+  const BINARIES = ["manager", "agent", "csi", "dpu"];
+  const offenders: string[] = [];
+  for (const top of BINARIES) {
+    for (const f of files(join(root, top))) {
+      if (f.endsWith(".test.ts") || f.includes("/testdata/")) continue;
+      for (const m of readFileSync(f, "utf8").matchAll(IMPORT)) {
+        const spec = m[1] ?? m[2] ?? "";
+        if (!spec.startsWith(".")) continue;
+        const target = relative(root, join(f, "..", spec)).split("/")[0] ?? "";
+        if (BINARIES.includes(target) && target !== top) offenders.push(`${relative(root, f)} -> ${spec}`);
+      }
+    }
+  }
+  expect(offenders).toEqual([]);
+});
+
 test("nothing in the project reads the ../shared folder at run or test time", () => {
   const offenders = ["api", "lib", "lab", "scripts", "gen", "bench", "manager", "agent", "csi", "dpu", "e2e"]
     .flatMap((d) => files(join(root, d)))

@@ -1,34 +1,12 @@
 // DH-HMAC-CHAP for an export: the secret named by the partition's targetOptions.dhchapSecretRef
 // (a Secret in the partition's namespace) is demanded from every host its ACL admits. The secret
 // is read when needed and never stored in any object or log.
-import * as k8s from "@kubernetes/client-node";
 import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
-import type { KubeConnection } from "../../lib/kube/connection.ts";
-import { kubeError } from "../../lib/kube/resource.ts";
+import type { SecretReader } from "../../lib/kube/secrets.ts";
 import type { HostKeys } from "../backends/types.ts";
 
-export interface SecretReader {
-  /** The value of `key` in Secret namespace/name, or undefined when the Secret or key is missing. */
-  read(namespace: string, name: string, key: string): Promise<string | undefined>;
-}
-
-export function kubeSecretReader(conn: KubeConnection): SecretReader {
-  const core = conn.api(k8s.CoreV1Api);
-  return {
-    async read(namespace, name, key) {
-      try {
-        const s = await core.readNamespacedSecret({ name, namespace });
-        const b64 = s.data?.[key];
-        return b64 === undefined ? undefined : Buffer.from(b64, "base64").toString("utf8");
-      } catch (err) {
-        const e = kubeError(err, `read Secret ${namespace}/${name}`);
-        if (e.kind === "not-found") return undefined;
-        throw e;
-      }
-    },
-  };
-}
+export type { SecretReader };
 
 const DHCHAP_SECRET = /^DHHC-1:0[0-3]:[A-Za-z0-9+/]{44,}={0,2}:$/;
 

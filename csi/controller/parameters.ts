@@ -3,7 +3,7 @@
 // csi.storage.k8s.io/* keys the external-provisioner adds. Pure.
 import * as v from "valibot";
 import type { Backend, Transport, VolumeManager } from "../../api/index.ts";
-import { VolumeContextKeys, VolumeContextSchema } from "../context.ts";
+import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import { describeIssues, invalidArgument } from "../errors.ts";
 import { type FsType, SUPPORTED_FS_TYPES } from "./capabilities.ts";
 

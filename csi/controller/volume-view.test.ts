@@ -2,7 +2,7 @@
 import { expect, test } from "bun:test";
 import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { VolumeContextKeys } from "../context.ts";
+import { VolumeContextKeys } from "../../lib/volume-context.ts";
 import type { VolumeRecord } from "./fingerprint.ts";
 import { capacityOf, createVerdict, volumeContextOf, volumeHealth } from "./volume-view.ts";
 

@@ -5,7 +5,7 @@ import * as v from "valibot";
 import type { NVMePartition } from "../../api/index.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import { roundUpToUnit as roundUp } from "../../lib/units.ts";
-import { VolumeContextKeys, VolumeContextSchema } from "../context.ts";
+import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import { aborted, csiError } from "../errors.ts";
 import type { VolumeRecord } from "./fingerprint.ts";
 

@@ -25,7 +25,7 @@ import { hostFs } from "../../lib/fs.ts";
 import { GrpcCallError, GrpcJsClient } from "../../lib/grpc/grpc-js-client.ts";
 import { type GrpcServer, register, serveGrpc } from "../../lib/grpc/server.ts";
 import { silentLogger } from "../../lib/log.ts";
-import { PublishContextKeys, VolumeContextKeys } from "../context.ts";
+import { PublishContextKeys, VolumeContextKeys } from "../../lib/volume-context.ts";
 import { HostMounter } from "../host/mounter.ts";
 import { createNodeService } from "../node.ts";
 import { FileStateStore } from "./state-store.ts";

@@ -3,7 +3,7 @@ import { expect, test } from "bun:test";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { VolumeCapability_AccessMode_Mode as Mode, VolumeCapabilitySchema } from "../../gen/csi/v1/csi_pb.ts";
 import type { StorageError } from "../../lib/errors.ts";
-import { PublishContextKeys as P, VolumeContextKeys as V } from "../context.ts";
+import { PublishContextKeys as P, VolumeContextKeys as V } from "../../lib/volume-context.ts";
 import {
   type Capability,
   checkMountFlags,

@@ -8,7 +8,7 @@ import {
   PublishContextSchema,
   VolumeContextKeys,
   VolumeContextSchema,
-} from "../context.ts";
+} from "../../lib/volume-context.ts";
 import { describeIssues, invalidArgument } from "../errors.ts";
 import { FS_TYPES, type FsType } from "../host/mounter.ts";
 import type { ConnectParams } from "../host/nvme-initiator.ts";

@@ -3,9 +3,9 @@
 // DH-HMAC-CHAP key files and the device records. Every step looks before it acts, so a call
 // repeated after a timeout or a crash at any point continues where the last one stopped.
 
-import type { KeyFiles } from "../../agent/backends/spdk/key-files.ts";
-import type { SecretReader } from "../../agent/partitions/host-keys.ts";
 import { errorMessage, StorageError } from "../../lib/errors.ts";
+import type { KeyFiles } from "../../lib/key-files.ts";
+import type { SecretReader } from "../../lib/kube/secrets.ts";
 import type { Logger } from "../../lib/log.ts";
 import { SpdkError } from "../../lib/spdk/errors.ts";
 import type { SpdkMethods } from "../../lib/spdk/methods.ts";

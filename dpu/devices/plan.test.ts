@@ -1,10 +1,10 @@
 // The pure decisions of CreateDevice: attach params per portal, missing paths, controller
 // conflicts, record mismatches and what to do with a block device's content; plus device names.
 import { describe, expect, test } from "bun:test";
-import { VolumeContextKeys as K } from "../../csi/context.ts";
 import { AccessMode } from "../../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { NvmeController } from "../../lib/spdk/schemas.ts";
+import { VolumeContextKeys as K } from "../../lib/volume-context.ts";
 import { mountDirFor, NAME_PREFIX, namesFor } from "./names.ts";
 import {
   attachParamsFor,

@@ -1,9 +1,9 @@
 // Request validation, table-driven: every way a field can be wrong gets INVALID_ARGUMENT ("invalid")
 // naming it, and valid requests come out normalised with defaults filled in.
 import { describe, expect, test } from "bun:test";
-import { VolumeContextKeys as K } from "../../csi/context.ts";
 import { AccessMode } from "../../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { StorageError } from "../../lib/errors.ts";
+import { VolumeContextKeys as K } from "../../lib/volume-context.ts";
 import {
   ALTERNATE_PORTALS_KEY,
   type CreateDeviceInput,

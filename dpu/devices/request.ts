@@ -3,10 +3,10 @@
 // into a DeviceSpec with defaults filled in. Pure: bad input is StorageError "invalid" naming the
 // field, never a half-done device.
 import * as v from "valibot";
-import { VolumeContextKeys, VolumeContextSchema } from "../../csi/context.ts";
 import { AccessMode } from "../../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { nqnProblem } from "../../lib/spdk/nqn.ts";
+import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 
 /** Longest volume id accepted, in bytes (Kubernetes object names reach 253). */
 export const MAX_VOLUME_ID_BYTES = 256;

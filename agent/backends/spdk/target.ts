@@ -4,12 +4,12 @@
 // repaired on the next pass. Mutations of one subsystem run under its lock.
 import { createHash } from "node:crypto";
 import { StorageError } from "../../../lib/errors.ts";
+import type { KeyFiles } from "../../../lib/key-files.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
 import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
-import type { KeyFiles } from "./key-files.ts";
 
 /** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
 export interface DriverBinder {

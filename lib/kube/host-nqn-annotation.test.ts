@@ -1,6 +1,6 @@
 // Reading a node's registered host NQN: only a valid NQN counts.
 import { expect, test } from "bun:test";
-import { HOST_NQN_ANNOTATION, hostNQNOf } from "./host-nqn.ts";
+import { HOST_NQN_ANNOTATION, hostNQNOf } from "./host-nqn-annotation.ts";
 
 test("a valid registered NQN is read; anything else is no registration", () => {
   const nqn = "nqn.2014-08.org.nvmexpress:uuid:7d3a0a36-6c1f-4c55-9a51-1f2b3c4d5e6f";

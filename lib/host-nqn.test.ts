@@ -3,7 +3,7 @@ import { afterAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { hostFs } from "../../lib/fs.ts";
+import { hostFs } from "./fs.ts";
 import { readHostNqn } from "./host-nqn.ts";
 
 const root = mkdtempSync(join(tmpdir(), "hostnqn-"));

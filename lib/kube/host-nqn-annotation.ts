@@ -3,8 +3,8 @@
 // connects only as that identity, so the controller authorizes exactly it and never invents one.
 import * as k8s from "@kubernetes/client-node";
 import * as v from "valibot";
-import type { KubeConnection } from "../../lib/kube/connection.ts";
-import { kubeError } from "../../lib/kube/resource.ts";
+import type { KubeConnection } from "./connection.ts";
+import { kubeError } from "./resource.ts";
 
 /** Node annotation holding the node's NVMe host NQN, written by the DISTORT node plugin. */
 export const HOST_NQN_ANNOTATION = "storage.distort.io/host-nqn";

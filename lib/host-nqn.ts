@@ -1,8 +1,8 @@
 // The node's persistent NVMe host NQN: the one nvme-cli and the kernel use by default, kept in
 // /etc/nvme/hostnqn. NodeStage connects with exactly this identity, so it must not change.
-import { StorageError } from "../../lib/errors.ts";
-import type { HostFs } from "../../lib/fs.ts";
-import { nqnProblem } from "../../lib/spdk/nqn.ts";
+import { StorageError } from "./errors.ts";
+import type { HostFs } from "./fs.ts";
+import { nqnProblem } from "./spdk/nqn.ts";
 
 export const HOSTNQN_PATH = "/etc/nvme/hostnqn";
 
