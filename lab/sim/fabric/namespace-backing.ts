@@ -1,6 +1,7 @@
 // Where the bytes of an exported namespace live: the file extent a loop device must map so the
 // lab's initiator shows the same data the target serves. Asked of the target over its JSON-RPC
-// socket (nvmf_get_subsystems -> the namespace's bdev -> bdev_get_bdevs), as an operator would.
+// socket (nvmf_get_subsystems -> the namespace's bdev -> bdev_get_bdevs), as an operator would,
+// reading the emulator-only driver_specific.sim_extent (AIO files and contiguous thick lvols).
 import * as v from "valibot";
 import { StorageError } from "../../../lib/errors.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
@@ -16,7 +17,7 @@ export interface NamespaceBacking {
 /**
  * Resolves namespace `ns` of subsystem `subnqn` to its backing extent. Rejects with StorageError
  * "not-found" when the target no longer exports it and "unimplemented" when its bytes are not one
- * contiguous file extent (an lvol's clusters, RAM), which a loop device cannot show.
+ * contiguous file extent (thin lvols, snapshots, clones, RAM), which a loop device cannot show.
  */
 export type NamespaceBackingResolver = (subnqn: string, ns: NamespaceInfo) => Promise<NamespaceBacking>;
 
@@ -27,19 +28,36 @@ const SubsystemsSchema = v.array(
   }),
 );
 
+const count = v.pipe(v.number(), v.integer(), v.minValue(0));
+
 const BdevsSchema = v.array(
   v.looseObject({
     name: v.string(),
     block_size: v.number(),
     num_blocks: v.number(),
     product_name: v.optional(v.string()),
-    driver_specific: v.optional(v.looseObject({ aio: v.optional(v.looseObject({ filename: v.string() })) })),
+    driver_specific: v.optional(
+      v.looseObject({
+        aio: v.optional(v.looseObject({ filename: v.string() })),
+        lvol: v.optional(
+          v.looseObject({
+            thin_provision: v.optional(v.boolean()),
+            snapshot: v.optional(v.boolean()),
+            clone: v.optional(v.boolean()),
+          }),
+        ),
+        sim_extent: v.optional(v.object({ filename: v.string(), offset: count, length: count })),
+      }),
+    ),
   }),
 );
+type BdevJson = v.InferOutput<typeof BdevsSchema>[number];
 
 /**
- * A resolver that asks the target over `rpc`. It knows AIO bdevs (a whole file, the only bdev
- * whose bytes SPDK itself keeps in one file extent); anything else is "unimplemented".
+ * A resolver that asks the target over `rpc`. It maps a bdev's `driver_specific.sim_extent`
+ * (printed by the emulator for AIO bdevs and thick lvols whose clusters are one run on a
+ * file-backed base) and, for a target without that field, an AIO bdev's whole file. Anything
+ * else is "unimplemented", with the reason in the message.
  */
 export function spdkRpcBackingResolver(rpc: SpdkRpc): NamespaceBackingResolver {
   return async (subnqn, ns) => {
@@ -55,13 +73,26 @@ export function spdkRpcBackingResolver(rpc: SpdkRpc): NamespaceBackingResolver {
     if (entry === undefined) throw new StorageError("not-found", `${subnqn} has no namespace ${ns.nsid}`);
     const [bdev] = v.parse(BdevsSchema, await rpc.call("bdev_get_bdevs", { name: entry.bdev_name }));
     if (bdev === undefined) throw new StorageError("not-found", `bdev ${entry.bdev_name} is gone`);
+    const extent = bdev.driver_specific?.sim_extent;
+    if (extent !== undefined)
+      return { path: extent.filename, offset: extent.offset, sizeBytes: extent.length };
     const aio = bdev.driver_specific?.aio;
-    if (aio === undefined) {
-      throw new StorageError(
-        "unimplemented",
-        `namespace ${ns.nsid} of ${subnqn} is bdev ${bdev.name} (${bdev.product_name ?? "unknown"}); the lab initiator attaches only file-backed (AIO) namespaces`,
-      );
+    if (aio !== undefined) {
+      return { path: aio.filename, offset: 0, sizeBytes: bdev.block_size * bdev.num_blocks };
     }
-    return { path: aio.filename, offset: 0, sizeBytes: bdev.block_size * bdev.num_blocks };
+    throw new StorageError(
+      "unimplemented",
+      `namespace ${ns.nsid} of ${subnqn} is bdev ${bdev.name} (${bdev.product_name ?? "unknown"}), ${whyNot(bdev)}; the lab initiator attaches only AIO files and thick lvols whose clusters are one run on a file-backed drive`,
+    );
   };
+}
+
+/** Why a bdev without an extent cannot be shown by a loop device. */
+function whyNot(bdev: BdevJson): string {
+  const lvol = bdev.driver_specific?.lvol;
+  if (lvol === undefined) return "whose bytes are not in one file";
+  if (lvol.snapshot) return "a snapshot";
+  if (lvol.clone) return "a clone";
+  if (lvol.thin_provision) return "a thin-provisioned lvol";
+  return "a thick lvol whose clusters are not one run (the lvstore was too fragmented) or whose lvstore is not on a file-backed bdev";
 }

@@ -3,7 +3,9 @@
 // device over the namespace's backing file extent, so staging runs real blkid, mkfs and mount.
 // What the fabric carries here is admission, identity and liveness; the loop device reads and
 // writes the backing file directly, which is coherent with the target because both go through
-// the same page cache of the same file.
+// the same page cache of the same file. Backings are AIO files (the whole file) and thick lvols
+// (their one run of clusters on the drive file, with --offset and --sizelimit); a namespace the
+// target grew is followed on rescan by re-reading the file's size or raising the size limit.
 import { statSync } from "node:fs";
 import {
   attachArgv,
@@ -28,6 +30,7 @@ import { KeyedMutex } from "../../../lib/spdk/keyed-mutex.ts";
 import { connectController, type FabricController, type SimFabric } from "../spdk/fabric.ts";
 import type { NamespaceInfo } from "../spdk/fabric-protocol.ts";
 import { ConnectionStore, type SimConnection, type SimNamespace } from "./connection-store.ts";
+import { kernelLoopControl, type LoopControl } from "./loop-control.ts";
 import type { NamespaceBacking, NamespaceBackingResolver } from "./namespace-backing.ts";
 
 export interface SimInitiatorOptions {
@@ -41,7 +44,12 @@ export interface SimInitiatorOptions {
   logger?: Logger;
   /** Deadline of each losetup. Default 30 s. */
   commandTimeoutMs?: number;
+  /** Changes the extent of an attached loop device; default the kernel's (LOOP_SET_STATUS64). */
+  loopControl?: LoopControl;
 }
+
+// How often an attach is retried when the namespace's extent moved while it was being attached.
+const ATTACH_ATTEMPTS = 3;
 
 // The kernel's defaults, used when the connect did not set them.
 const DEFAULT_RECONNECT_DELAY_S = 10;
@@ -67,6 +75,7 @@ export class SimNvmeInitiator implements NvmeInitiator {
   readonly #store: ConnectionStore;
   readonly #exec: Exec;
   readonly #backing: NamespaceBackingResolver;
+  readonly #loopControl: LoopControl;
   readonly #clock: Clock;
   readonly #log: Logger;
   readonly #timeoutMs: number;
@@ -79,6 +88,7 @@ export class SimNvmeInitiator implements NvmeInitiator {
     this.#store = new ConnectionStore(opts.stateDir);
     this.#exec = opts.exec;
     this.#backing = opts.backing;
+    this.#loopControl = opts.loopControl ?? kernelLoopControl;
     this.#clock = opts.clock ?? realClock;
     this.#log = (opts.logger ?? silentLogger).with({ component: "sim-initiator" });
     this.#timeoutMs = opts.commandTimeoutMs ?? 30_000;
@@ -104,10 +114,15 @@ export class SimNvmeInitiator implements NvmeInitiator {
         return;
       }
       const ctrl = await this.#dial(p.nqn, p.hostNqn, p.transport, p.address, String(p.port));
+      const attachedNow: string[] = [];
       try {
         const loops = await this.#loops();
         const namespaces: SimNamespace[] = [];
-        for (const ns of ctrl.namespaces) namespaces.push(await this.#attach(p.nqn, ns, loops, existing));
+        for (const ns of ctrl.namespaces) {
+          const { record, created } = await this.#attach(p.nqn, ns, loops, existing);
+          namespaces.push(record);
+          if (created) attachedNow.push(record.device);
+        }
         this.#store.put({
           nqn: p.nqn,
           hostNqn: p.hostNqn,
@@ -122,6 +137,8 @@ export class SimNvmeInitiator implements NvmeInitiator {
         });
       } catch (err) {
         ctrl.close();
+        // Loop devices this attempt attached go again; ones an earlier connect recorded stay.
+        for (const device of attachedNow) await this.#detachQuietly(device);
         throw err;
       }
       this.#adopt(p.nqn, ctrl);
@@ -204,7 +221,7 @@ export class SimNvmeInitiator implements NvmeInitiator {
       for (const ns of ctrl.namespaces) {
         const at = namespaces.findIndex((k) => k.nsid === ns.nsid);
         const known = namespaces[at];
-        if (known === undefined) namespaces.push(await this.#attach(nqn, ns, loops, rec));
+        if (known === undefined) namespaces.push((await this.#attach(nqn, ns, loops, rec)).record);
         else if (known.sizeBytes !== ns.numBlocks * ns.blockSize)
           namespaces[at] = await this.#resize(nqn, known, ns);
       }
@@ -302,50 +319,108 @@ export class SimNvmeInitiator implements NvmeInitiator {
 
   /**
    * A loop device over `ns`'s backing extent: the one already recorded or attached for exactly
-   * that extent (a connect repeated after a crash), else a new one.
+   * that extent (a connect repeated after a crash), else a new one (`created`). A new device is
+   * checked against a second lookup: the emulator refuses to move an extent a loop device maps,
+   * but one that moved between the lookup and the attach is detached and attached again.
    */
   async #attach(
     nqn: string,
     ns: NamespaceInfo,
     loops: readonly LoopDevice[],
     prior: SimConnection | undefined,
-  ): Promise<SimNamespace> {
-    const backing = await this.#backing(nqn, ns);
+  ): Promise<{ record: SimNamespace; created: boolean }> {
     const size = ns.numBlocks * ns.blockSize;
+    for (let attempt = 1; ; attempt++) {
+      const backing = await this.#backingOfSize(nqn, ns, size);
+      const sizeLimit = wholeFile(backing) ? 0 : backing.sizeBytes;
+      const record = (device: string): SimNamespace => ({
+        nsid: ns.nsid,
+        uuid: ns.uuid,
+        nguid: ns.nguid,
+        sizeBytes: size,
+        device,
+        backing,
+        sizeLimit,
+      });
+      const matches = (l: LoopDevice) =>
+        l.backFile === backing.path &&
+        l.offset === backing.offset &&
+        l.sizeLimit === sizeLimit &&
+        !l.readonly;
+      const recorded = prior?.namespaces.find((k) => k.nsid === ns.nsid)?.device;
+      const reuse = loops.find((l) => l.name === recorded && matches(l)) ?? loops.find(matches);
+      if (reuse !== undefined) return { record: record(reuse.name), created: false };
+      const device = parseAttached(
+        await runChecked(this.#exec, attachArgv(backing.path, { offset: backing.offset, sizeLimit }), {
+          timeoutMs: this.#timeoutMs,
+        }),
+      );
+      let now: NamespaceBacking;
+      try {
+        now = await this.#backing(nqn, ns);
+      } catch (err) {
+        await this.#detachQuietly(device);
+        throw err;
+      }
+      if (sameExtent(now, backing)) return { record: record(device), created: true };
+      await this.#detachQuietly(device);
+      if (attempt >= ATTACH_ATTEMPTS) {
+        throw new StorageError(
+          "unavailable",
+          `namespace ${ns.nsid} of ${nqn} moved on the target while it was being attached, ${attempt} times`,
+        );
+      }
+    }
+  }
+
+  /** The backing of `ns`, which must be as large as the target says the namespace is. */
+  async #backingOfSize(nqn: string, ns: NamespaceInfo, size: number): Promise<NamespaceBacking> {
+    const backing = await this.#backing(nqn, ns);
     if (backing.sizeBytes !== size) {
       throw new StorageError(
         "internal",
         `backing of ${nqn} ns ${ns.nsid} is ${backing.sizeBytes} bytes, the target reports ${size}`,
       );
     }
-    const sizeLimit = wholeFile(backing) ? 0 : backing.sizeBytes;
-    const matches = (l: LoopDevice) =>
-      l.backFile === backing.path && l.offset === backing.offset && l.sizeLimit === sizeLimit && !l.readonly;
-    const recorded = prior?.namespaces.find((k) => k.nsid === ns.nsid)?.device;
-    const reuse = loops.find((l) => l.name === recorded && matches(l)) ?? loops.find(matches);
-    const device =
-      reuse?.name ??
-      parseAttached(
-        await runChecked(this.#exec, attachArgv(backing.path, { offset: backing.offset, sizeLimit }), {
-          timeoutMs: this.#timeoutMs,
-        }),
-      );
-    return { nsid: ns.nsid, uuid: ns.uuid, nguid: ns.nguid, sizeBytes: size, device, backing, sizeLimit };
+    return backing;
   }
 
-  /** Follows a namespace the target resized: a whole-file loop device re-reads its file's size. */
+  /**
+   * Follows a namespace the target resized, as the kernel revalidates its capacity: a loop device
+   * over a whole file re-reads the file's size (losetup --set-capacity); one over an extent gets
+   * the new size limit (LoopControl), which works while it is mounted. An extent that moved is
+   * "precondition": the target refuses to move a mapped extent, so the device no longer shows the
+   * namespace's bytes and must be connected afresh.
+   */
   async #resize(nqn: string, known: SimNamespace, ns: NamespaceInfo): Promise<SimNamespace> {
-    const backing = await this.#backing(nqn, ns);
     const size = ns.numBlocks * ns.blockSize;
-    if (known.sizeLimit !== 0 || !wholeFile(backing) || backing.path !== known.backing.path) {
+    const backing = await this.#backingOfSize(nqn, ns, size);
+    if (backing.path !== known.backing.path || backing.offset !== known.backing.offset) {
       throw new StorageError(
-        "unimplemented",
-        `namespace ${ns.nsid} of ${nqn} changed to ${size} bytes, but its loop device maps a fixed extent`,
+        "precondition",
+        `namespace ${ns.nsid} of ${nqn} moved to ${backing.path} at ${backing.offset}, but ${known.device} maps ${known.backing.path} at ${known.backing.offset}; disconnect and connect again`,
       );
     }
-    await runChecked(this.#exec, setCapacityArgv(known.device), { timeoutMs: this.#timeoutMs });
-    return { ...known, sizeBytes: size, backing };
+    if (known.sizeLimit === 0 && wholeFile(backing)) {
+      await runChecked(this.#exec, setCapacityArgv(known.device), { timeoutMs: this.#timeoutMs });
+      return { ...known, sizeBytes: size, backing };
+    }
+    await this.#loopControl.setExtent(known.device, backing.offset, size);
+    return { ...known, sizeBytes: size, backing, sizeLimit: size };
   }
+
+  /** Detaches a loop device this process just attached, logging (not throwing) a failure. */
+  async #detachQuietly(device: string): Promise<void> {
+    try {
+      await runChecked(this.#exec, detachArgv(device), { timeoutMs: this.#timeoutMs });
+    } catch (err) {
+      this.#log.warn("detaching a loop device failed", { device, error: (err as Error).message });
+    }
+  }
+}
+
+function sameExtent(a: NamespaceBacking, b: NamespaceBacking): boolean {
+  return a.path === b.path && a.offset === b.offset && a.sizeBytes === b.sizeBytes;
 }
 
 /** True when the extent is the whole file as it is now: the loop device then needs no limit. */

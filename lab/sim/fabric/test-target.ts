@@ -1,12 +1,14 @@
 // Test support: an emulated nvmf_tgt on a fresh SimFabric, configured over its JSON-RPC socket the
-// way the agent would, exporting sparse files as AIO-backed namespaces to chosen hosts.
+// way the agent would, exporting sparse files as AIO-backed namespaces, or thick lvols on a
+// simulated drive as the agent does (4 MiB clusters, namespace 1), to chosen hosts.
 import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { silentLogger } from "../../../lib/log.ts";
 import { SpdkClient } from "../../../lib/spdk/client.ts";
-import { type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
+import { type SimDrive, type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
 import { createFabric, type SimFabric } from "../spdk/fabric.ts";
+import type { ExtentInUse } from "../spdk/lvol-store.ts";
 
 export interface ExportSpec {
   readonly nqn: string;
@@ -18,6 +20,16 @@ export interface ExportSpec {
   readonly trsvcid?: string;
 }
 
+export interface TestTargetOptions {
+  /** Simulated drives; exportLvol puts its lvstore on the first one. */
+  readonly drives?: readonly SimDrive[];
+  /** Passed to the emulator (default: the host's loop devices, from sysfs). */
+  readonly extentInUse?: ExtentInUse;
+}
+
+/** The name of the lvstore exportLvol creates on the first drive. */
+export const TEST_LVSTORE = "lvs0";
+
 export interface TestTarget {
   readonly dir: string;
   readonly fabric: SimFabric;
@@ -27,6 +39,11 @@ export interface TestTarget {
   /** Creates the sparse file and exports it; returns the file path. */
   exportFile(spec: ExportSpec): Promise<string>;
   /**
+   * Creates a thick lvol named `name` of spec.sizeBytes (rounded up to MiB) in TEST_LVSTORE (made
+   * on the first drive on first use) and exports it as namespace 1; returns the lvol's bdev name.
+   */
+  exportLvol(spec: ExportSpec, name: string): Promise<string>;
+  /**
    * Grows the backing file and re-registers the namespace at the new size (same nsid and UUID),
    * which the target announces to connected controllers like a namespace-attribute change.
    */
@@ -35,18 +52,22 @@ export interface TestTarget {
 }
 
 const bdevName = (nqn: string) => `aio_${nqn.replace(/[^A-Za-z0-9]/g, "_")}`;
+const MIB = 1024 * 1024;
 
 /** Starts the target. Keep the returned directory short: fabric socket paths are limited. */
-export async function startTestTarget(): Promise<TestTarget> {
+export async function startTestTarget(opts: TestTargetOptions = {}): Promise<TestTarget> {
   const dir = mkdtempSync(join(tmpdir(), "fab-"));
   const fabric = createFabric(join(dir, "f"));
   const emulator = await startSpdkEmulator({
     socketPath: join(dir, "t.sock"),
     dataDir: join(dir, "d"),
     fabric,
+    drives: opts.drives,
+    extentInUse: opts.extentInUse,
   });
   const rpc = new SpdkClient({ socketPath: emulator.socketPath, logger: silentLogger });
   const transports = new Set<string>();
+  let lvstore: Promise<void> | undefined;
   const addNamespace = async (spec: ExportSpec, file: string) => {
     await rpc.call("bdev_aio_create", {
       name: bdevName(spec.nqn),
@@ -59,33 +80,69 @@ export async function startTestTarget(): Promise<TestTarget> {
       namespace: { bdev_name: bdevName(spec.nqn), nsid: 1, uuid: spec.uuid },
     });
   };
+  /** Subsystem, namespace 1 (added by `addNs`), listener and hosts, in the agent's order. */
+  const exportWith = async (spec: ExportSpec, addNs: () => Promise<void>) => {
+    const trtype = (spec.transport ?? "tcp").toUpperCase();
+    if (!transports.has(trtype)) {
+      await rpc.call("nvmf_create_transport", { trtype });
+      transports.add(trtype);
+    }
+    await rpc.call("nvmf_create_subsystem", { nqn: spec.nqn, serial_number: "DISTORT0001" });
+    await addNs();
+    await rpc.call("nvmf_subsystem_add_listener", {
+      nqn: spec.nqn,
+      listen_address: {
+        trtype,
+        adrfam: (spec.traddr ?? "127.0.0.1").includes(":") ? "IPv6" : "IPv4",
+        traddr: spec.traddr ?? "127.0.0.1",
+        trsvcid: spec.trsvcid ?? "4420",
+      },
+    });
+    for (const host of spec.hosts) await rpc.call("nvmf_subsystem_add_host", { nqn: spec.nqn, host });
+  };
+  const ensureLvstore = async () => {
+    const drive = opts.drives?.[0];
+    if (drive === undefined) throw new Error("exportLvol needs a drive in startTestTarget({ drives })");
+    await rpc.call("bdev_nvme_attach_controller", {
+      name: "Nvme0",
+      trtype: "PCIe",
+      traddr: drive.pciAddress,
+    });
+    await rpc.call("bdev_lvol_create_lvstore", {
+      bdev_name: "Nvme0n1",
+      lvs_name: TEST_LVSTORE,
+      cluster_sz: 4 * MIB,
+    });
+  };
   return {
     dir,
     fabric,
     emulator,
     rpc,
     async exportFile(spec) {
-      const trtype = (spec.transport ?? "tcp").toUpperCase();
-      if (!transports.has(trtype)) {
-        await rpc.call("nvmf_create_transport", { trtype });
-        transports.add(trtype);
-      }
       const file = join(dir, `${bdevName(spec.nqn)}.img`);
       writeFileSync(file, "");
       truncateSync(file, spec.sizeBytes);
-      await rpc.call("nvmf_create_subsystem", { nqn: spec.nqn, serial_number: "DISTORT0001" });
-      await addNamespace(spec, file);
-      await rpc.call("nvmf_subsystem_add_listener", {
-        nqn: spec.nqn,
-        listen_address: {
-          trtype,
-          adrfam: (spec.traddr ?? "127.0.0.1").includes(":") ? "IPv6" : "IPv4",
-          traddr: spec.traddr ?? "127.0.0.1",
-          trsvcid: spec.trsvcid ?? "4420",
-        },
-      });
-      for (const host of spec.hosts) await rpc.call("nvmf_subsystem_add_host", { nqn: spec.nqn, host });
+      await exportWith(spec, () => addNamespace(spec, file));
       return file;
+    },
+    async exportLvol(spec, name) {
+      lvstore ??= ensureLvstore();
+      await lvstore;
+      const bdev = (await rpc.call("bdev_lvol_create", {
+        lvs_name: TEST_LVSTORE,
+        lvol_name: name,
+        size_in_mib: Math.ceil(spec.sizeBytes / MIB),
+        thin_provision: false,
+        clear_method: "unmap",
+      })) as string;
+      await exportWith(spec, async () => {
+        await rpc.call("nvmf_subsystem_add_ns", {
+          nqn: spec.nqn,
+          namespace: { bdev_name: bdev, nsid: 1, uuid: spec.uuid },
+        });
+      });
+      return bdev;
     },
     async growFile(spec, newSizeBytes) {
       const file = join(dir, `${bdevName(spec.nqn)}.img`);

@@ -7,7 +7,7 @@ import { BdevRegistry } from "./bdev.ts";
 import type { SimFabric } from "./fabric.ts";
 import { Fsdevs } from "./fsdev.ts";
 import { Keyring } from "./keyring.ts";
-import { LvolStores } from "./lvol-store.ts";
+import { type ExtentInUse, LvolStores } from "./lvol-store.ts";
 import type { RpcState } from "./method-table.ts";
 import { Mutex } from "./mutex.ts";
 import { NvmeControllers } from "./nvme-controllers.ts";
@@ -32,6 +32,8 @@ export interface AppConfig {
   readonly logger: Logger;
   /** Simulated duration of framework_start_init. */
   readonly initDelayMs: number;
+  /** Whether a loop device maps a file extent; pins the lvol behind it (see LvolStores.resize). */
+  readonly extentInUse: ExtentInUse;
 }
 
 /** Process-level actions methods may ask for. */
@@ -84,7 +86,7 @@ export class App {
     this.registry = new BdevRegistry((bdev, err) =>
       log.warn("examine failed", { bdev: bdev.name, err: String(err) }),
     );
-    this.lvols = new LvolStores(this.registry, log);
+    this.lvols = new LvolStores(this.registry, log, config.extentInUse);
     this.nvme = new NvmeControllers(
       this.registry,
       config.drives,

@@ -1,6 +1,15 @@
 // The pure core of an lvol store: blobstore layout arithmetic, cluster allocation, thin and thick
 // lvols, snapshots and clones, and the metadata record that is persisted on the base device.
 // No I/O here; lvol-store.ts moves bytes and writes this metadata.
+//
+// Lab deviation from SPDK (which maps a thick blob's clusters wherever they are free): a thick lvol
+// is kept as ONE run of physical clusters, so its bytes are one extent of the base device that the
+// lab's initiator can show with a loop device. Create takes the first run that fits; growing
+// extends in place when the following clusters are free, else moves the lvol to the first run
+// that fits (lvol-store.ts copies the bytes). Only when no run fits although enough clusters are
+// free does a thick lvol get scattered clusters, as SPDK would give it: the RPC succeeds, but the
+// lvol has no runOf() and the lab initiator refuses to attach it. Thin lvols, snapshots and clones
+// are mapped as SPDK maps them and are never attachable by the lab initiator.
 import { randomUUID } from "node:crypto";
 import * as v from "valibot";
 import { Errno, ErrnoError } from "./rpc-error.ts";
@@ -104,6 +113,25 @@ const MetadataSchema = v.object({
 });
 export type LvstoreMetadata = v.InferOutput<typeof MetadataSchema>;
 
+/** Physical clusters start..start+count-1, holding logical clusters 0..count-1 in order. */
+export interface ClusterRun {
+  readonly start: number;
+  readonly count: number;
+}
+
+/** The byte work a resize leaves to the caller, in this order, before the metadata is persisted. */
+export interface ResizePlan {
+  /** Physical clusters the lvol newly owns whose bytes must read as zeros. */
+  readonly zero: readonly number[];
+  /** [from, to] physical clusters whose bytes must be copied (a relocation). */
+  readonly copy: readonly (readonly [from: number, to: number])[];
+  /**
+   * Physical clusters the lvol gave up (a shrink, or its old place after a relocation); already
+   * free in the map, so the caller may deallocate them once the metadata is persisted.
+   */
+  readonly released: readonly number[];
+}
+
 /** Parses stored metadata; throws a valibot error when it is not ours or is damaged. */
 export function parseMetadata(json: unknown): LvstoreMetadata {
   return v.parse(MetadataSchema, json);
@@ -187,6 +215,45 @@ export class Blobstore {
     if (this.lvols.some((l) => l.name === name)) throw new ErrnoError(Errno.EEXIST, name);
   }
 
+  /** The first (lowest) run of `n` > 0 free data clusters, or undefined when none fits. */
+  findRun(n: number): number | undefined {
+    let len = 0;
+    for (let pc = this.layout.mdClusters; pc < this.#used.length; pc++) {
+      len = this.#used[pc] === 0 ? len + 1 : 0;
+      if (len === n) return pc - n + 1;
+    }
+    return undefined;
+  }
+
+  /**
+   * Where the bytes of `lvol` lie when they are one run: a thick lvol (not a snapshot, not a clone)
+   * with at least one cluster, every cluster written (so the device's bytes are the lvol's bytes)
+   * and its clusters consecutive in logical order. Undefined for anything else.
+   */
+  runOf(lvol: Lvol): ClusterRun | undefined {
+    if (lvol.thin || lvol.snapshot || lvol.parent !== null || lvol.numClusters === 0) return undefined;
+    if (lvol.written.size !== lvol.numClusters) return undefined;
+    const start = lvol.map[0] as number;
+    if (start < this.layout.mdClusters) return undefined;
+    for (let i = 1; i < lvol.map.length; i++) if (lvol.map[i] !== start + i) return undefined;
+    return { start, count: lvol.map.length };
+  }
+
+  /**
+   * A function that puts the cluster allocation and `lvol`'s mapping back as they are now, to undo
+   * a change whose byte work or metadata write failed.
+   */
+  checkpoint(lvol: Lvol): () => void {
+    const used = this.#used.slice();
+    const map = [...lvol.map];
+    const written = new Set(lvol.written);
+    return () => {
+      this.#used.set(used);
+      lvol.map = map;
+      lvol.written = written;
+    };
+  }
+
   /** Takes one free data cluster; ENOSPC when none is left. */
   allocate(): number {
     const at = this.#used.indexOf(0);
@@ -199,33 +266,126 @@ export class Blobstore {
     if (pc >= this.layout.mdClusters) this.#used[pc] = 0;
   }
 
-  /** A new lvol; a thick one gets all its clusters now (ENOSPC if they are not free). */
+  /** True when the `n` clusters from `start` exist and are all free. */
+  #freeFrom(start: number, n: number): boolean {
+    if (start + n > this.#used.length) return false;
+    for (let pc = start; pc < start + n; pc++) if (this.#used[pc] !== 0) return false;
+    return true;
+  }
+
+  /** `n` clusters for a thick lvol: the first run that fits, else the first `n` free ones. */
+  #take(n: number): number[] {
+    const start = n === 0 ? undefined : this.findRun(n);
+    if (start === undefined) return Array.from({ length: n }, () => this.allocate());
+    this.#used.fill(1, start, start + n);
+    return Array.from({ length: n }, (_, i) => start + i);
+  }
+
+  /**
+   * A new lvol. A thick one gets all its clusters now, as one run when one fits (see the file
+   * header), and counts them as written: the caller zeroes them on the device before use. ENOSPC
+   * when fewer clusters are free than it needs.
+   */
   createLvol(name: string, sizeBytes: number, thin: boolean): Lvol {
     this.checkNewName(name);
     const n = this.clustersFor(sizeBytes);
     if (!thin && n > this.freeClusters) throw new ErrnoError(Errno.ENOSPC, `${n} clusters wanted`);
-    const map = thin ? new Array<number>(n).fill(-1) : Array.from({ length: n }, () => this.allocate());
-    const lvol = new Lvol(randomUUID(), name, thin, false, null, map, new Set());
+    const map = thin ? new Array<number>(n).fill(-1) : this.#take(n);
+    const written = thin ? new Set<number>() : new Set(map.keys());
+    const lvol = new Lvol(randomUUID(), name, thin, false, null, map, written);
     this.lvols.push(lvol);
     return lvol;
   }
 
-  /** Grows or shrinks `lvol`. EPERM for a snapshot; ENOSPC when a thick lvol cannot grow. */
-  resize(lvol: Lvol, sizeBytes: number): void {
+  /**
+   * Grows or shrinks `lvol` and returns the byte work left to do. A thin lvol only changes its
+   * length. A thick one grows in place when the clusters after its run are free, else moves to
+   * the first run that fits (plan.copy), else takes scattered clusters; new clusters count as
+   * written (plan.zero). `pinned` means something outside the emulator maps the lvol's current
+   * extent: then it may only grow in place, and anything else (moving, scattering, shrinking under
+   * the mapping) is EBUSY. EPERM for a snapshot; ENOSPC when too few clusters are free.
+   */
+  resize(lvol: Lvol, sizeBytes: number, opts: { pinned?: boolean } = {}): ResizePlan {
     if (lvol.snapshot) throw new ErrnoError(Errno.EPERM, "a snapshot is read-only");
     const n = this.clustersFor(sizeBytes);
     const old = lvol.numClusters;
-    if (n > old && !lvol.thin && n - old > this.freeClusters) throw new ErrnoError(Errno.ENOSPC, "resize");
+    const released: number[] = [];
+    if (n === old) return { zero: [], copy: [], released };
     if (n < old) {
+      if (opts.pinned) throw new ErrnoError(Errno.EBUSY, `${lvol.name} is mapped; it cannot shrink`);
       for (let i = n; i < old; i++) {
         const pc = lvol.map[i] as number;
-        if (pc >= 0) this.#release(pc);
+        if (pc >= 0) {
+          this.#release(pc);
+          released.push(pc);
+        }
         lvol.written.delete(i);
       }
       lvol.map.length = n;
-    } else {
-      for (let i = old; i < n; i++) lvol.map.push(lvol.thin ? -1 : this.allocate());
+      return { zero: [], copy: [], released };
     }
+    if (lvol.thin) {
+      for (let i = old; i < n; i++) lvol.map.push(-1);
+      return { zero: [], copy: [], released };
+    }
+    const grow = n - old;
+    if (grow > this.freeClusters) throw new ErrnoError(Errno.ENOSPC, `${grow} more clusters wanted`);
+    const run = this.runOf(lvol);
+    const end = run === undefined ? -1 : run.start + run.count;
+    let added: number[] | undefined;
+    if (old === 0) added = this.#take(n);
+    else if (run !== undefined && this.#freeFrom(end, grow)) added = this.#takeRange(end, grow);
+    if (added !== undefined) {
+      this.#append(lvol, added);
+      return { zero: added, copy: [], released };
+    }
+    if (opts.pinned) {
+      throw new ErrnoError(
+        Errno.EBUSY,
+        `${lvol.name} is mapped and can only grow in place, but the clusters after it are taken`,
+      );
+    }
+    const start = this.findRun(n);
+    if (start === undefined) {
+      // No run fits: scattered, as SPDK would allocate (and no longer attachable in the lab).
+      const scattered = Array.from({ length: grow }, () => this.allocate());
+      this.#append(lvol, scattered);
+      return { zero: scattered, copy: [], released };
+    }
+    // Relocate: the new run is taken while the old clusters are still held, so the two never
+    // overlap and the old bytes stay intact until the new metadata is persisted.
+    this.#used.fill(1, start, start + n);
+    const zero: number[] = [];
+    const copy: [number, number][] = [];
+    for (let i = 0; i < n; i++) {
+      const from = lvol.map[i];
+      // Unwritten clusters (metadata from before thick lvols were zeroed) move as zeros.
+      if (from !== undefined && from >= 0 && lvol.written.has(i)) copy.push([from, start + i]);
+      else zero.push(start + i);
+    }
+    for (const pc of lvol.map) {
+      if (pc >= 0) {
+        this.#release(pc);
+        released.push(pc);
+      }
+    }
+    lvol.map = Array.from({ length: n }, (_, i) => start + i);
+    lvol.written = new Set(lvol.map.keys());
+    return { zero, copy, released };
+  }
+
+  /** Appends thick clusters to `lvol`, counted as written (the caller zeroes them). */
+  #append(lvol: Lvol, pcs: readonly number[]): void {
+    for (const pc of pcs) {
+      lvol.written.add(lvol.map.length);
+      lvol.map.push(pc);
+    }
+  }
+
+  /** Marks the `n` free clusters from `start` used and returns them. */
+  #takeRange(start: number, n: number): number[] {
+    this.#used.fill(1, start, start + n);
+    return Array.from({ length: n }, (_, i) => start + i);
   }
 
   /**
@@ -267,9 +427,9 @@ export class Blobstore {
   /**
    * Deletes `lvol`. A snapshot with several clones cannot go (EPERM); one with a single clone is
    * merged into it first (the clone keeps its own clusters, takes the snapshot's others and
-   * inherits its parent).
+   * inherits its parent). Returns the physical clusters that became free.
    */
-  delete(lvol: Lvol): void {
+  delete(lvol: Lvol): number[] {
     const clones = this.clonesOf(lvol);
     if (clones.length > 1) throw new ErrnoError(Errno.EPERM, `${lvol.name} has ${clones.length} clones`);
     const only = clones[0];
@@ -284,9 +444,16 @@ export class Blobstore {
       }
       this.#setParent(only, lvol.parent);
     }
-    for (const pc of lvol.map) if (pc >= 0) this.#release(pc);
+    const released: number[] = [];
+    for (const pc of lvol.map) {
+      if (pc >= 0) {
+        this.#release(pc);
+        released.push(pc);
+      }
+    }
     this.lvols.splice(this.lvols.indexOf(lvol), 1);
     this.#cloneSeq.delete(lvol);
+    return released;
   }
 
   /** The record persisted on the base device; lvols in creation order. */

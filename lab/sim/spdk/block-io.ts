@@ -1,7 +1,15 @@
 // Byte-addressed block I/O behind every emulated bdev: an extent of a (sparse) file for drives and
 // AIO bdevs, zero-filled memory for malloc bdevs. Lvol and fabric bdevs implement the same port.
 import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
+import { punchHole } from "./libc.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
+
+/** A byte range of a file: `length` bytes from `offset` of `path`. */
+export interface FileExtent {
+  readonly path: string;
+  readonly offset: number;
+  readonly length: number;
+}
 
 /**
  * The data path of a bdev. Offsets and lengths are bytes; callers keep them inside `sizeBytes`
@@ -13,6 +21,32 @@ export interface BlockIo {
   readonly sizeBytes: number;
   read(offset: number, length: number): Promise<Buffer>;
   write(offset: number, data: Uint8Array): Promise<void>;
+  /**
+   * Makes the range read as zeros, freeing its space where the medium can (a hole punched into a
+   * file, like an NVMe deallocate on a drive whose DLFEAT promises zeros). Optional: callers
+   * without it write zeros.
+   */
+  deallocate?(offset: number, length: number): Promise<void>;
+  /**
+   * Where every byte of the device lies as one extent of one file, when it does: reading or
+   * writing that extent directly (as the lab's loop devices do) is the same as this device's
+   * read and write. Undefined when the bytes are elsewhere (RAM, several extents, a remote target).
+   */
+  fileExtent?(): FileExtent | undefined;
+}
+
+/** Zeros `length` bytes at `offset` of `io`: deallocate when it can, else written in 1 MiB pieces. */
+export async function zeroRange(io: BlockIo, offset: number, length: number): Promise<void> {
+  if (length === 0) return;
+  if (io.deallocate) return io.deallocate(offset, length);
+  return writeZeros(io, offset, length);
+}
+
+async function writeZeros(io: BlockIo, offset: number, length: number): Promise<void> {
+  const zeros = Buffer.alloc(Math.min(length, 1 << 20));
+  for (let done = 0; done < length; done += zeros.length) {
+    await io.write(offset + done, zeros.subarray(0, Math.min(zeros.length, length - done)));
+  }
 }
 
 /** Throws EINVAL unless [offset, offset+length) lies within [0, size). */
@@ -79,6 +113,25 @@ export class FileExtentIo implements BlockIo {
     }
   }
 
+  async deallocate(offset: number, length: number): Promise<void> {
+    const fd = this.#open();
+    checkRange(offset, length, this.sizeBytes);
+    if (length === 0) return;
+    let punched: boolean;
+    try {
+      punched = punchHole(fd, this.base + offset, length);
+    } catch (err) {
+      throw new ErrnoError(Errno.EIO, (err as Error).message);
+    }
+    if (!punched) await writeZeros(this, offset, length);
+  }
+
+  /** The window itself, while the file is open. */
+  fileExtent(): FileExtent | undefined {
+    if (this.#fd === undefined) return undefined;
+    return { path: this.path, offset: this.base, length: this.sizeBytes };
+  }
+
   /** Releases the file; idempotent. */
   close(): void {
     if (this.#fd !== undefined) closeSync(this.#fd);
@@ -107,6 +160,14 @@ export class MemoryIo implements BlockIo {
       if (c) c.copy(out, pos, at, at + n);
     });
     return out;
+  }
+
+  async deallocate(offset: number, length: number): Promise<void> {
+    checkRange(offset, length, this.sizeBytes);
+    this.#walk(offset, length, (chunk, at, _pos, n) => {
+      if (n === CHUNK) this.#chunks.delete(chunk);
+      else this.#chunks.get(chunk)?.fill(0, at, at + n);
+    });
   }
 
   async write(offset: number, data: Uint8Array): Promise<void> {

@@ -10,6 +10,8 @@ import { App, type AppConfig } from "./app.ts";
 import { checkRange } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
+import { sysfsLoopProbe } from "./loop-probe.ts";
+import type { ExtentInUse } from "./lvol-store.ts";
 import type { MethodSpec } from "./method-table.ts";
 import { bdevMethods } from "./methods/bdev.ts";
 import { frameworkMethods } from "./methods/framework.ts";
@@ -54,6 +56,11 @@ export interface SpdkEmulatorOptions {
   readonly asyncDelayMs?: number;
   /** How long framework_start_init takes, in ms; default 10. */
   readonly initDelayMs?: number;
+  /**
+   * Whether a loop device maps bytes of a file extent (default: the host's loop devices, read from
+   * /sys/block). A thick lvol whose extent is mapped only grows in place; moving it is EBUSY.
+   */
+  readonly extentInUse?: ExtentInUse;
 }
 
 /** Where the emulated process is in its life. */
@@ -185,6 +192,7 @@ export async function startSpdkEmulator(opts: SpdkEmulatorOptions): Promise<Spdk
     clock: opts.clock ?? realClock,
     logger: opts.logger ?? silentLogger,
     initDelayMs: opts.initDelayMs ?? 10,
+    extentInUse: opts.extentInUse ?? sysfsLoopProbe(),
   });
   await emu.boot();
   return emu;

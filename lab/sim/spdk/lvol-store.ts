@@ -1,10 +1,12 @@
 // Lvol stores on the bdev layer: metadata at the front of the base bdev (surviving what the base
 // survives: a drive or AIO file, not malloc), lvol clusters mapped onto the base's bytes, and an
 // lvstore found while examining a newly registered bdev loaded again, as SPDK does on attach.
+// Thick lvols are one run of clusters (blobstore.ts), zeroed on allocation, so a thick lvol on a
+// file-backed base is one file extent, printed as driver_specific.sim_extent for the lab initiator.
 import type { Logger } from "../../../lib/log.ts";
-import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS } from "./bdev.ts";
-import { Blobstore, type Lvol, parseMetadata } from "./blobstore.ts";
-import { type BlockIo, checkRange } from "./block-io.ts";
+import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS, simExtentJson } from "./bdev.ts";
+import { Blobstore, type Lvol, parseMetadata, type ResizePlan } from "./blobstore.ts";
+import { type BlockIo, checkRange, type FileExtent, zeroRange } from "./block-io.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { Mutex } from "./mutex.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
@@ -22,6 +24,12 @@ export interface LoadedStore {
 }
 
 /**
+ * Whether something outside the emulator (a loop device of the lab initiator) maps bytes of
+ * `extent` directly. Such an lvol is pinned: its bytes must not move or be given away.
+ */
+export type ExtentInUse = (extent: FileExtent) => boolean;
+
+/**
  * The lvol module of one app. Its methods throw ErrnoError; the RPC handlers choose the reply
  * codes. Registers itself as examiner and removal hook of `registry`.
  */
@@ -31,6 +39,7 @@ export class LvolStores {
   constructor(
     private readonly registry: BdevRegistry,
     private readonly log: Logger,
+    private readonly extentInUse: ExtentInUse = () => false,
   ) {
     registry.addExaminer((b) => this.#examine(b));
     registry.addRemovalHook((b) => this.#onRemove(b));
@@ -98,11 +107,20 @@ export class LvolStores {
     await store.lock.run(() => store.base.io.write(0, Buffer.alloc(HEADER)));
   }
 
-  /** Creates an lvol and registers its bdev; EEXIST/EINVAL/ENOSPC from the blobstore. */
+  /**
+   * Creates an lvol and registers its bdev; EEXIST/EINVAL/ENOSPC from the blobstore. A thick
+   * lvol's clusters are zeroed (deallocated) before the metadata that gives them to it is written.
+   */
   async createLvol(store: LoadedStore, name: string, sizeBytes: number, thin: boolean): Promise<Lvol> {
     const lvol = await store.lock.run(async () => {
       const made = store.bs.createLvol(name, sizeBytes, thin);
-      await this.#persistLocked(store, () => store.bs.delete(made));
+      try {
+        if (!thin) await zeroClusters(store, made.map);
+        await writeMetadata(store);
+      } catch (err) {
+        store.bs.delete(made);
+        throw err;
+      }
       return made;
     });
     // Outside the lock: registering examines the new bdev, which reads through the same lock.
@@ -110,12 +128,39 @@ export class LvolStores {
     return lvol;
   }
 
-  /** Resizes an lvol and tells the bdev's consumers; EPERM for a snapshot, ENOSPC for a thick grow. */
+  /**
+   * Resizes an lvol and tells the bdev's consumers. A thick lvol grows in place or moves to a new
+   * run (its bytes copied before the new mapping is persisted, so a failure or crash leaves the old
+   * place intact); one whose extent is mapped outside the emulator (extentInUse) may only grow in
+   * place: EBUSY otherwise, logged with the reason. EPERM for a snapshot, ENOSPC for a thick grow
+   * beyond the free clusters. Clusters given up are deallocated once the metadata is written.
+   */
   async resize(store: LoadedStore, lvol: Lvol, sizeBytes: number): Promise<void> {
     await store.lock.run(async () => {
-      const before = lvol.numClusters * store.bs.clusterSize;
-      store.bs.resize(lvol, sizeBytes);
-      await this.#persistLocked(store, () => store.bs.resize(lvol, before));
+      const extent = lvolExtent(store, lvol);
+      const pinned = extent !== undefined && this.extentInUse(extent);
+      const undo = store.bs.checkpoint(lvol);
+      let plan: ResizePlan;
+      try {
+        plan = store.bs.resize(lvol, sizeBytes, { pinned });
+      } catch (err) {
+        if (err instanceof ErrnoError && err.errno === Errno.EBUSY) {
+          this.log.warn("lvol resize refused: a loop device maps its extent (lab limitation)", {
+            lvol: `${store.bs.name}/${lvol.name}`,
+            reason: err.message,
+          });
+        }
+        throw err;
+      }
+      try {
+        await zeroClusters(store, plan.zero);
+        for (const [from, to] of plan.copy) await copyCluster(store, from, to);
+        await writeMetadata(store);
+      } catch (err) {
+        undo();
+        throw err;
+      }
+      await this.#deallocate(store, plan.released);
     });
     const bdev = store.bdevs.get(lvol);
     if (bdev) await this.registry.notifyResize(bdev);
@@ -154,8 +199,10 @@ export class LvolStores {
     const bdev = store.bdevs.get(lvol);
     if (bdev) await this.registry.unregister(bdev);
     await store.lock.run(async () => {
-      store.bs.delete(lvol);
+      const released = store.bs.delete(lvol);
       await this.#persistLocked(store);
+      // The default clear_method "unmap": the freed clusters read as zeros (and the file shrinks).
+      await this.#deallocate(store, released);
     });
   }
 
@@ -172,7 +219,16 @@ export class LvolStores {
     if (lvol.parent) out.base_snapshot = lvol.parent.name;
     if (lvol.snapshot) out.clones = store.bs.clonesOf(lvol).map((c) => c.name);
     out.esnap_clone = false;
-    return { lvol: out };
+    return { lvol: out, ...simExtentJson(lvolExtent(store, lvol)) };
+  }
+
+  /** Deallocates freed clusters; a failure only costs space, so it is logged, not thrown. */
+  async #deallocate(store: LoadedStore, pcs: readonly number[]): Promise<void> {
+    try {
+      await zeroClusters(store, pcs);
+    } catch (err) {
+      this.log.warn("deallocating freed clusters failed", { lvs: store.bs.name, err: String(err) });
+    }
   }
 
   async #registerLvol(store: LoadedStore, lvol: Lvol): Promise<void> {
@@ -265,6 +321,10 @@ class LvolIo implements BlockIo {
     return this.lvol.numClusters * this.store.bs.clusterSize;
   }
 
+  fileExtent(): FileExtent | undefined {
+    return lvolExtent(this.store, this.lvol);
+  }
+
   read(offset: number, length: number): Promise<Buffer> {
     return this.store.lock.run(async () => {
       checkRange(offset, length, this.sizeBytes);
@@ -331,6 +391,52 @@ class LvolIo implements BlockIo {
       pos += n;
     }
   }
+}
+
+/**
+ * The file extent holding every byte of `lvol`: its run of clusters (Blobstore.runOf) on a base
+ * whose bytes are one file extent. Undefined for thin lvols, snapshots, clones, scattered thick
+ * lvols and bases in RAM.
+ */
+function lvolExtent(store: LoadedStore, lvol: Lvol): FileExtent | undefined {
+  const run = store.bs.runOf(lvol);
+  const base = run && store.base.io.fileExtent?.();
+  if (run === undefined || base === undefined) return undefined;
+  const cs = store.bs.clusterSize;
+  return { path: base.path, offset: base.offset + run.start * cs, length: run.count * cs };
+}
+
+/** Zeros the given physical clusters on the base, one call per run of consecutive clusters. */
+async function zeroClusters(store: LoadedStore, pcs: readonly number[]): Promise<void> {
+  const cs = store.bs.clusterSize;
+  const sorted = [...pcs].sort((a, b) => a - b);
+  for (let i = 0; i < sorted.length; ) {
+    const start = sorted[i] as number;
+    let n = 1;
+    while (sorted[i + n] === start + n) n++;
+    await zeroRange(store.base.io, start * cs, n * cs);
+    i += n;
+  }
+}
+
+const COPY_CHUNK = 4 * 1024 * 1024;
+
+/** Copies one physical cluster's bytes to another; all-zero pieces are deallocated, not written. */
+async function copyCluster(store: LoadedStore, from: number, to: number): Promise<void> {
+  const cs = store.bs.clusterSize;
+  const io = store.base.io;
+  for (let at = 0; at < cs; at += COPY_CHUNK) {
+    const n = Math.min(COPY_CHUNK, cs - at);
+    const bytes = await io.read(from * cs + at, n);
+    if (isZero(bytes)) await zeroRange(io, to * cs + at, n);
+    else await io.write(to * cs + at, bytes);
+  }
+}
+
+let zeros = Buffer.alloc(0);
+function isZero(b: Buffer): boolean {
+  if (zeros.length < b.length) zeros = Buffer.alloc(b.length);
+  return b.equals(zeros.subarray(0, b.length));
 }
 
 /** Writes the store's metadata record to the front of its base bdev; ENOSPC when it outgrew the region. */
