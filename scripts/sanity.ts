@@ -2,12 +2,13 @@
 // Go module proxy into the tool cache, starts a real control plane, the manager, a storage node
 // (agent + emulated nvmf_tgt over simulated drives) and the csi binary whose node side stages
 // onto loop devices, runs the whole suite against the csi socket, and ends with one line
-// "csi-sanity: N passed, M failed, K skipped". Exits non-zero on any failure.
+// "csi-sanity: N passed, M failed, K skipped (identities: ...)". Every component runs as its own
+// chart ServiceAccount unless DISTORT_SANITY_IDENTITIES=admin. Exits non-zero on any failure.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { cacheRoot, ensureTools } from "../lab/cluster/tools.ts";
-import { startStack } from "../lab/harness/stack.ts";
+import { type StackIdentities, startStack } from "../lab/harness/stack.ts";
 import { createLogger } from "../lib/log.ts";
 
 export const CSI_TEST_VERSION = "v5.6.0";
@@ -37,6 +38,8 @@ if (import.meta.main) {
   const t0 = performance.now();
   const [sanity] = await Promise.all([buildCsiSanity(), ensureTools()]);
   const cp = await startControlPlane({ progress: (l) => say(`  ${l}`) });
+  const identities: StackIdentities =
+    process.env.DISTORT_SANITY_IDENTITIES === "admin" ? "admin" : "chart-service-accounts";
   const logger = createLogger({ level: (process.env.DISTORT_SANITY_LOG as "info") ?? "error" });
   let code = 1;
   try {
@@ -53,12 +56,20 @@ if (import.meta.main) {
       ],
       consumerNodes: ["worker-1"],
       csiAllInOne: true,
+      identities,
       logger,
       fast: true,
     });
     try {
-      const csi = stack.csi.get("worker-1");
-      if (!csi) throw new Error("csi did not start");
+      // Identity and Node on the plugin endpoint, Controller on its own instance's socket.
+      const endpoint = stack.csiPluginEndpoint;
+      const controller = stack.csiController;
+      if (!endpoint || !controller) throw new Error("csi did not start");
+      say(
+        stack.identity.size === 0
+          ? "identities: admin (every component uses the admin kubeconfig)"
+          : `identities: ${[...stack.identity.values()].map((i) => `${i.component}=${i.username}`).join(", ")}`,
+      );
       const work = join(stack.dir, "sanity");
       mkdirSync(work, { recursive: true });
       const params = join(work, "parameters.yaml");
@@ -67,7 +78,8 @@ if (import.meta.main) {
       const run = Bun.spawn(
         [
           sanity,
-          `--csi.endpoint=${csi.address}`,
+          `--csi.endpoint=${endpoint}`,
+          `--csi.controllerendpoint=${controller.address}`,
           `--csi.stagingdir=${join(work, "staging")}`,
           `--csi.mountdir=${join(work, "mount")}`,
           `--csi.testvolumesize=${64 * 1024 * 1024}`,
@@ -89,9 +101,13 @@ if (import.meta.main) {
       const exit = await run.exited;
       const summary = parseGinkgoSummary(out);
       if (!summary) {
-        say(`csi-sanity: 0 passed, 1 failed, 0 skipped (no summary; exit ${exit})`);
+        say(
+          `csi-sanity: 0 passed, 1 failed, 0 skipped (no summary; exit ${exit}; identities: ${identities})`,
+        );
       } else {
-        say(`csi-sanity: ${summary.passed} passed, ${summary.failed} failed, ${summary.skipped} skipped`);
+        say(
+          `csi-sanity: ${summary.passed} passed, ${summary.failed} failed, ${summary.skipped} skipped (identities: ${identities})`,
+        );
         code = summary.failed === 0 && exit === 0 ? 0 : 1;
       }
     } finally {
