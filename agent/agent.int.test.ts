@@ -25,7 +25,7 @@ import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { parseAgentConfig } from "./config.ts";
 import { type RunningAgent, runAgent } from "./main.ts";
-import { externalIdFor, nqnFor } from "./partitions/identity.ts";
+import { externalIdFor, lvstoreNameFor, nqnFor, snapshotExternalIdFor } from "./partitions/identity.ts";
 
 const GiB = 1024 ** 3;
 const HOST_A = "nqn.2014-08.org.nvmexpress:uuid:0d4c1d0e-1b2c-4d3e-8f40-5a6b7c8d9e0f";
@@ -278,3 +278,72 @@ test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed t
   await parts.delete("p-chap", ns);
   await eventually(async () => !(await parts.get("p-chap", ns)), 20_000, "partition gone");
 }, 60_000);
+
+test("snapshot -> restore and partition -> clone carry the source's bytes; deletion removes every lvol", async () => {
+  const MiB = 1024 * 1024;
+  const snaps = new ResourceClient(tc.conn, kinds.NVMeSnapshot);
+  const exportedOf = (name: string) =>
+    eventually(
+      async () => {
+        const p = await parts.get(name, ns);
+        return p?.status?.state === "Exported" ? p : undefined;
+      },
+      20_000,
+      `${name} Exported`,
+    );
+  const src = await parts.create(placedPartition("snap-src", ns, device, claim, 8 * MiB));
+  const srcId = externalIdFor(src.metadata.uid as string);
+  await exportedOf("snap-src");
+  const lvs = lvstoreNameFor(device.spec.serial);
+  const pattern = Buffer.alloc(8 * MiB);
+  for (let i = 0; i < pattern.length; i += 4096) pattern.write(`block ${i / 4096} of the source`, i);
+  await node.emulator.bdev(`${lvs}/${srcId}`).write(0, pattern);
+
+  const snap = await snaps.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeSnapshot",
+    metadata: { name: "snap-1", namespace: ns },
+    spec: { sourcePartitionName: "snap-src", sourcePartitionUID: src.metadata.uid as string },
+  });
+  const ready = await eventually(
+    async () => {
+      const s = await snaps.get("snap-1", ns);
+      return s?.status?.readyToUse ? s : undefined;
+    },
+    20_000,
+    "snapshot ready",
+  );
+  const snapId = snapshotExternalIdFor(snap.metadata.uid as string);
+  expect(ready.status).toMatchObject({
+    externalId: snapId,
+    sizeBytes: 8 * MiB,
+    deviceSerial: device.spec.serial,
+  });
+  expect(ready.metadata.finalizers).toContain("storage.distort.io/snapshot-cleanup");
+  // Later writes to the source do not reach the snapshot (or what is restored from it).
+  await node.emulator.bdev(`${lvs}/${srcId}`).write(0, Buffer.from("changed after the snapshot"));
+
+  const restore = placedPartition("snap-restore", ns, device, claim, 8 * MiB);
+  restore.spec.contentSource = { kind: "Snapshot", name: "snap-1", uid: snap.metadata.uid as string };
+  const r = await parts.create(restore);
+  const clone = placedPartition("snap-clone", ns, device, claim, 8 * MiB);
+  clone.spec.contentSource = { kind: "Partition", name: "snap-src", uid: src.metadata.uid as string };
+  const c = await parts.create(clone);
+  await exportedOf("snap-restore");
+  await exportedOf("snap-clone");
+  const rId = externalIdFor(r.metadata.uid as string);
+  const cId = externalIdFor(c.metadata.uid as string);
+  expect(await node.emulator.bdev(`${lvs}/${rId}`).read(0, 8 * MiB)).toEqual(pattern);
+  expect(await node.emulator.bdev(`${lvs}/${cId}`).read(0, 8 * MiB)).toEqual(
+    await node.emulator.bdev(`${lvs}/${srcId}`).read(0, 8 * MiB),
+  );
+
+  for (const name of ["snap-restore", "snap-clone"]) await parts.delete(name, ns);
+  await snaps.delete("snap-1", ns);
+  await parts.delete("snap-src", ns);
+  await eventually(async () => !(await snaps.get("snap-1", ns)), 20_000, "snapshot gone");
+  for (const name of ["snap-restore", "snap-clone", "snap-src"])
+    await eventually(async () => !(await parts.get(name, ns)), 20_000, `${name} gone`);
+  const left = node.emulator.state().lvols.map((l) => l.name);
+  for (const id of [srcId, snapId, rId, cId, `${cId}-src`]) expect(left).not.toContain(id);
+}, 120_000);

@@ -31,12 +31,17 @@ let claim: NVMeDeviceClaim;
 let parts: ResourceClient<NVMePartition>;
 const crashPoints: string[] = [];
 
+const children = new Set<ReturnType<typeof Bun.spawn>>();
+
 function spawnAgent(extra: Record<string, string> = {}) {
-  return Bun.spawn([process.execPath, MAIN], {
+  const child = Bun.spawn([process.execPath, MAIN], {
     env: node.agentEnv(tc.kubeconfigPath, ns, { DISTORT_LOG_LEVEL: "error", ...extra }),
     stdout: "ignore",
     stderr: "inherit",
   });
+  children.add(child);
+  child.exited.then(() => children.delete(child));
+  return child;
 }
 
 async function stopAgent(p: ReturnType<typeof spawnAgent>) {
@@ -117,6 +122,8 @@ beforeAll(async () => {
 }, 300_000);
 
 afterAll(async () => {
+  // An agent whose fault never fired must not outlive the test run.
+  for (const c of children) c.kill("SIGKILL");
   console.log(`crash points tested: ${crashPoints.length} (${crashPoints.join(", ")})`);
   await node?.close();
   await tc?.stop();
@@ -128,9 +135,14 @@ describe("agent killed right after each step", () => {
       const name = `a-${step}`;
       await unlockDeviceFor(step);
       await parts.create(placedPartition(name, ns, device, claim, 64 * 1024 * 1024));
-      const crashing = spawnAgent({ DISTORT_FAULT_CRASH_AFTER: `${step}@${ns}/${name}` });
+      // Unlocking the drive re-enqueues every partition on it and any of them may take the lock
+      // first, so that step's crash is armed for whichever partition takes it.
+      const fault = step === "device-lock" ? step : `${step}@${ns}/${name}`;
+      const crashing = spawnAgent({ DISTORT_FAULT_CRASH_AFTER: fault });
       await Promise.race([crashing.exited, Bun.sleep(30_000)]);
-      expect(crashing.signalCode).toBe("SIGKILL");
+      const crashed = crashing.signalCode === "SIGKILL";
+      if (!crashed) await stopAgent(crashing);
+      expect(crashed).toBe(true);
       const recovering = spawnAgent();
       try {
         await exported(name);
@@ -147,7 +159,9 @@ describe("agent killed right after each step", () => {
       await parts.delete(name, ns);
       const crashing = spawnAgent({ DISTORT_FAULT_CRASH_AFTER: `${step}@${ns}/${name}` });
       await Promise.race([crashing.exited, Bun.sleep(30_000)]);
-      expect(crashing.signalCode).toBe("SIGKILL");
+      const crashed = crashing.signalCode === "SIGKILL";
+      if (!crashed) await stopAgent(crashing);
+      expect(crashed).toBe(true);
       const recovering = spawnAgent();
       try {
         await eventually(async () => !(await parts.get(name, ns)), 30_000, `${name} gone`);

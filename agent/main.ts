@@ -29,6 +29,7 @@ import { hostNetworkSource } from "./discovery/network-source.ts";
 import { type EndpointResult, findRdmaEndpoint } from "./discovery/rdma-endpoint.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
 import { Reporter } from "./reporter/reporter.ts";
+import { SnapshotController } from "./snapshots/controller.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
 
@@ -144,6 +145,15 @@ export async function runAgent(
     events,
     secrets,
   });
+  const snapshots = new SnapshotController({
+    conn,
+    nodeName: cfg.nodeName,
+    lvols: volumeManagers["spdk-lvol"] as SpdkLvolVolumeManager | undefined,
+    logger: logger.with({ controller: "snapshots" }),
+    clock,
+    registry,
+    events,
+  });
   const spdkSource = spdk
     ? {
         listControllers: () => (spdk as SpdkClient).call("bdev_nvme_get_controllers"),
@@ -190,6 +200,7 @@ export async function runAgent(
 
   await partitions.start();
   await attachments.start();
+  await snapshots.start();
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
   const health = await serveHealth({
@@ -198,7 +209,8 @@ export async function runAgent(
     registry,
     logger,
     healthz: () => true,
-    readyz: () => partitions.partitions.hasSynced && attachments.attachments.hasSynced,
+    readyz: () =>
+      partitions.partitions.hasSynced && attachments.attachments.hasSynced && snapshots.snapshots.hasSynced,
   });
   logger.info("agent running", { node: cfg.nodeName, backends: Object.keys(backends), health: health.port });
 
@@ -207,7 +219,7 @@ export async function runAgent(
     async stop() {
       stopReporter.abort();
       await reporting.catch(() => {});
-      await Promise.all([partitions.stop(), attachments.stop()]);
+      await Promise.all([partitions.stop(), attachments.stop(), snapshots.stop()]);
       // A managed target runs under the agent's parent-death signal, so it ends with the agent
       // in any case; stopping it here makes that orderly.
       await supervisor?.stop();

@@ -12,6 +12,7 @@ import {
   exampleNVMeDevice,
   exampleNVMeDeviceClaim,
   exampleNVMePartition,
+  exampleNVMeSnapshot,
   exampleNVMeVolumeAttachment,
   exampleRDMAStorageNode,
 } from "./examples.ts";
@@ -33,6 +34,7 @@ const EXAMPLES: Record<KindName, () => Obj> = {
   NVMeDevice: exampleNVMeDevice as () => Obj,
   NVMeDeviceClaim: exampleNVMeDeviceClaim as () => Obj,
   NVMePartition: exampleNVMePartition as () => Obj,
+  NVMeSnapshot: exampleNVMeSnapshot as () => Obj,
   NVMeVolumeAttachment: exampleNVMeVolumeAttachment as () => Obj,
   RDMAStorageNode: exampleRDMAStorageNode as () => Obj,
 };

@@ -3,6 +3,7 @@
 import type { NVMeDevice } from "./nvme-device.ts";
 import type { NVMeDeviceClaim } from "./nvme-device-claim.ts";
 import type { NVMePartition } from "./nvme-partition.ts";
+import type { NVMeSnapshot } from "./nvme-snapshot.ts";
 import type { NVMeVolumeAttachment } from "./nvme-volume-attachment.ts";
 import type { RDMAStorageNode } from "./rdma-storage-node.ts";
 
@@ -102,6 +103,34 @@ export function exampleNVMePartition(): NVMePartition {
           reason: "Exported",
           message: "listening on rdma",
         },
+      ],
+      observedGeneration: 1,
+    },
+  };
+}
+
+export function exampleNVMeSnapshot(): NVMeSnapshot {
+  return {
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeSnapshot",
+    metadata: {
+      name: "snapshot-7c9e6679",
+      namespace: "distort-system",
+      uid: "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+    },
+    spec: {
+      sourcePartitionName: "pvc-0f8fad5b",
+      sourcePartitionUID: "0f8fad5b-d9cb-469f-a165-70867728950e",
+    },
+    status: {
+      readyToUse: true,
+      sizeBytes: 107374182400,
+      externalId: "snap-7c9e6679742540de944b",
+      nodeName: "node-a",
+      deviceSerial: "S4EWNX0R123456",
+      creationTime: T,
+      conditions: [
+        { type: "Ready", status: "True", lastTransitionTime: T, reason: "SnapshotTaken", message: "" },
       ],
       observedGeneration: 1,
     },

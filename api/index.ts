@@ -7,5 +7,6 @@ export * from "./kinds.ts";
 export * from "./nvme-device.ts";
 export * from "./nvme-device-claim.ts";
 export * from "./nvme-partition.ts";
+export * from "./nvme-snapshot.ts";
 export * from "./nvme-volume-attachment.ts";
 export * from "./rdma-storage-node.ts";

@@ -12,15 +12,17 @@ const typeChecks: [
   Equal<KindObject<"NVMeDevice">, api.NVMeDevice>,
   Equal<KindObject<"NVMeDeviceClaim">, api.NVMeDeviceClaim>,
   Equal<KindObject<"NVMeVolumeAttachment">, api.NVMeVolumeAttachment>,
+  Equal<KindObject<"NVMeSnapshot">, api.NVMeSnapshot>,
   Equal<KindObject<"RDMAStorageNode">, api.RDMAStorageNode>,
   Equal<api.NVMePartition["spec"]["backend"], "spdk" | "kernel">,
   Equal<NonNullable<api.NVMePartition["status"]>["conditions"], api.Condition[]>,
-] = [true, true, true, true, true, true, true];
+] = [true, true, true, true, true, true, true, true];
 
 const examples = {
   NVMeDevice: api.exampleNVMeDevice,
   NVMeDeviceClaim: api.exampleNVMeDeviceClaim,
   NVMePartition: api.exampleNVMePartition,
+  NVMeSnapshot: api.exampleNVMeSnapshot,
   NVMeVolumeAttachment: api.exampleNVMeVolumeAttachment,
   RDMAStorageNode: api.exampleRDMAStorageNode,
 } as const;
@@ -28,7 +30,7 @@ const examples = {
 describe("kinds", () => {
   test("type-level checks compiled", () => expect(typeChecks.every(Boolean)).toBe(true));
 
-  test("five kinds keyed by kind name, group and version shared", () => {
+  test("six kinds keyed by kind name, group and version shared", () => {
     expect(Object.keys(kinds).sort()).toEqual(Object.keys(examples).sort());
     expect(api.GROUP).toBe("storage.distort.io");
     expect(api.VERSION).toBe("v1alpha1");

@@ -1,4 +1,4 @@
-// Registry of the five storage.distort.io/v1alpha1 kinds: names, scope, schemas and kubectl columns.
+// Registry of the six storage.distort.io/v1alpha1 kinds: names, scope, schemas and kubectl columns.
 // The CRD generator, the docs and every client (watch caches, typed patches) read kinds from here.
 import type * as v from "valibot";
 import { API_VERSION, GROUP, type PrinterColumn, type SelectableField, VERSION } from "./common.ts";
@@ -23,6 +23,13 @@ import {
   NVMePartitionSpecSchema,
   NVMePartitionStatusSchema,
 } from "./nvme-partition.ts";
+import {
+  NVMeSnapshotPrinterColumns,
+  NVMeSnapshotSchema,
+  NVMeSnapshotSelectableFields,
+  NVMeSnapshotSpecSchema,
+  NVMeSnapshotStatusSchema,
+} from "./nvme-snapshot.ts";
 import {
   NVMeVolumeAttachmentPrinterColumns,
   NVMeVolumeAttachmentSchema,
@@ -136,6 +143,20 @@ export const kinds = {
     statusSchema: NVMePartitionStatusSchema,
     printerColumns: NVMePartitionPrinterColumns,
     selectableFields: NVMePartitionSelectableFields,
+  }),
+  NVMeSnapshot: defineKind({
+    kind: "NVMeSnapshot",
+    description:
+      "A point-in-time, read-only copy of an NVMePartition (SPDK lvol snapshot) that new partitions can be cloned from.",
+    plural: "nvmesnapshots",
+    singular: "nvmesnapshot",
+    shortNames: ["nvmesnap"],
+    scope: "Namespaced",
+    schema: NVMeSnapshotSchema,
+    specSchema: NVMeSnapshotSpecSchema,
+    statusSchema: NVMeSnapshotStatusSchema,
+    printerColumns: NVMeSnapshotPrinterColumns,
+    selectableFields: NVMeSnapshotSelectableFields,
   }),
   NVMeVolumeAttachment: defineKind({
     kind: "NVMeVolumeAttachment",

@@ -103,6 +103,19 @@ export const TopologyRequirementSchema = v.pipe(
 );
 export type TopologyRequirement = v.InferOutput<typeof TopologyRequirementSchema>;
 
+export const ContentSourceSchema = v.pipe(
+  v.object({
+    kind: v.pipe(
+      v.picklist(["Snapshot", "Partition"]),
+      v.description("Snapshot: an NVMeSnapshot; Partition: another NVMePartition (a clone)."),
+    ),
+    name: name("metadata.name of the source object in this namespace."),
+    uid: str("metadata.uid of the source object; a recreated source is never used.", 128, 1),
+  }),
+  v.description("Initial content: the volume starts as a copy of this source (spdk backend only)."),
+);
+export type ContentSource = v.InferOutput<typeof ContentSourceSchema>;
+
 const lvolNeedsSpdk = "spec.volumeManager spdk-lvol requires spec.backend spdk";
 const partedNeedsKernel = "spec.volumeManager parted requires spec.backend kernel";
 const placementTogether = "spec.nodeName and spec.deviceSerial must be set together";
@@ -129,8 +142,10 @@ export const NVMePartitionSpecSchema = v.pipe(
     volumeManager: v.optional(v.pipe(VolumeManagerSchema, immutable("spec.volumeManager")), "partition"),
     targetOptions: v.optional(TargetOptionsSchema),
     topology: v.optional(TopologyRequirementSchema),
+    contentSource: v.optional(ContentSourceSchema),
   }),
   immutableOnceSet("spec", "nodeName"),
+  immutableOnceSet("spec", "contentSource"),
   immutableOnceSet("spec", "deviceSerial"),
   cel(
     "has(self.targetOptions) == has(oldSelf.targetOptions) && (!has(self.targetOptions) || self.targetOptions == oldSelf.targetOptions)",

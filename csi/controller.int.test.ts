@@ -162,8 +162,10 @@ describe("identity and input validation", () => {
     const caps = await e.client.unary(Controller.method.controllerGetCapabilities, {});
     const types = caps.capabilities.map((c) => (c.type.case === "rpc" ? c.type.value.type : -1));
     expect(types).toEqual([...CONTROLLER_CAPABILITIES]);
-    expect(types).not.toContain(Cap.CREATE_DELETE_SNAPSHOT);
-    expect(types).not.toContain(Cap.CLONE_VOLUME);
+    expect(types).toContain(Cap.CREATE_DELETE_SNAPSHOT);
+    expect(types).toContain(Cap.LIST_SNAPSHOTS);
+    expect(types).toContain(Cap.CLONE_VOLUME);
+    expect(types).not.toContain(Cap.MODIFY_VOLUME);
   });
 
   test("every bad request gets its code and changes nothing in the API server", async () => {
@@ -467,10 +469,52 @@ describe("identity and input validation", () => {
         GRPC.OUT_OF_RANGE,
       ],
       [
-        "CreateSnapshot is not offered",
-        () => c.unary(M.createSnapshot, { name: "s", sourceVolumeId: fake }),
-        GRPC.UNIMPLEMENTED,
+        "CreateSnapshot without name",
+        () => c.unary(M.createSnapshot, { sourceVolumeId: fake }),
+        GRPC.INVALID_ARGUMENT,
       ],
+      [
+        "CreateSnapshot without source",
+        () => c.unary(M.createSnapshot, { name: "s" }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateSnapshot name too long",
+        () => c.unary(M.createSnapshot, { name: "s".repeat(129), sourceVolumeId: fake }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateSnapshot with parameters",
+        () => c.unary(M.createSnapshot, { name: "s", sourceVolumeId: fake, parameters: { x: "1" } }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "CreateSnapshot of a missing volume",
+        () => c.unary(M.createSnapshot, { name: "s", sourceVolumeId: fake }),
+        GRPC.NOT_FOUND,
+      ],
+      ["DeleteSnapshot without id", () => c.unary(M.deleteSnapshot, {}), GRPC.INVALID_ARGUMENT],
+      [
+        "DeleteSnapshot malformed id: already gone",
+        () => c.unary(M.deleteSnapshot, { snapshotId: "not-a-snapshot" }),
+        GRPC.OK,
+      ],
+      [
+        "DeleteSnapshot unknown id: already gone",
+        () => c.unary(M.deleteSnapshot, { snapshotId: fake }),
+        GRPC.OK,
+      ],
+      [
+        "ListSnapshots negative max_entries",
+        () => c.unary(M.listSnapshots, { maxEntries: -1 }),
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "ListSnapshots foreign token",
+        () => c.unary(M.listSnapshots, { startingToken: "bogus" }),
+        GRPC.ABORTED,
+      ],
+      ["ListSnapshots unknown id: empty", () => c.unary(M.listSnapshots, { snapshotId: fake }), GRPC.OK],
       [
         "ControllerModifyVolume is not offered",
         () => c.unary(M.controllerModifyVolume, { volumeId: fake }),

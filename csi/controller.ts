@@ -3,12 +3,15 @@
 // and wait for the manager and agent on watch caches within the caller's deadline.
 import { randomUUID } from "node:crypto";
 import type { MessageInitShape } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import {
   API_VERSION,
+  type ContentSource,
   kinds,
   type NVMeDevice,
   type NVMePartition,
+  type NVMeSnapshot,
   type NVMeVolumeAttachment,
   type RDMAStorageNode,
 } from "../api/index.ts";
@@ -21,10 +24,14 @@ import {
   type ControllerListVolumeHealthRequest,
   type ControllerPublishVolumeRequest,
   type ControllerUnpublishVolumeRequest,
+  type CreateSnapshotRequest,
   type CreateVolumeRequest,
+  type DeleteSnapshotRequest,
   type DeleteVolumeRequest,
   type GetCapacityRequest,
+  type ListSnapshotsRequest,
   type ListVolumesRequest,
+  type SnapshotSchema,
   type ValidateVolumeCapabilitiesRequest,
   VolumeHealthErrorType,
   type VolumeSchema,
@@ -77,7 +84,14 @@ import { InFlight } from "./controller/in-flight.ts";
 import { paginate } from "./controller/pagination.ts";
 import { parseParameters } from "./controller/parameters.ts";
 import { accessibleTopology } from "./controller/topology.ts";
-import { attachmentNameFor, formatVolumeId, parseVolumeId, type VolumeRef } from "./controller/volume-id.ts";
+import {
+  attachmentNameFor,
+  formatVolumeId,
+  MAX_REQUEST_NAME_LENGTH,
+  parseVolumeId,
+  partitionNameFor,
+  type VolumeRef,
+} from "./controller/volume-id.ts";
 import {
   capacityOf,
   createVerdict,
@@ -90,9 +104,9 @@ import { aborted, alreadyExists, csiError, failedPrecondition, invalidArgument, 
 
 /**
  * What ControllerGetCapabilities advertises, and nothing else: every entry is backed by a handler
- * below. Snapshots and cloning are absent (the NVMePartition API carries no content source and
- * the agent takes no snapshots), so are read-only publication (the target ACL is per host, not
- * per mode) and ModifyVolume (no mutable parameters).
+ * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only). Read-only
+ * publication (the target ACL is per host, not per mode) and ModifyVolume (no mutable parameters)
+ * are absent.
  */
 export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_VOLUME,
@@ -105,7 +119,16 @@ export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.LIST_VOLUME_HEALTH,
   Cap.EXPAND_VOLUME,
   Cap.SINGLE_NODE_MULTI_WRITER,
+  Cap.CREATE_DELETE_SNAPSHOT,
+  Cap.LIST_SNAPSHOTS,
+  Cap.CLONE_VOLUME,
 ];
+
+/** Annotations CreateSnapshot records on an NVMeSnapshot for idempotency checks. */
+export const SnapshotAnnotations = {
+  requestName: "storage.distort.io/snapshot-request-name",
+  sourceVolumeId: "storage.distort.io/source-volume-id",
+} as const;
 
 export interface ControllerOptions {
   conn: KubeConnection;
@@ -126,6 +149,7 @@ export interface ControllerOptions {
 
 type Impl = Partial<ServiceImpl<typeof Controller>>;
 type VolumeInit = MessageInitShape<typeof VolumeSchema>;
+type SnapshotInit = MessageInitShape<typeof SnapshotSchema>;
 
 /**
  * The controller side of the driver. start() begins the list/watch caches (calls made before
@@ -137,9 +161,12 @@ export class CsiController {
   readonly attachments: WatchCache<NVMeVolumeAttachment>;
   readonly devices: WatchCache<NVMeDevice>;
   readonly storageNodes: WatchCache<RDMAStorageNode>;
+  readonly snapshots: WatchCache<NVMeSnapshot>;
   readonly inFlight = new InFlight();
   private readonly partClient: ResourceClient<NVMePartition>;
   private readonly attClient: ResourceClient<NVMeVolumeAttachment>;
+  private readonly snapClient: ResourceClient<NVMeSnapshot>;
+  private readonly snapshotWaiter: CacheWaiter<NVMeSnapshot>;
   private readonly partitionWaiter: CacheWaiter<NVMePartition>;
   private readonly attachmentWaiter: CacheWaiter<NVMeVolumeAttachment>;
   private readonly nodes: NodeDirectory;
@@ -159,27 +186,30 @@ export class CsiController {
     this.storageNodes = new WatchCache(new ResourceClient(o.conn, kinds.RDMAStorageNode), {
       logger: o.logger,
     });
+    this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
+    this.snapshots = new WatchCache(this.snapClient, { namespace: o.namespace, logger: o.logger });
+    this.snapshotWaiter = new CacheWaiter(this.snapshots);
     this.partitionWaiter = new CacheWaiter(this.partitions);
     this.attachmentWaiter = new CacheWaiter(this.attachments);
     this.nodes = o.nodes ?? kubeNodeDirectory(o.conn);
     this.newAttachmentId = o.newAttachmentId ?? randomUUID;
   }
 
-  /** Starts the caches; resolves once all four have listed. */
+  private caches() {
+    return [this.partitions, this.attachments, this.devices, this.storageNodes, this.snapshots] as const;
+  }
+
+  /** Starts the caches; resolves once all five have listed. */
   async start(): Promise<void> {
-    await Promise.all(
-      [this.partitions, this.attachments, this.devices, this.storageNodes].map((c) => c.start()),
-    );
+    await Promise.all(this.caches().map((c) => c.start()));
   }
 
   async stop(): Promise<void> {
-    await Promise.all(
-      [this.partitions, this.attachments, this.devices, this.storageNodes].map((c) => c.stop()),
-    );
+    await Promise.all(this.caches().map((c) => c.stop()));
   }
 
   get synced(): boolean {
-    return [this.partitions, this.attachments, this.devices, this.storageNodes].every((c) => c.hasSynced);
+    return this.caches().every((c) => c.hasSynced);
   }
 
   /**
@@ -215,6 +245,9 @@ export class CsiController {
       controllerGetVolumeHealth: (r) => this.getVolumeHealth(r),
       controllerListVolumeHealth: (r) => this.listVolumeHealth(r),
       controllerExpandVolume: (r, ctx) => this.expandVolume(r, ctx),
+      createSnapshot: (r, ctx) => this.createSnapshot(r, ctx),
+      deleteSnapshot: (r, ctx) => this.deleteSnapshot(r, ctx),
+      listSnapshots: (r) => this.listSnapshots(r),
     };
   }
 
@@ -333,10 +366,12 @@ export class CsiController {
   private async createVolume(req: CreateVolumeRequest, ctx: HandlerContext) {
     const plan = planCreateVolume(req, { namespace: this.ns, defaultVolumeBytes: this.o.defaultVolumeBytes });
     this.requireSynced();
-    if (plan.record.source) await this.checkContentSource(plan.record.source);
+    const source = plan.record.source
+      ? await this.resolveContentSource(plan.record.source, plan.record.sizeBytes)
+      : undefined;
     const key = this.key(plan.partitionName);
     return this.inFlight.run(key, `CreateVolume ${req.name}`, async () => {
-      const p = await this.ensurePartition(plan);
+      const p = await this.ensurePartition(plan, source);
       const uid = p.metadata.uid as string;
       let last: NVMePartition | undefined = p;
       const exported = await this.budget(
@@ -352,33 +387,61 @@ export class CsiController {
           ),
         () => `volume ${req.name} (NVMePartition ${key}) is not exported yet: ${progressOf(last)}`,
       );
-      return { volume: this.volumeOf(exported) };
+      const volume = this.volumeOf(exported);
+      if (req.volumeContentSource) volume.contentSource = req.volumeContentSource;
+      return { volume };
     });
   }
 
   /**
-   * Clones and snapshot restores are validated (kernel backend refused by the planner, the source
-   * must exist), then refused: NVMePartition has no field that could carry the source to the
-   * agent, so accepting one would hand out an empty volume.
+   * The exact object a clone or restore copies from (the planner already refused the kernel
+   * backend for the new volume). NOT_FOUND for a missing source, FAILED_PRECONDITION for a
+   * kernel-backend or unready source, OUT_OF_RANGE when the new volume would be smaller.
    */
-  private async checkContentSource(source: NonNullable<VolumeRecord["source"]>): Promise<never> {
-    if (source.kind === "snapshot")
-      throw notFound(`snapshot ${source.id} does not exist: DISTORT does not take snapshots`);
+  private async resolveContentSource(
+    source: NonNullable<VolumeRecord["source"]>,
+    sizeBytes: number,
+  ): Promise<ContentSource> {
     const ref = this.ref(source.id);
-    if (!ref || !(await this.partitionOf(ref))) throw notFound(`source volume ${source.id} does not exist`);
-    throw csiError(
-      "unimplemented",
-      `cloning volume ${source.id} is not available: the NVMePartition API has no content-source field for the agent to copy from`,
-    );
+    let sourceBytes: number;
+    let out: ContentSource;
+    if (source.kind === "snapshot") {
+      const s = ref && (await this.snapshotOf(ref));
+      if (!s || s.metadata.deletionTimestamp) throw notFound(`snapshot ${source.id} does not exist`);
+      if (!s.status?.readyToUse) throw failedPrecondition(`snapshot ${source.id} is not ready to use yet`);
+      sourceBytes = s.status.sizeBytes ?? 0;
+      out = { kind: "Snapshot", name: s.metadata.name, uid: s.metadata.uid as string };
+    } else {
+      const p = ref && (await this.partitionOf(ref));
+      if (!p || p.metadata.deletionTimestamp) throw notFound(`source volume ${source.id} does not exist`);
+      if ((p.spec.backend ?? "spdk") !== "spdk")
+        throw invalidArgument(
+          `source volume ${source.id} uses the kernel backend, whose partitions cannot be cloned`,
+        );
+      sourceBytes = p.spec.sizeBytes;
+      out = { kind: "Partition", name: p.metadata.name, uid: p.metadata.uid as string };
+    }
+    if (sizeBytes < sourceBytes)
+      throw csiError(
+        "out-of-range",
+        `the new volume (${sizeBytes} bytes) would be smaller than its source ${source.id} (${sourceBytes} bytes)`,
+      );
+    return out;
+  }
+
+  /** The snapshot of exactly this incarnation, read from the API server; undefined when gone. */
+  private async snapshotOf(ref: VolumeRef): Promise<NVMeSnapshot | undefined> {
+    const s = await this.snapClient.get(ref.name, ref.namespace);
+    return s && s.metadata.uid === ref.uid ? s : undefined;
   }
 
   /** Creates the plan's partition, or finds the one an earlier attempt created and checks it. */
-  private async ensurePartition(plan: CreatePlan): Promise<NVMePartition> {
+  private async ensurePartition(plan: CreatePlan, source?: ContentSource): Promise<NVMePartition> {
     for (let attempt = 0; attempt < 4; attempt++) {
       const existing = await this.partClient.get(plan.partitionName, this.ns);
       if (!existing) {
         try {
-          const created = await this.partClient.create(buildPartition(plan, this.ns));
+          const created = await this.partClient.create(buildPartition(plan, this.ns, source));
           this.log.info("volume requested", {
             volume: plan.requestName,
             partition: this.key(plan.partitionName),
@@ -843,6 +906,185 @@ export class CsiController {
       availableCapacity: BigInt(answer.availableBytes),
       maximumVolumeSize: BigInt(answer.maximumVolumeBytes),
       minimumVolumeSize: BigInt(ALLOCATION_UNIT),
+    };
+  }
+
+  // ---- CreateSnapshot / DeleteSnapshot / ListSnapshots --------------------------------------
+  // Snapshots are NVMeSnapshots in the driver namespace; ids have the volume id shape
+  // "<namespace>/<snapshot name>/<uid>". The in-flight key is prefixed so a snapshot and a volume
+  // of the same name never serialise against each other.
+
+  private snapshotInfo(s: NVMeSnapshot): SnapshotInit {
+    const created = s.status?.creationTime ?? s.metadata.creationTimestamp;
+    let sourceVolumeId = s.metadata.annotations?.[SnapshotAnnotations.sourceVolumeId] ?? "";
+    if (!sourceVolumeId) {
+      const src = { namespace: this.ns, name: s.spec.sourcePartitionName, uid: s.spec.sourcePartitionUID };
+      if (parseVolumeId(`${src.namespace}/${src.name}/${src.uid}`)) sourceVolumeId = formatVolumeId(src);
+    }
+    return {
+      snapshotId: formatVolumeId({
+        namespace: this.ns,
+        name: s.metadata.name,
+        uid: s.metadata.uid as string,
+      }),
+      sourceVolumeId,
+      sizeBytes: BigInt(s.status?.sizeBytes ?? 0),
+      readyToUse: s.status?.readyToUse === true,
+      ...(created ? { creationTime: timestampFromDate(new Date(created)) } : {}),
+    };
+  }
+
+  /** Ready=False for a reason waiting cannot cure (the agent refused the snapshot). */
+  private static snapshotRefusal(s: NVMeSnapshot): string | undefined {
+    const c = s.status?.conditions?.find((x) => x.type === "Ready");
+    return c?.status === "False" && (c.reason === "SourceNotFound" || c.reason === "UnsupportedBackend")
+      ? c.message
+      : undefined;
+  }
+
+  private async createSnapshot(req: CreateSnapshotRequest, ctx: HandlerContext) {
+    if (!req.name) throw invalidArgument("name is required");
+    const nameBytes = Buffer.byteLength(req.name);
+    if (nameBytes > MAX_REQUEST_NAME_LENGTH)
+      throw invalidArgument(
+        `name is ${nameBytes} bytes long; at most ${MAX_REQUEST_NAME_LENGTH} are allowed`,
+      );
+    if (!req.sourceVolumeId) throw invalidArgument("source_volume_id is required");
+    if (Object.keys(req.parameters).length > 0)
+      throw invalidArgument(
+        `CreateSnapshot takes no parameters (got ${Object.keys(req.parameters).join(", ")})`,
+      );
+    this.requireSynced();
+    const name = partitionNameFor(req.name);
+    const key = this.key(name);
+    return this.inFlight.run(`snapshot:${key}`, `CreateSnapshot ${req.name}`, async () => {
+      let s = await this.snapClient.get(name, this.ns);
+      if (s) {
+        const ann = s.metadata.annotations ?? {};
+        if (ann[SnapshotAnnotations.requestName] !== req.name)
+          throw alreadyExists(`NVMeSnapshot ${key} belongs to another snapshot request`);
+        if (ann[SnapshotAnnotations.sourceVolumeId] !== req.sourceVolumeId)
+          throw alreadyExists(
+            `snapshot ${req.name} already exists for source volume ${ann[SnapshotAnnotations.sourceVolumeId]}, not ${req.sourceVolumeId}`,
+          );
+        if (s.metadata.deletionTimestamp)
+          throw aborted(`snapshot ${req.name} is being deleted; retry once it is gone`);
+      } else {
+        const ref = this.ref(req.sourceVolumeId);
+        const p = ref && (await this.partitionOf(ref));
+        if (!ref || !p || p.metadata.deletionTimestamp)
+          throw notFound(`source volume ${req.sourceVolumeId} does not exist`);
+        if ((p.spec.backend ?? "spdk") !== "spdk")
+          throw failedPrecondition(
+            `source volume ${req.sourceVolumeId} uses the kernel backend: disk partitions cannot be snapshotted`,
+          );
+        try {
+          s = await this.snapClient.create({
+            apiVersion: API_VERSION,
+            kind: "NVMeSnapshot",
+            metadata: {
+              name,
+              namespace: this.ns,
+              labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
+              annotations: {
+                [SnapshotAnnotations.requestName]: req.name,
+                [SnapshotAnnotations.sourceVolumeId]: req.sourceVolumeId,
+              },
+            },
+            spec: { sourcePartitionName: ref.name, sourcePartitionUID: ref.uid },
+          });
+        } catch (err) {
+          if (err instanceof StorageError && err.kind === "already-exists")
+            throw aborted(`snapshot ${req.name} was created concurrently; retry`);
+          throw err;
+        }
+        this.log.info("snapshot requested", { snapshot: key, source: req.sourceVolumeId });
+      }
+      const uid = s.metadata.uid as string;
+      let last: NVMeSnapshot | undefined = s;
+      const ready = await this.budget(
+        ctx,
+        (signal) =>
+          this.snapshotWaiter.waitFor(
+            key,
+            (o) => {
+              if (!o || o.metadata.uid !== uid) return undefined;
+              last = o;
+              const refused = CsiController.snapshotRefusal(o);
+              if (refused) throw failedPrecondition(refused);
+              return o.status?.readyToUse ? o : undefined;
+            },
+            signal,
+          ),
+        () => {
+          const c = last?.status?.conditions?.find((x) => x.type === "Ready");
+          return `snapshot ${req.name} (NVMeSnapshot ${key}) is not ready yet${c ? `: ${c.reason}: ${c.message}` : ""}`;
+        },
+      );
+      return { snapshot: this.snapshotInfo(ready) };
+    });
+  }
+
+  private async deleteSnapshot(req: DeleteSnapshotRequest, ctx: HandlerContext) {
+    if (!req.snapshotId) throw invalidArgument("snapshot_id is required");
+    const ref = this.ref(req.snapshotId);
+    if (!ref) return {}; // never one of ours
+    this.requireSynced();
+    const key = this.key(ref.name);
+    return this.inFlight.run(`snapshot:${key}`, "DeleteSnapshot", async () => {
+      const s = await this.snapshotOf(ref);
+      if (!s) return {};
+      if (!s.metadata.deletionTimestamp) {
+        try {
+          await this.snapClient.delete(ref.name, this.ns, { uid: ref.uid });
+        } catch (err) {
+          if (err instanceof StorageError && err.kind === "conflict") return {};
+          throw err;
+        }
+      }
+      // Clones still reading from the snapshot keep its lvol alive; the agent deletes it once
+      // they are gone. For CSI the snapshot is deleted as soon as the agent says so.
+      const blocked = Symbol("blocked");
+      try {
+        await this.budget(
+          ctx,
+          (signal) =>
+            this.waitGone(this.snapshotWaiter, this.snapClient, ref.name, ref.uid, signal, (o) => {
+              if (o.status?.conditions?.some((c) => c.type === "DeletionBlocked" && c.status === "True"))
+                throw blocked;
+            }),
+          () => `deletion of snapshot ${key} is not finished: the agent holds its finalizer`,
+        );
+      } catch (err) {
+        if (err !== blocked) throw err;
+        this.log.info("snapshot deletion deferred until its clones are gone", { snapshot: key });
+        return {};
+      }
+      this.log.info("snapshot deleted", { snapshot: key, uid: ref.uid });
+      return {};
+    });
+  }
+
+  private listSnapshots(req: ListSnapshotsRequest) {
+    this.requireSynced();
+    let items = this.snapshots.list().filter((s) => {
+      const uid = s.metadata.uid;
+      return (
+        uid !== undefined &&
+        !s.metadata.deletionTimestamp &&
+        parseVolumeId(`${this.ns}/${s.metadata.name}/${uid}`) !== undefined
+      );
+    });
+    if (req.snapshotId) {
+      const ref = this.ref(req.snapshotId);
+      items = ref ? items.filter((s) => s.metadata.name === ref.name && s.metadata.uid === ref.uid) : [];
+    }
+    if (req.sourceVolumeId)
+      items = items.filter((s) => this.snapshotInfo(s).sourceVolumeId === req.sourceVolumeId);
+    const page = paginate(items, (s) => s.metadata.name, req.maxEntries, req.startingToken);
+    return {
+      entries: page.entries.map((s) => ({ snapshot: this.snapshotInfo(s) })),
+      nextToken: page.nextToken,
     };
   }
 

@@ -1,6 +1,12 @@
 // What every manager controller is given: typed clients (the API server port), the shared
 // inventory over the watch caches, events, clock, logger, metrics and configuration.
-import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from "../api/index.ts";
+import type {
+  NVMeDevice,
+  NVMeDeviceClaim,
+  NVMePartition,
+  NVMeSnapshot,
+  RDMAStorageNode,
+} from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
 import type { ResourceClient } from "../lib/kube/resource.ts";
 import type { Logger } from "../lib/log.ts";
@@ -15,6 +21,8 @@ export interface Clients {
   claims: ResourceClient<NVMeDeviceClaim>;
   partitions: ResourceClient<NVMePartition>;
   nodes: ResourceClient<RDMAStorageNode>;
+  /** Read only, to place a restore on the drive holding its snapshot. */
+  snapshots?: ResourceClient<NVMeSnapshot>;
 }
 
 export interface ManagerContext {

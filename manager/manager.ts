@@ -66,6 +66,7 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
     devices: new ResourceClient(conn, kinds.NVMeDevice),
     claims: new ResourceClient(conn, kinds.NVMeDeviceClaim),
     partitions: new ResourceClient(conn, kinds.NVMePartition),
+    snapshots: new ResourceClient(conn, kinds.NVMeSnapshot),
     nodes: new ResourceClient(conn, kinds.RDMAStorageNode),
   };
   const inventory = new Inventory();

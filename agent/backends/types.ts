@@ -28,6 +28,11 @@ export interface VolumeSpec {
   externalId: string;
   sizeBytes: number;
   device: DeviceRef;
+  /**
+   * Initial content (spdk-lvol only): clone the snapshot lvol named `lvolName`, or snapshot the
+   * partition lvol `lvolName` into a hidden snapshot and clone that. Both live in the same lvstore.
+   */
+  contentSource?: { kind: "snapshot" | "partition"; lvolName: string };
 }
 
 export interface Volume {

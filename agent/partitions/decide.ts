@@ -4,7 +4,7 @@
 import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
 import { roundUpToUnit as roundUp } from "../../lib/units.ts";
 import type { BackendName, VolumeManagerName, VolumeSpec } from "../backends/types.ts";
-import { externalIdFor, nqnFor } from "./identity.ts";
+import { externalIdFor, nqnFor, snapshotExternalIdFor } from "./identity.ts";
 
 export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
 
@@ -62,6 +62,7 @@ function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
   const backend = p.spec.backend ?? "spdk";
   const uid = p.metadata.uid as string;
   const externalId = p.status?.externalId ?? externalIdFor(uid);
+  const cs = p.spec.contentSource;
   return {
     backend,
     volumeManager: resolveVolumeManager(backend, p.spec.volumeManager),
@@ -74,6 +75,14 @@ function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
         serial: p.spec.deviceSerial ?? "",
         pciAddress: device?.spec.pciAddress ?? "",
       },
+      ...(cs
+        ? {
+            contentSource:
+              cs.kind === "Snapshot"
+                ? { kind: "snapshot" as const, lvolName: snapshotExternalIdFor(cs.uid) }
+                : { kind: "partition" as const, lvolName: externalIdFor(cs.uid) },
+          }
+        : {}),
     },
   };
 }
@@ -142,6 +151,15 @@ export function decide(o: Observed): Decision {
     };
   }
   const t = target(p, d);
+  if (t.volume.contentSource && t.volumeManager !== "spdk-lvol") {
+    return {
+      action: "refuse",
+      why: {
+        reason: "ContentSourceUnsupported",
+        message: `spec.contentSource needs the spdk-lvol volume manager; ${t.volumeManager} volumes cannot be cloned or restored from snapshots`,
+      },
+    };
+  }
   const active = d.status?.activeBackend;
   if (active && active !== t.backend) {
     return {

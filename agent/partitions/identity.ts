@@ -15,6 +15,20 @@ export function externalIdFor(uid: string): string {
   return `vol-${sha256hex(uid).slice(0, 20)}`;
 }
 
+/** "snap-" + 20 hex digits of SHA-256(NVMeSnapshot uid): the snapshot lvol's name in its lvstore. */
+export function snapshotExternalIdFor(uid: string): string {
+  if (!uid) throw new Error("a snapshot without a UID has no identity yet");
+  return `snap-${sha256hex(uid).slice(0, 20)}`;
+}
+
+/**
+ * The hidden snapshot a partition-to-partition clone is made through ("<externalId>-src"): named
+ * from the NEW partition, so a retry finds it and deleting the clone can remove it.
+ */
+export function cloneSourceSnapshotFor(externalId: string): string {
+  return `${externalId}-src`;
+}
+
 export function nqnFor(externalId: string): string {
   return `${NQN_PREFIX}${externalId}`;
 }

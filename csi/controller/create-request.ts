@@ -1,7 +1,12 @@
 // CreateVolume's pure half: validate a request into a plan (partition name, normalized record,
 // fingerprint, topology) and build the NVMePartition the plan describes. Everything a bad request
 // can be refused for is refused here, before any API call.
-import { API_VERSION, type NVMePartition, type TopologyRequirement } from "../../api/index.ts";
+import {
+  API_VERSION,
+  type ContentSource,
+  type NVMePartition,
+  type TopologyRequirement,
+} from "../../api/index.ts";
 import type { CreateVolumeRequest } from "../../gen/csi/v1/csi_pb.ts";
 import { invalidArgument } from "../errors.ts";
 import { requireSupported } from "./capabilities.ts";
@@ -85,8 +90,15 @@ export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): Crea
   };
 }
 
-/** The NVMePartition to create for `plan` in `namespace`: unplaced, with the request recorded. */
-export function buildPartition(plan: CreatePlan, namespace: string): NVMePartition {
+/**
+ * The NVMePartition to create for `plan` in `namespace`: unplaced, with the request recorded, and
+ * the resolved content source (exact object identity) when the request has one.
+ */
+export function buildPartition(
+  plan: CreatePlan,
+  namespace: string,
+  contentSource?: ContentSource,
+): NVMePartition {
   const { params } = plan.record;
   const annotations: Record<string, string> = {
     [Annotations.requestName]: plan.requestName,
@@ -114,6 +126,7 @@ export function buildPartition(plan: CreatePlan, namespace: string): NVMePartiti
         ...(params.portalPort === undefined ? {} : { portalPort: params.portalPort }),
       },
       ...(plan.topology ? { topology: plan.topology } : {}),
+      ...(contentSource ? { contentSource } : {}),
     },
   };
 }

@@ -17,6 +17,7 @@ import {
   type PlacementConfig,
   type PlacementOutcome,
   type Reserve,
+  type SourcePin,
 } from "./placement-core.ts";
 import { reserveVerdict } from "./reservation.ts";
 
@@ -54,6 +55,29 @@ export function placementConfig(ctx: ManagerContext): PlacementConfig {
  * partition's spec is written only after its ledger entry is stored on the device, and the entry
  * is written only on the device version it was checked against.
  */
+/**
+ * The drive a partition with spec.contentSource must share with its source: the source
+ * partition's (from the inventory) or the snapshot's recorded drive (read from the API server).
+ * Undefined for a partition without a content source.
+ */
+export async function sourcePin(ctx: ManagerContext, p: NVMePartition): Promise<SourcePin | undefined> {
+  const cs = p.spec.contentSource;
+  if (!cs) return undefined;
+  const ns = p.metadata.namespace;
+  if (cs.kind === "Partition") {
+    const src = ctx.inventory.partition(objectKey({ name: cs.name, namespace: ns }));
+    if (!src || src.metadata.uid !== cs.uid)
+      return { why: `source partition ${cs.name} (uid ${cs.uid}) not found` };
+    if (!src.spec.deviceSerial) return { why: `source partition ${cs.name} is not placed yet` };
+    return { serial: src.spec.deviceSerial, why: `clone of partition ${cs.name} must share its drive` };
+  }
+  const snap = ctx.clients.snapshots ? await ctx.clients.snapshots.get(cs.name, ns) : undefined;
+  if (!snap || snap.metadata.uid !== cs.uid)
+    return { why: `source snapshot ${cs.name} (uid ${cs.uid}) not found` };
+  if (!snap.status?.deviceSerial) return { why: `source snapshot ${cs.name} has not been taken yet` };
+  return { serial: snap.status.deviceSerial, why: `restore of snapshot ${cs.name} must share its drive` };
+}
+
 export function placementReconciler(ctx: ManagerContext, state: PlacementState): Reconcile {
   const cfg = placementConfig(ctx);
   const { inventory, metrics } = ctx;
@@ -65,8 +89,9 @@ export function placementReconciler(ctx: ManagerContext, state: PlacementState):
       return;
     }
     state.observe(key, p, ctx.clock.now());
+    const pin = p.spec.nodeName ? undefined : await sourcePin(ctx, p);
     for (let round = 0; round < ROUNDS; round++) {
-      const out = decidePlacement(p, inventory, ctx.clock.now(), cfg);
+      const out = decidePlacement(p, inventory, ctx.clock.now(), cfg, pin);
       if (out.result !== "placed") return finish(ctx, state, key, p, out);
       const reserve = out.actions[0] as Reserve;
       const use = partitionUse(p) as PartitionUse;

@@ -424,3 +424,42 @@ describe("backoffMs", () => {
     expect(decidePlacement(p, view({}), NOW, CFG).requeueAfterMs).toBe(8000);
   });
 });
+
+describe("decidePlacement with a content source (clone or restore)", () => {
+  const reasonOf = (out: ReturnType<typeof decidePlacement>) =>
+    out.status?.conditions?.find((c) => c.type === "Scheduled")?.reason;
+
+  test("goes to the source's drive even when another has more room", () => {
+    const out = decidePlacement(pending(), view(twoDevices()), NOW, CFG, { serial: "SER-d2", why: "clone" });
+    expect(out.result).toBe("placed");
+    expect(out.actions[0]).toMatchObject({
+      type: "reserve",
+      device: "d2",
+      serial: "SER-d2",
+      nodeName: "node-b",
+    });
+  });
+
+  test("source drive without room: Scheduled=False InsufficientCapacity, no other drive tried", () => {
+    const out = decidePlacement(pending({ size: 60 * GiB }), view(twoDevices()), NOW, CFG, {
+      serial: "SER-d2",
+      why: "clone of partition src must share its drive",
+    });
+    expect(out.result).toBe("unschedulable");
+    expect(reasonOf(out)).toBe("InsufficientCapacity");
+    expect(out.actions).toHaveLength(1);
+  });
+
+  test("source unresolved or its drive unknown: SourceUnavailable", () => {
+    const gone = decidePlacement(pending(), view(twoDevices()), NOW, CFG, {
+      why: "source snapshot s not found",
+    });
+    expect(reasonOf(gone)).toBe("SourceUnavailable");
+    expect(gone.status?.conditions?.[0]?.message).toContain("source snapshot s not found");
+    const nowhere = decidePlacement(pending(), view(twoDevices()), NOW, CFG, {
+      serial: "SER-zz",
+      why: "clone",
+    });
+    expect(reasonOf(nowhere)).toBe("SourceUnavailable");
+  });
+});

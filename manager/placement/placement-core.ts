@@ -50,7 +50,18 @@ export type UnschedulableReason =
   | "NodeNotReady"
   | "BackendLocked"
   | "TopologyMismatch"
-  | "InsufficientCapacity";
+  | "InsufficientCapacity"
+  /** A clone or restore whose source's drive is unknown, or whose source drive is unusable. */
+  | "SourceUnavailable";
+
+/**
+ * Where a partition with spec.contentSource must go: the drive (lvstore) holding its source. The
+ * shell resolves it; `serial` undefined means the source could not be found (with `why`).
+ */
+export interface SourcePin {
+  serial?: string;
+  why: string;
+}
 
 export interface Reserve {
   type: "reserve";
@@ -101,6 +112,7 @@ const STAGE: Record<UnschedulableReason, number> = {
   BackendLocked: 2,
   TopologyMismatch: 3,
   InsufficientCapacity: 4,
+  SourceUnavailable: 5,
 };
 
 /**
@@ -117,6 +129,7 @@ export function decidePlacement(
   view: PlacementView,
   nowMs: number,
   cfg: PlacementConfig,
+  pin?: SourcePin,
 ): PlacementOutcome {
   const generation = p.metadata.generation;
   const scheduled = findCondition(p.status?.conditions ?? [], ConditionTypes.Scheduled);
@@ -140,7 +153,11 @@ export function decidePlacement(
     BackendLocked: [],
     TopologyMismatch: [],
     InsufficientCapacity: [],
+    SourceUnavailable: [],
   };
+  // A clone shares its source's lvstore: only that drive can hold it (no most-free choice).
+  if (pin && pin.serial === undefined)
+    return unschedulable(p, scheduled, nowMs, cfg, "SourceUnavailable", pin.why);
   const nodeDetail = new Map<string, string>();
   const lockedTo = new Set<string>();
   let mostFree = Number.NEGATIVE_INFINITY;
@@ -149,6 +166,7 @@ export function decidePlacement(
   const candidates: Candidate[] = [];
 
   for (const d of view.devices()) {
+    if (pin && d.spec.serial !== pin.serial) continue;
     total++;
     const key = claimKeyOf(d);
     const own = verifyOwner(d, key ? view.claim(key) : undefined);
@@ -239,10 +257,31 @@ export function decidePlacement(
       `${n("NodeNotReady")} on unusable nodes (${listed(nodesWith((r) => r !== "HeartbeatStale" && r !== "NoHeartbeat"))})`,
     );
   if (n("NoClaimedDevice")) parts.push(`${n("NoClaimedDevice")} not owned by a live bound claim`);
+  if (pin && total === 0)
+    return unschedulable(
+      p,
+      scheduled,
+      nowMs,
+      cfg,
+      "SourceUnavailable",
+      `${pin.why}: no NVMeDevice with serial ${pin.serial}`,
+    );
   const message =
     total === 0
       ? `no NVMeDevice exists to hold ${formatBytes(bytes)}`
-      : `0/${total} devices can hold ${formatBytes(bytes)} (${p.spec.backend}): ${parts.join("; ")}`;
+      : `0/${total} devices can hold ${formatBytes(bytes)} (${p.spec.backend}): ${parts.join("; ")}${pin ? ` (${pin.why})` : ""}`;
+  return unschedulable(p, scheduled, nowMs, cfg, reason, message);
+}
+
+function unschedulable(
+  p: NVMePartition,
+  scheduled: ReturnType<typeof findCondition>,
+  nowMs: number,
+  cfg: PlacementConfig,
+  reason: UnschedulableReason,
+  message: string,
+): PlacementOutcome {
+  const generation = p.metadata.generation;
   return {
     actions: [{ type: "event", eventType: "Warning", reason: "FailedPlacement", note: message }],
     status: {

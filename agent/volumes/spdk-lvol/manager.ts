@@ -1,14 +1,15 @@
 // The spdk-lvol volume manager: one lvstore per drive (named from its serial) on the drive's
 // namespace-1 bdev, one lvol per partition named by its externalId. Lookups go by the alias
 // "<lvstore>/<externalId>" before anything is created, so a retry after a crash finds the lvol an
-// earlier pass made instead of creating a second one.
+// earlier pass made instead of creating a second one. A volume with a content source is a clone of
+// a snapshot in the same lvstore (for a partition source, of a hidden snapshot taken for it).
 import { StorageError } from "../../../lib/errors.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import { ALLOCATION_UNIT } from "../../../lib/units.ts";
 import type { DeviceRef, Volume, VolumeManager, VolumeSpec } from "../../backends/types.ts";
-import { lvstoreNameFor } from "../../partitions/identity.ts";
+import { cloneSourceSnapshotFor, lvstoreNameFor } from "../../partitions/identity.ts";
 
 const MiB = 1024 * 1024;
 
@@ -95,9 +96,87 @@ export class SpdkLvolVolumeManager implements VolumeManager {
     }
   }
 
+  /** The bdev behind alias "<lvstore of device>/<name>", or undefined. */
+  private async lvolByName(device: DeviceRef, name: string) {
+    try {
+      const [b] = await this.m.bdevGetBdevs({ name: `${lvstoreNameFor(device.serial)}/${name}` });
+      return b;
+    } catch (err) {
+      if (isKind(err, "not-found")) return undefined;
+      throw err;
+    }
+  }
+
+  /**
+   * Snapshots lvol `lvolName` (same lvstore as `device`) as `snapshotName` unless that snapshot
+   * exists. Resolves with its size. Source missing: "not-found".
+   */
+  async ensureSnapshot(
+    device: DeviceRef,
+    lvolName: string,
+    snapshotName: string,
+  ): Promise<{ sizeBytes: number }> {
+    const have = await this.lvolByName(device, snapshotName);
+    if (have) return { sizeBytes: have.num_blocks * have.block_size };
+    const lvs = lvstoreNameFor(device.serial);
+    const src = await this.lvolByName(device, lvolName);
+    if (!src) throw new StorageError("not-found", `lvol ${lvs}/${lvolName} to snapshot does not exist`);
+    try {
+      await this.m.bdevLvolSnapshot(`${lvs}/${lvolName}`, snapshotName);
+    } catch (err) {
+      if (!isKind(err, "already-exists")) throw err;
+    }
+    const made = await this.lvolByName(device, snapshotName);
+    if (!made)
+      throw new StorageError(
+        "unavailable",
+        `snapshot ${lvs}/${snapshotName} not visible right after creation`,
+      );
+    this.opts.logger.info("snapshot taken", { source: lvolName, snapshot: snapshotName, bdev: made.name });
+    return { sizeBytes: made.num_blocks * made.block_size };
+  }
+
+  /**
+   * Deletes snapshot `snapshotName`; gone already counts as deleted. SPDK refuses while more than
+   * one clone depends on it: "precondition", and nothing changed.
+   */
+  async deleteSnapshot(device: DeviceRef, snapshotName: string): Promise<void> {
+    const have = await this.lvolByName(device, snapshotName);
+    if (!have) return;
+    try {
+      await this.m.bdevLvolDelete(have.name);
+    } catch (err) {
+      if (!isKind(err, "not-found")) throw err;
+    }
+  }
+
+  private async cloneFor(spec: VolumeSpec, source: NonNullable<VolumeSpec["contentSource"]>): Promise<void> {
+    const lvs = lvstoreNameFor(spec.device.serial);
+    let snap = source.lvolName;
+    if (source.kind === "partition") {
+      snap = cloneSourceSnapshotFor(spec.externalId);
+      await this.ensureSnapshot(spec.device, source.lvolName, snap);
+    } else if (!(await this.lvolByName(spec.device, snap))) {
+      throw new StorageError("precondition", `source snapshot ${lvs}/${snap} does not exist on this drive`);
+    }
+    try {
+      await this.m.bdevLvolClone(`${lvs}/${snap}`, spec.externalId);
+    } catch (err) {
+      if (!isKind(err, "already-exists")) throw err;
+    }
+    this.opts.logger.info("lvol cloned", { externalId: spec.externalId, from: snap });
+  }
+
   async ensureVolume(spec: VolumeSpec): Promise<Volume> {
     const found = await this.findVolume(spec);
     if (found) return found.sizeBytes < spec.sizeBytes ? this.resizeVolume(spec) : found;
+    if (spec.contentSource) {
+      await this.cloneFor(spec, spec.contentSource);
+      const clone = await this.findVolume(spec);
+      if (!clone)
+        throw new StorageError("unavailable", `clone ${spec.externalId} not visible right after creation`);
+      return clone.sizeBytes < spec.sizeBytes ? this.resizeVolume(spec) : clone;
+    }
     try {
       await this.m.bdevLvolCreate({
         lvol_name: spec.externalId,
@@ -135,6 +214,13 @@ export class SpdkLvolVolumeManager implements VolumeManager {
       await this.m.bdevLvolDelete(found.backendPath);
     } catch (err) {
       if (!isKind(err, "not-found")) throw err;
+    }
+    if (spec.contentSource?.kind === "partition") {
+      // The hidden snapshot this clone was made through; with the clone gone at most the source
+      // depends on it, which SPDK allows (its clusters pass to the source).
+      await this.deleteSnapshot(spec.device, cloneSourceSnapshotFor(spec.externalId)).catch((err) => {
+        if (!isKind(err, "precondition")) throw err;
+      });
     }
   }
 }

@@ -1,0 +1,245 @@
+// The node-local snapshot reconciler's shell: watches NVMeSnapshots (and this node's partitions, so
+// a source becoming Exported wakes its snapshots), runs decideSnapshot, and carries the decision out
+// through the SnapshotLvols port (SpdkLvolVolumeManager in production) and the API server.
+import type { NVMePartition, NVMeSnapshot, NVMeSnapshotStatus } from "../../api/index.ts";
+import { kinds } from "../../api/index.ts";
+import type { Clock } from "../../lib/clock.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { WatchCache } from "../../lib/kube/cache.ts";
+import { type ConditionStatus, formatConditionTime, setCondition } from "../../lib/kube/conditions.ts";
+import type { KubeConnection } from "../../lib/kube/connection.ts";
+import type { EventRecorder } from "../../lib/kube/events.ts";
+import { WorkQueue } from "../../lib/kube/queue.ts";
+import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
+import { type Controller, runController } from "../../lib/kube/runner.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
+import type { Logger } from "../../lib/log.ts";
+import type { Registry } from "../../lib/metrics.ts";
+import type { DeviceRef } from "../backends/types.ts";
+import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotPlace, type SnapshotWhy } from "./decide.ts";
+
+/** The SPDK operations snapshots need; both idempotent (looked up by alias before acting). */
+export interface SnapshotLvols {
+  /** Snapshot lvol `lvolName` as `snapshotName` unless it exists; its size. Source gone: "not-found". */
+  ensureSnapshot(device: DeviceRef, lvolName: string, snapshotName: string): Promise<{ sizeBytes: number }>;
+  /** Gone already: done. Clones still depend on it: "precondition". */
+  deleteSnapshot(device: DeviceRef, snapshotName: string): Promise<void>;
+}
+
+export interface SnapshotControllerOptions {
+  conn: KubeConnection;
+  nodeName: string;
+  /** Undefined when this agent serves no spdk backend: its snapshots are refused. */
+  lvols: SnapshotLvols | undefined;
+  logger: Logger;
+  clock: Clock;
+  registry?: Registry;
+  events?: EventRecorder;
+  workers?: number;
+  /** Retry period while deletion is blocked by clones. Default 5 s. */
+  blockedRetryMs?: number;
+}
+
+function deviceOf(place: SnapshotPlace): DeviceRef {
+  return { name: "", serial: place.deviceSerial, pciAddress: "" };
+}
+
+/**
+ * One per agent. start() syncs the caches and runs the workers; stop() ends both. Safe to run on
+ * every storage node: each acts only on snapshots whose source lives on its node.
+ */
+export class SnapshotController {
+  readonly snapshots: WatchCache<NVMeSnapshot>;
+  readonly partitions: WatchCache<NVMePartition>;
+  private readonly client: ResourceClient<NVMeSnapshot>;
+  private readonly partClient: ResourceClient<NVMePartition>;
+  private readonly queue: WorkQueue;
+  private controller: Controller | undefined;
+
+  constructor(private readonly o: SnapshotControllerOptions) {
+    this.client = new ResourceClient(o.conn, kinds.NVMeSnapshot);
+    this.snapshots = new WatchCache(this.client, { logger: o.logger });
+    this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
+    this.partitions = new WatchCache(this.partClient, {
+      fieldSelector: `spec.nodeName=${o.nodeName}`,
+      logger: o.logger,
+    });
+    this.queue = new WorkQueue({ name: "snapshots", clock: o.clock });
+    const enqueue = (s: NVMeSnapshot) => this.queue.add(objectKey(s.metadata));
+    this.snapshots.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
+    const bySource = (p: NVMePartition) => {
+      for (const s of this.snapshots.list()) if (s.spec.sourcePartitionUID === p.metadata.uid) enqueue(s);
+    };
+    this.partitions.on({ add: bySource, update: (_o, n) => bySource(n), delete: bySource });
+  }
+
+  async start(): Promise<void> {
+    await Promise.all([this.partitions.start(), this.snapshots.start()]);
+    this.controller = runController({
+      name: "snapshots",
+      queue: this.queue,
+      workers: this.o.workers ?? 2,
+      logger: this.o.logger,
+      registry: this.o.registry,
+      clock: this.o.clock,
+      reconcile: (key) => this.reconcile(key),
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.controller?.stop();
+    await Promise.all([this.partitions.stop(), this.snapshots.stop()]);
+  }
+
+  private async sourceOf(s: NVMeSnapshot): Promise<NVMePartition | undefined> {
+    const key = objectKey({ name: s.spec.sourcePartitionName, namespace: s.metadata.namespace });
+    return (
+      this.partitions.get(key) ??
+      (await this.partClient.get(s.spec.sourcePartitionName, s.metadata.namespace))
+    );
+  }
+
+  private async writeStatus(
+    s: NVMeSnapshot,
+    change: (st: NVMeSnapshotStatus) => void,
+    cond?: { type: string; status: ConditionStatus; why: SnapshotWhy },
+  ) {
+    const now = new Date(this.o.clock.now());
+    await updateStatus(this.client, s.metadata.name, s.metadata.namespace, (latest) => {
+      if (latest.metadata.uid !== s.metadata.uid) return undefined;
+      const st = structuredClone(latest.status ?? { conditions: [] }) as NVMeSnapshotStatus;
+      change(st);
+      if (cond) {
+        st.conditions = setCondition(
+          st.conditions ?? [],
+          {
+            type: cond.type,
+            status: cond.status,
+            reason: cond.why.reason,
+            message: cond.why.message,
+            observedGeneration: latest.metadata.generation,
+          },
+          now,
+        );
+      }
+      st.observedGeneration = latest.metadata.generation;
+      return st;
+    });
+  }
+
+  private async setFinalizer(s: NVMeSnapshot, present: boolean) {
+    const latest = await this.client.get(s.metadata.name, s.metadata.namespace);
+    if (!latest || latest.metadata.uid !== s.metadata.uid) return;
+    const rest = (latest.metadata.finalizers ?? []).filter((f) => f !== SNAPSHOT_FINALIZER);
+    await this.client.replace({
+      ...latest,
+      metadata: { ...latest.metadata, finalizers: present ? [...rest, SNAPSHOT_FINALIZER] : rest },
+    });
+  }
+
+  /** One pass for snapshot `key` ("namespace/name"); throws to be retried with backoff. */
+  async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
+    const s = this.snapshots.get(key);
+    if (!s) return;
+    const d = decideSnapshot(s, await this.sourceOf(s), this.o.nodeName);
+    switch (d.action) {
+      case "ignore":
+      case "done":
+        return;
+      case "add-finalizer":
+        await this.setFinalizer(s, true);
+        return;
+      case "wait":
+        await this.writeStatus(
+          s,
+          (st) => {
+            st.readyToUse = false;
+          },
+          {
+            type: "Ready",
+            status: "False",
+            why: d.why,
+          },
+        );
+        throw new StorageError("unavailable", d.why.message);
+      case "refuse":
+        await this.writeStatus(
+          s,
+          (st) => {
+            st.readyToUse = false;
+          },
+          {
+            type: "Ready",
+            status: "False",
+            why: d.why,
+          },
+        );
+        return;
+      case "take": {
+        const lvols = this.o.lvols;
+        if (!lvols) {
+          await this.writeStatus(
+            s,
+            (st) => {
+              st.readyToUse = false;
+            },
+            {
+              type: "Ready",
+              status: "False",
+              why: {
+                reason: "UnsupportedBackend",
+                message: `node ${this.o.nodeName} serves no spdk backend`,
+              },
+            },
+          );
+          return;
+        }
+        // Record where before acting: deletion must find the lvol even if the source goes first.
+        await this.writeStatus(s, (st) => {
+          st.nodeName = d.place.nodeName;
+          st.deviceSerial = d.place.deviceSerial;
+          st.externalId = d.place.externalId;
+        });
+        const { sizeBytes } = await lvols.ensureSnapshot(deviceOf(d.place), d.sourceLvol, d.place.externalId);
+        const now = formatConditionTime(new Date(this.o.clock.now()));
+        await this.writeStatus(
+          s,
+          (st) => {
+            st.readyToUse = true;
+            st.sizeBytes = sizeBytes;
+            st.creationTime ??= now;
+          },
+          {
+            type: "Ready",
+            status: "True",
+            why: { reason: "SnapshotTaken", message: `lvol ${d.place.externalId}` },
+          },
+        );
+        this.o.logger.info("snapshot ready", { snapshot: key, lvol: d.place.externalId, bytes: sizeBytes });
+        return;
+      }
+      case "delete": {
+        if (d.place) {
+          if (!this.o.lvols) throw new StorageError("unimplemented", "this agent serves no spdk backend");
+          try {
+            await this.o.lvols.deleteSnapshot(deviceOf(d.place), d.place.externalId);
+          } catch (err) {
+            if (!(err instanceof StorageError && err.kind === "precondition")) throw err;
+            await this.writeStatus(s, () => {}, {
+              type: "DeletionBlocked",
+              status: "True",
+              why: {
+                reason: "ClonesExist",
+                message: `SPDK refuses to delete ${d.place.externalId}: ${err.message}`,
+              },
+            });
+            return { requeueAfterMs: this.o.blockedRetryMs ?? 5_000 };
+          }
+        }
+        await this.setFinalizer(s, false);
+        this.o.logger.info("snapshot deleted", { snapshot: key, lvol: d.place?.externalId });
+        return;
+      }
+    }
+  }
+}
