@@ -7,8 +7,8 @@ import { realClock } from "../lib/clock.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
 import { type Exec, hostExec } from "../lib/exec.ts";
 import { hostFs } from "../lib/fs.ts";
+import { callMetrics } from "../lib/grpc/call-metrics.ts";
 import { register, type ServiceRegistration, serveGrpc } from "../lib/grpc/server.ts";
-import { codeName, toConnectError } from "../lib/grpc/status.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { readHostNqn } from "../lib/host-nqn.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
@@ -52,7 +52,7 @@ export interface RunOptions {
  */
 export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = {}): Promise<RunningCsi> {
   const registry = new Registry();
-  const measure = metricsFor(registry);
+  const measure = callMetrics(registry, "distort_csi", "CSI");
   const readiness: ReadinessCheck[] = [];
   const services: ServiceRegistration[] = [];
   const serveController = cfg.mode === "controller" || cfg.mode === "all";
@@ -187,43 +187,6 @@ async function withRetries<T>(fn: () => Promise<T>, logger: Logger, attempts = 6
       await realClock.sleep(250 * 2 ** i);
     }
   }
-}
-
-/**
- * Wraps a service's unary handlers (all CSI methods are unary) to count calls by method and gRPC
- * code and to time them, for /metrics. Create one per registry: the metrics register once.
- */
-function metricsFor(registry: Registry) {
-  const calls = registry.counter<"method" | "code">({
-    name: "distort_csi_calls_total",
-    help: "CSI calls by method and gRPC status code.",
-    labelNames: ["method", "code"],
-  });
-  const seconds = registry.histogram<"method">({
-    name: "distort_csi_call_duration_seconds",
-    help: "CSI call duration by method, including waits for the manager and agent.",
-    labelNames: ["method"],
-    buckets: [0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60],
-  });
-  return <T extends object>(impl: T): T => {
-    const out: Record<string, unknown> = {};
-    for (const [method, fn] of Object.entries(impl)) {
-      out[method] = async (req: unknown, ctx: unknown) => {
-        const started = performance.now();
-        let code = "OK";
-        try {
-          return await (fn as (r: unknown, c: unknown) => unknown)(req, ctx);
-        } catch (err) {
-          code = codeName(toConnectError(err).code);
-          throw err;
-        } finally {
-          calls.inc({ method, code });
-          seconds.observe({ method }, (performance.now() - started) / 1000);
-        }
-      };
-    }
-    return out as T;
-  };
 }
 
 if (import.meta.main) {

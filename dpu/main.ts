@@ -7,8 +7,8 @@ import { type Clock, realClock } from "../lib/clock.ts";
 import { errorMessage } from "../lib/errors.ts";
 import { type Exec, hostExec } from "../lib/exec.ts";
 import { hostFs } from "../lib/fs.ts";
+import { callMetrics } from "../lib/grpc/call-metrics.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
-import { codeName, toConnectError } from "../lib/grpc/status.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { readHostNqn } from "../lib/host-nqn.ts";
 import { dirKeyFiles } from "../lib/key-files.ts";
@@ -122,7 +122,7 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
   });
 
   const registry = new Registry();
-  const measure = metricsFor(registry);
+  const measure = callMetrics(registry, "distort_dpu", "DPF plugin");
   const manifest: Record<string, string> = {
     pluginName: cfg.pluginName,
     snapProvider: cfg.snapProvider,
@@ -193,40 +193,6 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
       })();
       return stopping;
     },
-  };
-}
-
-/** Counts calls by method and gRPC code and times them, for /metrics. */
-function metricsFor(registry: Registry) {
-  const calls = registry.counter<"method" | "code">({
-    name: "distort_dpu_calls_total",
-    help: "DPF plugin calls by method and gRPC status code.",
-    labelNames: ["method", "code"],
-  });
-  const seconds = registry.histogram<"method">({
-    name: "distort_dpu_call_duration_seconds",
-    help: "DPF plugin call duration by method, including SNAP round trips, mkfs and mount.",
-    labelNames: ["method"],
-    buckets: [0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60],
-  });
-  return <T extends object>(impl: T): T => {
-    const out: Record<string, unknown> = {};
-    for (const [method, fn] of Object.entries(impl)) {
-      out[method] = async (req: unknown, ctx: unknown) => {
-        const started = performance.now();
-        let code = "OK";
-        try {
-          return await (fn as (r: unknown, c: unknown) => unknown)(req, ctx);
-        } catch (err) {
-          code = codeName(toConnectError(err).code);
-          throw err;
-        } finally {
-          calls.inc({ method, code });
-          seconds.observe({ method }, (performance.now() - started) / 1000);
-        }
-      };
-    }
-    return out as T;
   };
 }
 

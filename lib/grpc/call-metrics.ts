@@ -1,0 +1,42 @@
+// Per-method call counters and latency histograms for a served gRPC service, for /metrics. One
+// wrapper per binary: it registers `<prefix>_calls_total` and `<prefix>_call_duration_seconds`.
+import type { Registry } from "../metrics.ts";
+import { codeName, toConnectError } from "./status.ts";
+
+/**
+ * Returns a function that wraps every unary handler of a service implementation so each call is
+ * counted by method and gRPC code and timed. Create one per registry and prefix (the metrics
+ * register once); `what` words the metrics' help text.
+ */
+export function callMetrics(registry: Registry, prefix: string, what: string) {
+  const calls = registry.counter<"method" | "code">({
+    name: `${prefix}_calls_total`,
+    help: `${what} calls by method and gRPC status code.`,
+    labelNames: ["method", "code"],
+  });
+  const seconds = registry.histogram<"method">({
+    name: `${prefix}_call_duration_seconds`,
+    help: `${what} call duration by method.`,
+    labelNames: ["method"],
+    buckets: [0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60],
+  });
+  return <T extends object>(impl: T): T => {
+    const out: Record<string, unknown> = {};
+    for (const [method, fn] of Object.entries(impl)) {
+      out[method] = async (req: unknown, ctx: unknown) => {
+        const started = performance.now();
+        let code = "OK";
+        try {
+          return await (fn as (r: unknown, c: unknown) => unknown)(req, ctx);
+        } catch (err) {
+          code = codeName(toConnectError(err).code);
+          throw err;
+        } finally {
+          calls.inc({ method, code });
+          seconds.observe({ method }, (performance.now() - started) / 1000);
+        }
+      };
+    }
+    return out as T;
+  };
+}
