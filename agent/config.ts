@@ -18,6 +18,9 @@ const bool = v.pipe(
 );
 const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
 
+/** DPDK memory nvmf_tgt may take (its -s), in MiB: the hugepages the agent Pod is granted. */
+export const SPDK_MEM_SIZE_MB = { min: 256, max: 1_048_576 } as const;
+
 const EnvSchema = v.object({
   NODE_NAME: v.pipe(v.string(), v.minLength(1, "NODE_NAME is required (downward API spec.nodeName)")),
   KUBECONFIG: v.optional(absPath),
@@ -39,6 +42,7 @@ const EnvSchema = v.object({
   DISTORT_SPDK_SOCKET: v.optional(absPath, "/var/tmp/spdk.sock"),
   /** argv of nvmf_tgt, space separated; empty: adopt an nvmf_tgt started by someone else. */
   DISTORT_NVMF_TGT: v.optional(v.string(), ""),
+  DISTORT_SPDK_MEM_SIZE_MB: v.optional(int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)),
   DISTORT_SPDK_CORE_MASK: v.optional(
     v.pipe(v.string(), v.regex(/^0x[0-9a-fA-F]+$/, "must be hex like 0x3")),
     "0x1",
@@ -81,6 +85,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     spdkSocket: c.DISTORT_SPDK_SOCKET,
     nvmfTgtCommand: c.DISTORT_NVMF_TGT.split(" ").filter(Boolean),
     coreMask: c.DISTORT_SPDK_CORE_MASK,
+    spdkMemSizeMb: c.DISTORT_SPDK_MEM_SIZE_MB,
     spdkSetup: c.DISTORT_SPDK_SETUP,
     hostRoot: c.DISTORT_HOST_ROOT,
     keyDir: c.DISTORT_KEY_DIR,

@@ -185,6 +185,7 @@ export async function runAgent(
       command: cfg.nvmfTgtCommand,
       socketPath: cfg.spdkSocket,
       coreMask: cfg.coreMask,
+      extraArgs: cfg.spdkMemSizeMb === undefined ? [] : ["-s", String(cfg.spdkMemSizeMb)],
       openClient: () => new SpdkClient({ socketPath: cfg.spdkSocket, logger, clock }),
       runner: bunProcessRunner({ setprivPath: findSetpriv() }),
       inspector: procInspector(hostFs("/")),

@@ -1,9 +1,11 @@
 // The chart's values, as valibot schemas, and their rendering into helm/distort/values.schema.json
 // (JSON Schema draft-07, which helm enforces on install, upgrade, template and lint). Enumerations
 // and ranges come from the binaries' own constants; helm/values-schema.test.ts checks the rest.
+
 import { readFileSync, writeFileSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import * as v from "valibot";
+import { SPDK_MEM_SIZE_MB } from "../agent/config.ts";
 import { BackendSchema, TransportSchema } from "../api/common.ts";
 import { VolumeManagerSchema } from "../api/nvme-partition.ts";
 import { SUPPORTED_FS_TYPES } from "../csi/controller/capabilities.ts";
@@ -160,7 +162,10 @@ export const ValuesSchema = v.strictObject({
       coreMask: v.pipe(v.string(), v.regex(CORE_MASK), v.description("nvmf_tgt reactor mask, e.g. 0x3")),
       hugepages: v.strictObject({
         pageSize: v.picklist(["2Mi", "1Gi"]),
-        sizeMiB: v.pipe(int(256, 1_048_576), v.description("hugepage memory for nvmf_tgt (MiB)")),
+        sizeMiB: v.pipe(
+          int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max),
+          v.description("hugepage memory for nvmf_tgt (MiB)"),
+        ),
       }),
       setupScript: text("SPDK setup script; empty when drives are already bound"),
       socketDir: absPath("host directory of the SPDK JSON-RPC socket"),

@@ -1,0 +1,55 @@
+// The agent's environment parsing: defaults, and a clear error naming each bad variable.
+import { describe, expect, test } from "bun:test";
+import { StorageError } from "../lib/errors.ts";
+import { parseAgentConfig } from "./config.ts";
+
+const base = { NODE_NAME: "node-a" };
+
+describe("parseAgentConfig", () => {
+  test("defaults", () => {
+    const c = parseAgentConfig(base);
+    expect(c).toMatchObject({
+      nodeName: "node-a",
+      namespace: "distort-system",
+      backends: ["spdk", "kernel"],
+      portalPort: 4420,
+    });
+    expect(c.spdkMemSizeMb).toBeUndefined();
+    expect(c.nvmfTgtCommand).toEqual([]);
+  });
+
+  test("nvmf_tgt command, core mask and DPDK memory", () => {
+    const c = parseAgentConfig({
+      ...base,
+      DISTORT_NVMF_TGT: "/usr/local/bin/nvmf_tgt",
+      DISTORT_SPDK_CORE_MASK: "0x3",
+      DISTORT_SPDK_MEM_SIZE_MB: "2048",
+    });
+    expect(c.nvmfTgtCommand).toEqual(["/usr/local/bin/nvmf_tgt"]);
+    expect(c.coreMask).toBe("0x3");
+    expect(c.spdkMemSizeMb).toBe(2048);
+  });
+
+  const bad: [string, Record<string, string>, string][] = [
+    ["missing node name", {}, "NODE_NAME"],
+    ["too little DPDK memory", { ...base, DISTORT_SPDK_MEM_SIZE_MB: "100" }, "DISTORT_SPDK_MEM_SIZE_MB"],
+    ["DPDK memory not a number", { ...base, DISTORT_SPDK_MEM_SIZE_MB: "2G" }, "DISTORT_SPDK_MEM_SIZE_MB"],
+    ["core mask not hex", { ...base, DISTORT_SPDK_CORE_MASK: "3" }, "DISTORT_SPDK_CORE_MASK"],
+    ["unknown backend", { ...base, DISTORT_BACKENDS: "spdk,ceph" }, "DISTORT_BACKENDS"],
+    ["portal not an IP", { ...base, DISTORT_PORTAL_ADDRESS: "storage-a" }, "DISTORT_PORTAL_ADDRESS"],
+    ["relative key directory", { ...base, DISTORT_KEY_DIR: "keys" }, "DISTORT_KEY_DIR"],
+  ];
+  for (const [name, env, variable] of bad) {
+    test(`refuses: ${name}`, () => {
+      let err: unknown;
+      try {
+        parseAgentConfig(env);
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(StorageError);
+      expect((err as StorageError).kind).toBe("invalid");
+      expect((err as StorageError).message).toContain(variable);
+    });
+  }
+});
