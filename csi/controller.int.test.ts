@@ -689,9 +689,12 @@ describe("CreateVolume and DeleteVolume", () => {
     expect(late.code).toBe(GRPC.DEADLINE_EXCEEDED);
     expect(late.details).toContain("not exported yet: state (none)");
     const started = performance.now();
-    const waiting = e.client.unary(Controller.method.createVolume, createReq("pvc-late"), {
-      timeoutMs: 10_000,
-    });
+    // The handler is attached at once: the rejection can arrive before the next await returns.
+    const waiting = failure(
+      e.client.unary(Controller.method.createVolume, createReq("pvc-late"), {
+        timeoutMs: 10_000,
+      }),
+    );
     await eventually(() => e.controller.inFlight.keys().includes(`${e.ns}/pvc-late`));
     await e.standIn.setPartitionStatus("pvc-late", (s) => s, {
       type: "Scheduled",
@@ -699,14 +702,16 @@ describe("CreateVolume and DeleteVolume", () => {
       reason: "InsufficientCapacity",
       message: "0/2 devices can hold 1.0 GiB",
     });
-    const full = await failure(waiting);
+    const full = await waiting;
     expect(full.code).toBe(GRPC.RESOURCE_EXHAUSTED);
     expect(full.details).toContain("0/2 devices can hold");
     expect(performance.now() - started).toBeLessThan(5_000);
 
-    const failing = e.client.unary(Controller.method.createVolume, createReq("pvc-broken"), {
-      timeoutMs: 10_000,
-    });
+    const failing = failure(
+      e.client.unary(Controller.method.createVolume, createReq("pvc-broken"), {
+        timeoutMs: 10_000,
+      }),
+    );
     await eventually(() => e.standIn.parts.get("pvc-broken", e.ns));
     await e.standIn.place("pvc-broken");
     await e.standIn.setPartitionStatus("pvc-broken", (s) => ({ ...s, state: "Failed" }), {
@@ -715,7 +720,7 @@ describe("CreateVolume and DeleteVolume", () => {
       reason: "BackendConflict",
       message: "device locked to kernel",
     });
-    const broken = await failure(failing);
+    const broken = await failing;
     expect(broken.code).toBe(GRPC.UNAVAILABLE);
     expect(broken.details).toContain("BackendConflict: device locked to kernel");
   });
