@@ -15,6 +15,7 @@ import { ResourceClient } from "../lib/kube/resource.ts";
 import { kubeSecretReader } from "../lib/kube/secrets.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
+import { stopOnSignals } from "../lib/signals.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { bunProcessRunner, findSetpriv, hostSocketFiles, procInspector } from "../lib/spdk/process-runner.ts";
@@ -241,11 +242,5 @@ if (import.meta.main) {
   })();
   const logger = createLogger({ level: cfg.logLevel, fields: { component: "agent", node: cfg.nodeName } });
   const agent = await runAgent(cfg, logger);
-  const shutdown = async () => {
-    logger.info("agent stopping");
-    await agent.stop();
-    process.exit(0);
-  };
-  process.on("SIGTERM", () => void shutdown());
-  process.on("SIGINT", () => void shutdown());
+  stopOnSignals(logger, "agent", () => agent.stop());
 }

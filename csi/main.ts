@@ -16,6 +16,7 @@ import { EventRecorder } from "../lib/kube/events.ts";
 import { registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
+import { stopOnSignals } from "../lib/signals.ts";
 import pkg from "../package.json" with { type: "json" };
 import { type CsiConfig, parseCsiConfig, USAGE } from "./config.ts";
 import { CsiController } from "./controller.ts";
@@ -208,14 +209,5 @@ if (import.meta.main) {
     logger.error("csi failed to start", { err: errorMessage(err) });
     process.exit(1);
   }
-  let shuttingDown = false;
-  const shutdown = async (signal: string) => {
-    if (shuttingDown) return;
-    shuttingDown = true;
-    logger.info("csi stopping", { signal });
-    await running.stop();
-    process.exit(0);
-  };
-  process.on("SIGTERM", () => void shutdown("SIGTERM"));
-  process.on("SIGINT", () => void shutdown("SIGINT"));
+  stopOnSignals(logger, "csi", () => running.stop());
 }

@@ -17,6 +17,7 @@ import { registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
 import { kubeSecretReader, type SecretReader } from "../lib/kube/secrets.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
+import { stopOnSignals } from "../lib/signals.ts";
 import { SpdkClient, type SpdkRpc } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import pkg from "../package.json" with { type: "json" };
@@ -215,14 +216,5 @@ if (import.meta.main) {
     logger.error("dpu plugin failed to start", { err: errorMessage(err) });
     process.exit(1);
   }
-  let shuttingDown = false;
-  const shutdown = async (signal: string) => {
-    if (shuttingDown) return;
-    shuttingDown = true;
-    logger.info("dpu plugin stopping", { signal });
-    await running.stop();
-    process.exit(0);
-  };
-  process.on("SIGTERM", () => void shutdown("SIGTERM"));
-  process.on("SIGINT", () => void shutdown("SIGINT"));
+  stopOnSignals(logger, "dpu plugin", () => running.stop());
 }
