@@ -1,7 +1,7 @@
 // The lab control plane starts from the cached Go builds, serves a stamped kube-apiserver with
 // token auth, and leaves no process or port behind: neither after stop() nor when its parent dies.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
+import { existsSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { type ControlPlane, portIsFree, startControlPlane } from "./control-plane.ts";
 import { KUBE_VERSION } from "./tools.ts";
@@ -65,7 +65,7 @@ test("a parent killed without cleanup takes its control plane with it", async ()
   const script = `
     import { startControlPlane } from ${JSON.stringify(join(import.meta.dir, "control-plane.ts"))};
     const cp = await startControlPlane({});
-    console.log(JSON.stringify({ pids: cp.pids(), ports: Object.values(cp.ports) }));
+    console.log(JSON.stringify({ pids: cp.pids(), ports: Object.values(cp.ports), dir: cp.dir }));
     await new Promise(() => {});
   `;
   const child = Bun.spawn([process.execPath, "-e", script], { stdout: "pipe", stderr: "inherit" });
@@ -76,7 +76,7 @@ test("a parent killed without cleanup takes its control plane with it", async ()
     if (done) break;
     out += new TextDecoder().decode(value);
   }
-  const { pids, ports } = JSON.parse(out) as { pids: number[]; ports: number[] };
+  const { pids, ports, dir } = JSON.parse(out) as { pids: number[]; ports: number[]; dir: string };
   expect(pids.length).toBe(2);
   child.kill("SIGKILL");
   await child.exited;
@@ -84,4 +84,6 @@ test("a parent killed without cleanup takes its control plane with it", async ()
   while (pids.some(alive) && Date.now() < deadline) await Bun.sleep(50);
   expect(pids.filter(alive)).toEqual([]);
   for (const p of ports) expect(await portIsFree(p)).toBe(true);
+  // The killed parent could not remove its state directory; the test does.
+  rmSync(dir, { recursive: true, force: true });
 }, 120_000);
