@@ -5,7 +5,7 @@ import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 
 const root = join(import.meta.dir, "..");
-const PRODUCT = ["manager", "agent", "csi", "dpu", "lib", "api", "gen"];
+const PRODUCT = ["manager", "agent", "csi", "dpu", "cli", "lib", "api", "gen"];
 const FORBIDDEN = ["lab", "e2e", "bench"];
 
 function files(dir: string): string[] {
