@@ -4,10 +4,13 @@
 // unmount, disconnect, reconnect, mount: the file is intact and the emulator reads the same bytes.
 // A host not in the ACL is refused; a mapped lvol grows in place (the device follows on rescan)
 // but is not moved (the emulator sees the loop device in sysfs); disconnected, it moves with its
-// filesystem. Needs root, util-linux and e2fsprogs.
+// filesystem. A mounted lvol snapshotted (frozen around it) keeps its device and filesystem, and
+// a clone of the snapshot (a file of its own) mounts with the files as they were at the snapshot,
+// each side's later writes invisible to the other. Needs root, util-linux and e2fsprogs.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import {
   closeSync,
+  existsSync,
   mkdirSync,
   mkdtempSync,
   openSync,
@@ -50,7 +53,7 @@ let driveFile: string;
 
 beforeAll(async () => {
   if (process.getuid?.() !== 0) throw new Error("the lvol attach test needs root (losetup, mkfs, mount)");
-  for (const tool of ["losetup", "mkfs.ext4", "mount", "umount", "blockdev"]) {
+  for (const tool of ["losetup", "mkfs.ext4", "mount", "umount", "blockdev", "fsfreeze"]) {
     if ((await hostExec.run(["sh", "-c", `command -v ${tool}`])).code !== 0) {
       throw new Error(`${tool} is missing; on Debian: apt-get install -y util-linux e2fsprogs`);
     }
@@ -68,13 +71,23 @@ beforeAll(async () => {
   });
 });
 
-/** Loop devices over the drive file, whatever attached them. */
-async function loopsOverDrive(): Promise<string[]> {
-  const out = await hostExec.run(["losetup", "--associated", driveFile, "--noheadings", "--output", "NAME"]);
+/** Loop devices over `file` (default: the drive file), whatever attached them. */
+async function loopsOverDrive(file = driveFile): Promise<string[]> {
+  const out = await hostExec.run(["losetup", "--associated", file, "--noheadings", "--output", "NAME"]);
   return out.stdout
     .split("\n")
     .map((l) => l.trim())
     .filter((l) => l !== "");
+}
+
+/** Loop devices over any file of the target's directory (the drive, lvol files). */
+async function loopsOverTarget(): Promise<string[]> {
+  const out = await hostExec.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"]);
+  return out.stdout
+    .split("\n")
+    .map((l) => l.trim().split(/\s+/))
+    .filter(([, file]) => target !== undefined && file?.startsWith(target.dir) === true)
+    .map(([name]) => name as string);
 }
 
 afterAll(async () => {
@@ -85,7 +98,7 @@ afterAll(async () => {
       .filter((m): m is string => root !== undefined && m?.startsWith(root) === true)
       .reverse();
     for (const m of mounts) await hostExec.run(["umount", "-l", m]);
-    if (driveFile) for (const dev of await loopsOverDrive()) await hostExec.run(["losetup", "--detach", dev]);
+    for (const dev of await loopsOverTarget()) await hostExec.run(["losetup", "--detach", dev]);
   } finally {
     initiator?.close();
     await target?.close();
@@ -230,4 +243,83 @@ test("a mounted lvol that grows in place is followed on rescan", async () => {
     await initiator.disconnect(s.nqn);
   }
   expect(await loopsOverDrive()).toEqual([]);
+});
+
+test("a mounted lvol snapshotted keeps its device; a clone of the snapshot mounts with the bytes it had", async () => {
+  const src = spec(5);
+  const bdev = await target.exportLvol(src, "source");
+  const dir = join(root, "mnt-src");
+  const cloneDir = join(root, "mnt-clone");
+  const restored = spec(6);
+  try {
+    await initiator.connect(params(src));
+    const device = (await initiator.findNamespaceDevice(src.nqn, src.uuid)) as string;
+    await sh("mkfs.ext4", "-q", "-F", device);
+    mkdirSync(dir, { recursive: true });
+    await sh("mount", "-t", "ext4", device, dir);
+    try {
+      writeFileSync(join(dir, "a.txt"), "before the snapshot\n");
+      const before = (await extentOf(bdev)) as Extent;
+      // Frozen, the filesystem's dirty state is in the drive file's page cache, which the
+      // emulator's copy reads: the snapshot is a clean image.
+      await sh("fsfreeze", "--freeze", dir);
+      try {
+        await target.rpc.call("bdev_lvol_snapshot", { lvol_name: bdev, snapshot_name: "source-snap" });
+      } finally {
+        await sh("fsfreeze", "--unfreeze", dir);
+      }
+      // The origin did not move: the mounted device goes on showing (and writing) it.
+      expect(await extentOf(bdev)).toEqual(before);
+      writeFileSync(join(dir, "a.txt"), "after the snapshot\n");
+      writeFileSync(join(dir, "b.txt"), "only on the source\n");
+      await sh("sync", "-f", join(dir, "a.txt"));
+      expect(readFileSync(join(dir, "a.txt"), "utf8")).toBe("after the snapshot\n");
+
+      // Restore: a clone of the snapshot, exported and attached like any volume.
+      const clone = (await target.rpc.call("bdev_lvol_clone", {
+        snapshot_name: "lvs0/source-snap",
+        clone_name: "restored",
+      })) as string;
+      await target.rpc.call("nvmf_create_subsystem", { nqn: restored.nqn });
+      await target.rpc.call("nvmf_subsystem_add_ns", {
+        nqn: restored.nqn,
+        namespace: { bdev_name: clone, nsid: 1, uuid: restored.uuid },
+      });
+      await target.rpc.call("nvmf_subsystem_add_listener", {
+        nqn: restored.nqn,
+        listen_address: { trtype: "TCP", adrfam: "IPv4", traddr: "127.0.0.1", trsvcid: restored.trsvcid },
+      });
+      await target.rpc.call("nvmf_subsystem_add_host", { nqn: restored.nqn, host: HOST });
+      await initiator.connect(params(restored));
+      const cloneDevice = (await initiator.findNamespaceDevice(restored.nqn, restored.uuid)) as string;
+      const cloneExtent = (await extentOf(clone)) as Extent;
+      expect(cloneExtent.filename).not.toBe(driveFile);
+      expect(await loopsOverDrive(cloneExtent.filename)).toEqual([cloneDevice]);
+      expect(await deviceSize(cloneDevice)).toBe(32 * MIB);
+      // The same filesystem UUID as the source: ext4 mounts both at once all the same.
+      await mounted(cloneDevice, cloneDir, async () => {
+        expect(readFileSync(join(cloneDir, "a.txt"), "utf8")).toBe("before the snapshot\n");
+        expect(existsSync(join(cloneDir, "b.txt"))).toBe(false);
+        writeFileSync(join(cloneDir, "c.txt"), "only on the clone\n");
+      });
+      // Unmounted, what the loop device shows is what the target serves.
+      expect(
+        (await target.emulator.bdev(clone).read(0, 256 * 1024)).equals(readDevice(cloneDevice, 256 * 1024)),
+      ).toBe(true);
+      expect(readFileSync(join(dir, "a.txt"), "utf8")).toBe("after the snapshot\n");
+      expect(existsSync(join(dir, "c.txt"))).toBe(false);
+    } finally {
+      await hostExec.run(["umount", dir]);
+    }
+    // The source, mounted again from scratch, kept everything written after the snapshot.
+    await mounted(device, dir, async () => {
+      expect(readFileSync(join(dir, "a.txt"), "utf8")).toBe("after the snapshot\n");
+      expect(readFileSync(join(dir, "b.txt"), "utf8")).toBe("only on the source\n");
+    });
+  } finally {
+    await hostExec.run(["umount", cloneDir]);
+    await initiator.disconnect(src.nqn);
+    await initiator.disconnect(restored.nqn);
+  }
+  expect(await loopsOverTarget()).toEqual([]);
 });

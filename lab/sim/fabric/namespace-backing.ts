@@ -1,7 +1,8 @@
 // Where the bytes of an exported namespace live: the file extent a loop device must map so the
 // lab's initiator shows the same data the target serves. Asked of the target over its JSON-RPC
 // socket (nvmf_get_subsystems -> the namespace's bdev -> bdev_get_bdevs), as an operator would,
-// reading the emulator-only driver_specific.sim_extent (AIO files and contiguous thick lvols).
+// reading the emulator-only driver_specific.sim_extent (AIO files, and every lvol but snapshots:
+// a thick lvol's run of drive clusters, or the file of its own a thin lvol or clone keeps).
 import * as v from "valibot";
 import { StorageError } from "../../../lib/errors.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
@@ -17,7 +18,7 @@ export interface NamespaceBacking {
 /**
  * Resolves namespace `ns` of subsystem `subnqn` to its backing extent. Rejects with StorageError
  * "not-found" when the target no longer exports it and "unimplemented" when its bytes are not one
- * contiguous file extent (thin lvols, snapshots, clones, RAM), which a loop device cannot show.
+ * file extent a loop device may show (snapshots, which are read-only; RAM), with the reason.
  */
 export type NamespaceBackingResolver = (subnqn: string, ns: NamespaceInfo) => Promise<NamespaceBacking>;
 
@@ -39,13 +40,7 @@ const BdevsSchema = v.array(
     driver_specific: v.optional(
       v.looseObject({
         aio: v.optional(v.looseObject({ filename: v.string() })),
-        lvol: v.optional(
-          v.looseObject({
-            thin_provision: v.optional(v.boolean()),
-            snapshot: v.optional(v.boolean()),
-            clone: v.optional(v.boolean()),
-          }),
-        ),
+        lvol: v.optional(v.looseObject({ snapshot: v.optional(v.boolean()) })),
         sim_extent: v.optional(v.object({ filename: v.string(), offset: count, length: count })),
       }),
     ),
@@ -55,9 +50,9 @@ type BdevJson = v.InferOutput<typeof BdevsSchema>[number];
 
 /**
  * A resolver that asks the target over `rpc`. It maps a bdev's `driver_specific.sim_extent`
- * (printed by the emulator for AIO bdevs and thick lvols whose clusters are one run on a
- * file-backed base) and, for a target without that field, an AIO bdev's whole file. Anything
- * else is "unimplemented", with the reason in the message.
+ * (printed by the emulator for AIO bdevs and for lvols other than snapshots on a store that is
+ * not in RAM) and, for a target without that field, an AIO bdev's whole file. Anything else is
+ * "unimplemented", with the reason in the message.
  */
 export function spdkRpcBackingResolver(rpc: SpdkRpc): NamespaceBackingResolver {
   return async (subnqn, ns) => {
@@ -82,7 +77,7 @@ export function spdkRpcBackingResolver(rpc: SpdkRpc): NamespaceBackingResolver {
     }
     throw new StorageError(
       "unimplemented",
-      `namespace ${ns.nsid} of ${subnqn} is bdev ${bdev.name} (${bdev.product_name ?? "unknown"}), ${whyNot(bdev)}; the lab initiator attaches only AIO files and thick lvols whose clusters are one run on a file-backed drive`,
+      `namespace ${ns.nsid} of ${subnqn} is bdev ${bdev.name} (${bdev.product_name ?? "unknown"}), ${whyNot(bdev)}; the lab initiator attaches only AIO files and lvols (not snapshots) on a drive- or file-backed lvstore`,
     );
   };
 }
@@ -91,8 +86,6 @@ export function spdkRpcBackingResolver(rpc: SpdkRpc): NamespaceBackingResolver {
 function whyNot(bdev: BdevJson): string {
   const lvol = bdev.driver_specific?.lvol;
   if (lvol === undefined) return "whose bytes are not in one file";
-  if (lvol.snapshot) return "a snapshot";
-  if (lvol.clone) return "a clone";
-  if (lvol.thin_provision) return "a thin-provisioned lvol";
-  return "a thick lvol whose clusters are not one run (the lvstore was too fragmented) or whose lvstore is not on a file-backed bdev";
+  if (lvol.snapshot) return "a snapshot (read-only; a clone of it can be attached)";
+  return "an lvol whose lvstore keeps its bytes in RAM (a malloc base)";
 }

@@ -1,8 +1,9 @@
-// The lab initiator over thick lvols, with losetup scripted (a table of loop devices that the
-// emulator consults as its extentInUse): a loop device over the lvol's extent of the drive file,
-// a resize followed on rescan (size limit raised), a relocation refused while mapped and allowed
-// once disconnected (the next connect maps the new place), an extent that moves during the
-// attach re-attached, and thin lvols refused with nothing left attached.
+// The lab initiator over lvols, with losetup scripted (a table of loop devices that the emulator
+// consults as its extentInUse): a loop device over a thick lvol's extent of the drive file, a
+// resize followed on rescan (size limit raised), a relocation refused while mapped and allowed
+// once disconnected (the next connect maps the new place), an extent that moves during the attach
+// re-attached, a thin lvol over its own file (grown while mapped), and snapshots refused with
+// nothing left attached.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -226,7 +227,21 @@ test("an extent that moves while it is being attached is attached again at its n
   expect(attached.size).toBe(0);
 });
 
-test("a thin lvol is refused with the reason, and nothing stays attached or connected", async () => {
+/** Exports an existing bdev as namespace 1 of `sp`'s subsystem, to HOST. */
+async function exportBdev(sp: ExportSpec, bdev: string): Promise<void> {
+  await target.rpc.call("nvmf_create_subsystem", { nqn: sp.nqn });
+  await target.rpc.call("nvmf_subsystem_add_ns", {
+    nqn: sp.nqn,
+    namespace: { bdev_name: bdev, nsid: 1, uuid: sp.uuid },
+  });
+  await target.rpc.call("nvmf_subsystem_add_listener", {
+    nqn: sp.nqn,
+    listen_address: { trtype: "TCP", adrfam: "IPv4", traddr: "127.0.0.1", trsvcid: sp.trsvcid },
+  });
+  await target.rpc.call("nvmf_subsystem_add_host", { nqn: sp.nqn, host: HOST });
+}
+
+test("a thin lvol attaches over its own file, whole, and is followed when it grows while mapped", async () => {
   const four = spec(4);
   await target.rpc.call("bdev_lvol_create", {
     lvs_name: TEST_LVSTORE,
@@ -234,28 +249,64 @@ test("a thin lvol is refused with the reason, and nothing stays attached or conn
     size_in_mib: 8,
     thin_provision: true,
   });
-  await target.rpc.call("nvmf_create_subsystem", { nqn: four.nqn });
-  await target.rpc.call("nvmf_subsystem_add_ns", {
-    nqn: four.nqn,
-    namespace: { bdev_name: `${TEST_LVSTORE}/thin4`, nsid: 1, uuid: four.uuid },
+  await exportBdev(four, `${TEST_LVSTORE}/thin4`);
+  const e = (await extentOf(`${TEST_LVSTORE}/thin4`)) as Extent;
+  expect(e).toMatchObject({ offset: 0, length: 8 * MIB });
+  expect(e.filename).toEndWith(".img");
+  const exec = fakeLosetup().on(["losetup", "--set-capacity"], () => ({}));
+  const init = initiator(exec);
+  try {
+    await init.connect(params(four));
+    // The whole file: no offset or size limit, so --set-capacity follows its length.
+    expect(exec.argvOf("losetup").filter((a) => a[1] === "--find")).toEqual([
+      ["losetup", "--find", "--show", e.filename],
+    ]);
+    const dev = (await init.findNamespaceDevice(four.nqn, four.uuid)) as string;
+    // Mapped, it still grows (the file gets longer in place); rescan re-reads the size.
+    await target.rpc.call("bdev_lvol_resize", { name: `${TEST_LVSTORE}/thin4`, size_in_mib: 12 });
+    expect(await extentOf(`${TEST_LVSTORE}/thin4`)).toEqual({ ...e, length: 12 * MIB });
+    await until(async () => {
+      await init.rescan(four.nqn);
+      return exec.argvOf("losetup").some((a) => a[1] === "--set-capacity");
+    });
+    expect(exec.argvOf("losetup").filter((a) => a[1] === "--set-capacity")).toEqual([
+      ["losetup", "--set-capacity", dev],
+    ]);
+    // Shrinking under the mapping is refused.
+    const refused = await target.rpc
+      .call("bdev_lvol_resize", { name: `${TEST_LVSTORE}/thin4`, size_in_mib: 4 })
+      .then(
+        () => "resized",
+        (x: Error) => x.message,
+      );
+    expect(refused).toContain("Device or resource busy");
+  } finally {
+    await init.disconnect(four.nqn);
+    init.close();
+  }
+  expect(attached.size).toBe(0);
+});
+
+test("a snapshot is refused with the reason, and nothing stays attached or connected", async () => {
+  const five = spec(5);
+  await target.exportLvol(spec(6), "origin6");
+  await target.rpc.call("bdev_lvol_snapshot", {
+    lvol_name: `${TEST_LVSTORE}/origin6`,
+    snapshot_name: "snap6",
   });
-  await target.rpc.call("nvmf_subsystem_add_listener", {
-    nqn: four.nqn,
-    listen_address: { trtype: "TCP", adrfam: "IPv4", traddr: "127.0.0.1", trsvcid: four.trsvcid },
-  });
-  await target.rpc.call("nvmf_subsystem_add_host", { nqn: four.nqn, host: HOST });
+  await exportBdev(five, `${TEST_LVSTORE}/snap6`);
   const exec = fakeLosetup();
   const init = initiator(exec);
   try {
-    const err = await init.connect(params(four)).catch((e) => e);
+    const err = await init.connect(params(five)).catch((e) => e);
     expect(err.kind).toBe("unimplemented");
-    expect(err.message).toContain("a thin-provisioned lvol");
+    expect(err.message).toContain("a snapshot");
     expect(exec.argvOf("losetup").filter((a) => a[1] === "--find")).toEqual([]);
     expect(await init.list()).toEqual([]);
     await until(
-      () => target.emulator.state().subsystems.find((x) => x.nqn === four.nqn)?.controllers.length === 0,
+      () => target.emulator.state().subsystems.find((x) => x.nqn === five.nqn)?.controllers.length === 0,
     );
-    expect(target.emulator.state().subsystems.find((x) => x.nqn === four.nqn)?.controllers).toEqual([]);
+    expect(target.emulator.state().subsystems.find((x) => x.nqn === five.nqn)?.controllers).toEqual([]);
   } finally {
     init.close();
   }

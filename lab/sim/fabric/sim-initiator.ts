@@ -3,9 +3,10 @@
 // device over the namespace's backing file extent, so staging runs real blkid, mkfs and mount.
 // What the fabric carries here is admission, identity and liveness; the loop device reads and
 // writes the backing file directly, which is coherent with the target because both go through
-// the same page cache of the same file. Backings are AIO files (the whole file) and thick lvols
-// (their one run of clusters on the drive file, with --offset and --sizelimit); a namespace the
-// target grew is followed on rescan by re-reading the file's size or raising the size limit.
+// the same page cache of the same file. Backings are AIO files and lvols kept in a file of their
+// own (the whole file), and thick lvols in a run of clusters on the drive file (with --offset and
+// --sizelimit); a namespace the target grew is followed on rescan by re-reading the file's size or
+// raising the size limit.
 import { statSync } from "node:fs";
 import {
   attachArgv,

@@ -34,6 +34,8 @@ export interface AppConfig {
   readonly initDelayMs: number;
   /** Whether a loop device maps a file extent; pins the lvol behind it (see LvolStores.resize). */
   readonly extentInUse: ExtentInUse;
+  /** Where lvols keep bytes outside their store's base (see LvolStoresOptions.lvolDir). */
+  readonly lvolDir: string | undefined;
 }
 
 /** Process-level actions methods may ask for. */
@@ -86,7 +88,10 @@ export class App {
     this.registry = new BdevRegistry((bdev, err) =>
       log.warn("examine failed", { bdev: bdev.name, err: String(err) }),
     );
-    this.lvols = new LvolStores(this.registry, log, config.extentInUse);
+    this.lvols = new LvolStores(this.registry, log, {
+      extentInUse: config.extentInUse,
+      lvolDir: config.lvolDir,
+    });
     this.nvme = new NvmeControllers(
       this.registry,
       config.drives,

@@ -1,7 +1,15 @@
 // The pure lvol store core: layout arithmetic against SPDK's numbers, thin vs thick cluster
-// accounting, snapshot/clone/delete semantics and the metadata round trip.
+// accounting, snapshot/clone/delete semantics, homes kept apart from the accounting, the metadata
+// round trip and metadata from before homes.
 import { describe, expect, test } from "bun:test";
-import { Blobstore, computeLayout, DEFAULT_CLUSTER_SIZE, parseMetadata } from "./blobstore.ts";
+import {
+  Blobstore,
+  computeLayout,
+  DEFAULT_CLUSTER_SIZE,
+  type LvstoreMetadata,
+  legacyByteSource,
+  parseMetadata,
+} from "./blobstore.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 const MIB = 1024 * 1024;
@@ -85,140 +93,175 @@ describe("Blobstore", () => {
     expect(bs.freeClusters).toBe(15 - 6);
   });
 
-  test("metadata round-trips lvols, parents, clone order and allocations", () => {
+  test("metadata round-trips lvols, parents, clone order, allocations and homes", () => {
     const bs = Blobstore.create("lvs", 64 * MIB, 4096);
     const a = bs.createLvol("a", 8 * MIB, false);
-    a.written.add(1);
     const snap = bs.snapshot(a, "s");
     bs.clone(snap, "b");
     bs.createLvol("t", 8 * MIB, true);
     const md = JSON.parse(JSON.stringify(bs.toMetadata())) as unknown;
-    const back = Blobstore.fromMetadata(parseMetadata(md));
+    const { bs: back, legacy } = Blobstore.fromMetadata(parseMetadata(md));
+    expect(legacy).toEqual([]);
     expect(back.toMetadata()).toEqual(bs.toMetadata());
     expect(back.freeClusters).toBe(bs.freeClusters);
-    const s2 = back.find("s");
-    expect(s2?.written.has(1)).toBe(true);
-    expect(back.clonesOf(s2 as NonNullable<typeof s2>).map((x) => x.name)).toEqual(["a", "b"]);
+    const s2 = back.find("s") as NonNullable<ReturnType<typeof back.find>>;
+    expect(s2.allocatedClusters).toBe(2);
+    expect(back.clonesOf(s2).map((x) => x.name)).toEqual(["a", "b"]);
+    expect(back.home(back.find("a") as typeof s2)).toEqual(bs.home(a));
+    expect(back.physical.freeBaseClusters).toBe(bs.physical.freeBaseClusters);
     expect(() => parseMetadata({ format: "something-else" })).toThrow();
   });
-});
 
-describe("contiguous thick lvols (lab deviation: one run of clusters each)", () => {
-  // 256 MiB: 63 data clusters after the metadata cluster(s).
-  const store = () => Blobstore.create("lvs", 256 * MIB, 4096);
-  const md = (bs: Blobstore) => bs.layout.mdClusters;
-
-  test("create takes the first run that fits, also in a hole left by a delete", () => {
-    const bs = store();
+  test("checkpoint puts accounting, parents, clone order and homes back", () => {
+    const bs = Blobstore.create("lvs", 64 * MIB, 4096);
     const a = bs.createLvol("a", 8 * MIB, false);
-    const b = bs.createLvol("b", 12 * MIB, false);
-    const c = bs.createLvol("c", 8 * MIB, false);
-    expect([a, b, c].map((l) => bs.runOf(l))).toEqual([
-      { start: md(bs), count: 2 },
-      { start: md(bs) + 2, count: 3 },
-      { start: md(bs) + 5, count: 2 },
-    ]);
-    expect(bs.delete(b)).toEqual([md(bs) + 2, md(bs) + 3, md(bs) + 4]);
-    // Too big for the hole: after c. Small enough: in the hole, first fit.
-    const big = bs.createLvol("big", 16 * MIB, false);
-    expect(bs.runOf(big)).toEqual({ start: md(bs) + 7, count: 4 });
-    const d = bs.createLvol("d", 8 * MIB, false);
-    expect(bs.runOf(d)).toEqual({ start: md(bs) + 2, count: 2 });
-    // Every cluster of a thick lvol counts as written: the store zeroes them on allocation.
-    expect([...d.written]).toEqual([0, 1]);
-  });
-
-  test("thin lvols, snapshots and clones have no run", () => {
-    const bs = store();
-    const thin = bs.createLvol("thin", 8 * MIB, true);
-    thin.map[0] = bs.allocate();
-    thin.written.add(0);
-    expect(bs.runOf(thin)).toBeUndefined();
-    const l = bs.createLvol("l", 8 * MIB, false);
-    const snap = bs.snapshot(l, "snap");
-    const clone = bs.clone(snap, "clone");
-    expect([l, snap, clone].map((x) => bs.runOf(x))).toEqual([undefined, undefined, undefined]);
-    expect(bs.runOf(bs.createLvol("empty", 0, false))).toBeUndefined();
-  });
-
-  test("growth is in place when the next clusters are free, a relocation when not", () => {
-    const bs = store();
-    const a = bs.createLvol("a", 8 * MIB, false);
-    const b = bs.createLvol("b", 8 * MIB, false);
-    // b is last: it grows in place; only the new clusters need zeroing.
-    expect(bs.resize(b, 16 * MIB)).toEqual({
-      zero: [md(bs) + 4, md(bs) + 5],
-      copy: [],
-      released: [],
-    });
-    expect(bs.runOf(b)).toEqual({ start: md(bs) + 2, count: 4 });
-    expect([...b.written]).toEqual([0, 1, 2, 3]);
-    // a is boxed in by b: it moves to the first run of 3 after b, old clusters copied then freed.
-    const free = bs.freeClusters;
-    expect(bs.resize(a, 12 * MIB)).toEqual({
-      zero: [md(bs) + 8],
-      copy: [
-        [md(bs), md(bs) + 6],
-        [md(bs) + 1, md(bs) + 7],
-      ],
-      released: [md(bs), md(bs) + 1],
-    });
-    expect(bs.runOf(a)).toEqual({ start: md(bs) + 6, count: 3 });
-    expect(bs.freeClusters).toBe(free - 1);
-    // Shrinking keeps the run and frees the tail.
-    expect(bs.resize(a, 4 * MIB).released).toEqual([md(bs) + 7, md(bs) + 8]);
-    expect(bs.runOf(a)).toEqual({ start: md(bs) + 6, count: 1 });
-    // The freed front is reused first.
-    expect(bs.runOf(bs.createLvol("c", 8 * MIB, false))).toEqual({ start: md(bs), count: 2 });
-  });
-
-  test("a pinned lvol only grows in place; anything else is EBUSY and changes nothing", () => {
-    const bs = store();
-    const a = bs.createLvol("a", 8 * MIB, false);
-    const b = bs.createLvol("b", 8 * MIB, false);
-    const before = JSON.stringify(bs.toMetadata());
-    expect(errnoOf(() => bs.resize(a, 12 * MIB, { pinned: true }))).toBe(Errno.EBUSY);
-    expect(errnoOf(() => bs.resize(a, 4 * MIB, { pinned: true }))).toBe(Errno.EBUSY);
-    expect(JSON.stringify(bs.toMetadata())).toBe(before);
-    expect(bs.resize(b, 12 * MIB, { pinned: true }).copy).toEqual([]);
-    expect(bs.runOf(b)).toEqual({ start: md(bs) + 2, count: 3 });
-    // Not growing at all is fine too.
-    expect(bs.resize(a, 8 * MIB, { pinned: true })).toEqual({ zero: [], copy: [], released: [] });
-  });
-
-  test("when no run fits, clusters are scattered as SPDK would (no run) until a resize finds one", () => {
-    const bs = store();
-    // Fill the store with 1-cluster lvols, then free every other one: 31 free, no run of 2.
-    const ones = Array.from({ length: 63 }, (_, i) => bs.createLvol(`l${i}`, 4 * MIB, false));
-    for (let i = 0; i < 63; i += 2) bs.delete(ones[i] as (typeof ones)[number]);
-    expect(bs.freeClusters).toBe(32);
-    expect(bs.findRun(2)).toBeUndefined();
-    const frag = bs.createLvol("frag", 12 * MIB, false);
-    expect(frag.map).toEqual([md(bs), md(bs) + 2, md(bs) + 4]);
-    expect(bs.runOf(frag)).toBeUndefined();
-    // Free a run of 4 and grow: the lvol moves there and is one run again.
-    for (const i of [9, 11, 13]) bs.delete(ones[i] as (typeof ones)[number]);
-    const plan = bs.resize(frag, 16 * MIB);
-    expect(plan.copy).toEqual([
-      [md(bs), md(bs) + 8],
-      [md(bs) + 2, md(bs) + 9],
-      [md(bs) + 4, md(bs) + 10],
-    ]);
-    expect(bs.runOf(frag)).toEqual({ start: md(bs) + 8, count: 4 });
-    expect(errnoOf(() => bs.createLvol("huge", 1024 * MIB, false))).toBe(Errno.ENOSPC);
-  });
-
-  test("checkpoint puts allocation and mapping back", () => {
-    const bs = store();
-    const a = bs.createLvol("a", 8 * MIB, false);
-    bs.createLvol("b", 8 * MIB, false);
     const before = JSON.stringify(bs.toMetadata());
     const free = bs.freeClusters;
-    const undo = bs.checkpoint(a);
+    const undo = bs.checkpoint();
+    const snap = bs.snapshot(a, "s");
+    bs.clone(snap, "c");
     bs.resize(a, 20 * MIB);
-    expect(bs.freeClusters).toBe(free - 3);
+    bs.createLvol("d", 8 * MIB, false);
     undo();
     expect(JSON.stringify(bs.toMetadata())).toBe(before);
     expect(bs.freeClusters).toBe(free);
+    expect(a.parent).toBeNull();
+    expect(a.thin).toBe(false);
+    expect(bs.lvols.map((l) => l.name)).toEqual(["a"]);
+  });
+});
+
+describe("homes next to SPDK's accounting", () => {
+  test("thick lvols get a run, thin ones, snapshots and clones their own container", () => {
+    const bs = Blobstore.create("lvs", 64 * MIB, 4096);
+    const md = bs.layout.mdClusters;
+    const a = bs.createLvol("a", 8 * MIB, false);
+    const t = bs.createLvol("t", 8 * MIB, true);
+    expect(bs.home(a)).toEqual({ kind: "run", start: md, count: 2 });
+    expect(bs.home(t)).toEqual({ kind: "own" });
+    const snap = bs.snapshot(a, "s");
+    const c = bs.clone(snap, "c");
+    // The origin keeps its run (a loop device over it stays valid); SPDK's view moved the
+    // clusters to the snapshot all the same.
+    expect(bs.home(a)).toEqual({ kind: "run", start: md, count: 2 });
+    expect([bs.home(snap), bs.home(c)]).toEqual([{ kind: "own" }, { kind: "own" }]);
+    expect([a.allocatedClusters, snap.allocatedClusters, c.allocatedClusters]).toEqual([0, 2, 0]);
+    expect(bs.freeClusters).toBe(15 - 2);
+  });
+
+  test("accounting and base runs are independent: a merge frees no run, a thick lvol without a run goes own", () => {
+    // 64 MiB: 15 data clusters.
+    const bs = Blobstore.create("lvs", 64 * MIB, 4096);
+    const a = bs.createLvol("a", 32 * MIB, false);
+    const snap = bs.snapshot(a, "s");
+    // SPDK counts 8 clusters for the snapshot, none for the origin: 7 free, enough for b.
+    const b = bs.createLvol("b", 28 * MIB, false);
+    expect(bs.freeClusters).toBe(0);
+    expect(bs.home(b)).toEqual({ kind: "run", start: bs.layout.mdClusters + 8, count: 7 });
+    // Writing into the origin allocates for the accounting only.
+    expect(() => bs.allocate()).toThrow();
+    bs.delete(b);
+    a.map[0] = bs.allocate();
+    // Deleting the snapshot merges it into its only clone, a: the clone keeps its run.
+    expect(bs.delete(snap)).toEqual({ kind: "own" });
+    expect(a.allocatedClusters).toBe(8);
+    expect(bs.home(a)).toEqual({ kind: "run", start: bs.layout.mdClusters, count: 8 });
+    expect(bs.freeClusters).toBe(15 - 8);
+    // Fragment the base: a thick lvol with enough free clusters but no run gets its own container.
+    const ones = Array.from({ length: 7 }, (_, i) => bs.createLvol(`o${i}`, 4 * MIB, false));
+    for (const i of [0, 2, 4, 6]) bs.delete(ones[i] as (typeof ones)[number]);
+    const frag = bs.createLvol("frag", 8 * MIB, false);
+    expect(frag.allocatedClusters).toBe(2);
+    expect(bs.home(frag)).toEqual({ kind: "own" });
+  });
+
+  test("resize: ENOSPC and EPERM come before EBUSY; a pinned run only grows in place", () => {
+    const bs = Blobstore.create("lvs", 64 * MIB, 4096);
+    const a = bs.createLvol("a", 8 * MIB, false);
+    bs.createLvol("b", 8 * MIB, false);
+    const snap = bs.snapshot(a, "s");
+    expect(errnoOf(() => bs.resize(snap, 16 * MIB, { pinned: true }))).toBe(Errno.EPERM);
+    const c = bs.createLvol("c", 4 * MIB, false);
+    expect(errnoOf(() => bs.resize(c, 1024 * MIB, { pinned: true }))).toBe(Errno.ENOSPC);
+    const before = JSON.stringify(bs.toMetadata());
+    // a is a thin clone now, boxed in by b: growing means moving, which a mapping forbids.
+    expect(errnoOf(() => bs.resize(a, 16 * MIB, { pinned: true }))).toBe(Errno.EBUSY);
+    expect(errnoOf(() => bs.resize(c, 0, { pinned: true }))).toBe(Errno.EBUSY);
+    expect(JSON.stringify(bs.toMetadata())).toBe(before);
+    // Unmapped, the thin origin moves without allocating anything.
+    const free = bs.freeClusters;
+    const plan = bs.resize(a, 16 * MIB);
+    expect(plan.after).toMatchObject({ kind: "run", count: 4 });
+    expect(plan.released).toEqual({ start: bs.layout.mdClusters, count: 2 });
+    expect(bs.freeClusters).toBe(free);
+  });
+});
+
+/** Metadata as the emulator wrote it before lvols had homes: bytes at the allocated clusters. */
+function legacyMetadata(): LvstoreMetadata {
+  return {
+    format: "distort-sim-lvstore",
+    version: 1,
+    uuid: "9a0c1d8e-0000-4000-8000-000000000001",
+    name: "old",
+    clusterSize: 4 * MIB,
+    blockSize: 4096,
+    totalClusters: 16,
+    mdClusters: 1,
+    lvols: [
+      // A thick lvol in one run, fully written: stays where it is.
+      {
+        uuid: "u-thick",
+        name: "thick",
+        thin: false,
+        snapshot: false,
+        parent: null,
+        cloneSeq: 0,
+        numClusters: 2,
+        clusters: [[0, 1, 2]],
+        written: [[0, 2, 0]],
+      },
+      // A snapshot of a former origin, at clusters 3-4 (cluster 1 of it never written).
+      {
+        uuid: "u-snap",
+        name: "snap",
+        thin: false,
+        snapshot: true,
+        parent: null,
+        cloneSeq: 1,
+        numClusters: 2,
+        clusters: [[0, 3, 2]],
+        written: [[0, 1, 0]],
+      },
+      // Its origin, a thin clone that has rewritten cluster 1 into cluster 5.
+      {
+        uuid: "u-orig",
+        name: "orig",
+        thin: true,
+        snapshot: false,
+        parent: "u-snap",
+        cloneSeq: 2,
+        numClusters: 2,
+        clusters: [[1, 5, 1]],
+        written: [[1, 1, 0]],
+      },
+    ],
+  };
+}
+
+describe("metadata from before homes", () => {
+  test("loads: a contiguous thick lvol keeps its run, everything else is listed for copying", () => {
+    const { bs, legacy } = Blobstore.fromMetadata(parseMetadata(legacyMetadata()));
+    expect(legacy.map((l) => l.name)).toEqual(["snap", "orig"]);
+    expect(bs.home(bs.find("thick") as (typeof legacy)[number])).toEqual({ kind: "run", start: 1, count: 2 });
+    expect(bs.freeClusters).toBe(15 - 5);
+    expect(bs.toMetadata().lvols.every((l) => l.home !== undefined && l.written === undefined)).toBe(true);
+  });
+
+  test("the old byte layout: own written clusters, else the parent's, else zeros", () => {
+    const source = legacyByteSource(parseMetadata(legacyMetadata()));
+    expect([0, 1].map((i) => source("u-thick", i))).toEqual([1, 2]);
+    expect([0, 1].map((i) => source("u-snap", i))).toEqual([3, undefined]);
+    expect([0, 1].map((i) => source("u-orig", i))).toEqual([3, 5]);
   });
 });

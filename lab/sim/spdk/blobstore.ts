@@ -1,18 +1,18 @@
-// The pure core of an lvol store: blobstore layout arithmetic, cluster allocation, thin and thick
-// lvols, snapshots and clones, and the metadata record that is persisted on the base device.
-// No I/O here; lvol-store.ts moves bytes and writes this metadata.
+// The pure core of an lvol store: blobstore layout arithmetic, SPDK's cluster accounting for thin
+// and thick lvols, snapshots and clones, the emulator's placement of their bytes (physical-map.ts),
+// and the metadata record that is persisted on the base device. No I/O here; lvol-store.ts moves
+// bytes and writes this metadata.
 //
-// Lab deviation from SPDK (which maps a thick blob's clusters wherever they are free): a thick lvol
-// is kept as ONE run of physical clusters, so its bytes are one extent of the base device that the
-// lab's initiator can show with a loop device. Create takes the first run that fits; growing
-// extends in place when the following clusters are free, else moves the lvol to the first run
-// that fits (lvol-store.ts copies the bytes). Only when no run fits although enough clusters are
-// free does a thick lvol get scattered clusters, as SPDK would give it: the RPC succeeds, but the
-// lvol has no runOf() and the lab initiator refuses to attach it. Thin lvols, snapshots and clones
-// are mapped as SPDK maps them and are never attachable by the lab initiator.
+// The accounting is SPDK's: what each lvol has allocated (num_allocated_clusters), what the store
+// has free, a snapshot taking over its origin's clusters and leaving it a thin clone, a snapshot's
+// merge into its only clone on delete. Where bytes lie is the emulator's own business and kept
+// apart (see physical-map.ts): every lvol holds all of its bytes, so any of them is one file extent.
 import { randomUUID } from "node:crypto";
 import * as v from "valibot";
+import { type Home, type HomeResize, PhysicalMap } from "./physical-map.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
+
+export type { ClusterRun, Home, HomeResize } from "./physical-map.ts";
 
 /** SPDK's lvstore default cluster size (4 MiB). */
 export const DEFAULT_CLUSTER_SIZE = 4 * 1024 * 1024;
@@ -57,7 +57,7 @@ export function computeLayout(
   return { totalClusters, mdClusters, totalDataClusters: totalClusters - mdClusters };
 }
 
-/** A logical volume (blob). `map[i]` is the physical cluster of logical cluster i, or -1. */
+/** A logical volume (blob). `map[i]` is the cluster SPDK's accounting gives logical cluster i, or -1. */
 export class Lvol {
   constructor(
     readonly uuid: string,
@@ -66,12 +66,11 @@ export class Lvol {
     /** Created by bdev_lvol_snapshot: read-only from then on. */
     readonly snapshot: boolean,
     public parent: Lvol | null,
-    public map: number[],
     /**
-     * Logical clusters whose bytes live on the device. An allocated but unwritten cluster still
-     * reads as zeros, which spares zeroing whole thick volumes on creation.
+     * Allocated clusters by logical index (-1: not allocated; SPDK would read the parent's or
+     * zeros there). Accounting only: the bytes are wherever the lvol's home is.
      */
-    public written: Set<number>,
+    public map: number[],
   ) {}
 
   get numClusters(): number {
@@ -85,6 +84,11 @@ export class Lvol {
 
 /** Persisted form of the store, validated on load. */
 const RunSchema = v.tuple([v.number(), v.number(), v.number()]);
+const count = v.pipe(v.number(), v.integer(), v.minValue(0));
+const HomeSchema = v.variant("kind", [
+  v.object({ kind: v.literal("run"), start: count, count }),
+  v.object({ kind: v.literal("own") }),
+]);
 const MetadataSchema = v.object({
   format: v.literal("distort-sim-lvstore"),
   version: v.literal(1),
@@ -104,33 +108,19 @@ const MetadataSchema = v.object({
       /** Orders the clones of one snapshot. */
       cloneSeq: v.number(),
       numClusters: v.number(),
-      /** [logicalStart, physicalStart, count] runs of allocated clusters. */
+      /** [logicalStart, cluster, count] runs of allocated clusters. */
       clusters: v.array(RunSchema),
-      /** [start, count, 0] runs of written logical clusters. */
-      written: v.array(RunSchema),
+      /**
+       * Where the bytes are. Absent in metadata from before lvols had homes ("legacy"): their bytes
+       * then lie at their allocated clusters on the base, falling through to the parent's.
+       */
+      home: v.optional(HomeSchema),
+      /** Legacy only: [start, count, 0] runs of logical clusters whose bytes were on the base. */
+      written: v.optional(v.array(RunSchema)),
     }),
   ),
 });
 export type LvstoreMetadata = v.InferOutput<typeof MetadataSchema>;
-
-/** Physical clusters start..start+count-1, holding logical clusters 0..count-1 in order. */
-export interface ClusterRun {
-  readonly start: number;
-  readonly count: number;
-}
-
-/** The byte work a resize leaves to the caller, in this order, before the metadata is persisted. */
-export interface ResizePlan {
-  /** Physical clusters the lvol newly owns whose bytes must read as zeros. */
-  readonly zero: readonly number[];
-  /** [from, to] physical clusters whose bytes must be copied (a relocation). */
-  readonly copy: readonly (readonly [from: number, to: number])[];
-  /**
-   * Physical clusters the lvol gave up (a shrink, or its old place after a relocation); already
-   * free in the map, so the caller may deallocate them once the metadata is persisted.
-   */
-  readonly released: readonly number[];
-}
 
 /** Parses stored metadata; throws a valibot error when it is not ours or is damaged. */
 export function parseMetadata(json: unknown): LvstoreMetadata {
@@ -143,6 +133,8 @@ export function parseMetadata(json: unknown): LvstoreMetadata {
  */
 export class Blobstore {
   readonly lvols: Lvol[] = [];
+  /** Where each lvol's bytes are. */
+  readonly physical: PhysicalMap;
   readonly #used: Uint8Array;
 
   constructor(
@@ -154,6 +146,7 @@ export class Blobstore {
   ) {
     this.#used = new Uint8Array(layout.totalClusters);
     for (let i = 0; i < layout.mdClusters; i++) this.#used[i] = 1;
+    this.physical = new PhysicalMap(layout.totalClusters, layout.mdClusters);
   }
 
   /** A fresh, empty store on a base device of `baseBytes`. */
@@ -215,46 +208,39 @@ export class Blobstore {
     if (this.lvols.some((l) => l.name === name)) throw new ErrnoError(Errno.EEXIST, name);
   }
 
-  /** The first (lowest) run of `n` > 0 free data clusters, or undefined when none fits. */
-  findRun(n: number): number | undefined {
-    let len = 0;
-    for (let pc = this.layout.mdClusters; pc < this.#used.length; pc++) {
-      len = this.#used[pc] === 0 ? len + 1 : 0;
-      if (len === n) return pc - n + 1;
-    }
-    return undefined;
+  /** Where the bytes of `lvol` are. */
+  home(lvol: Lvol): Home {
+    return this.physical.home(lvol);
   }
 
   /**
-   * Where the bytes of `lvol` lie when they are one run: a thick lvol (not a snapshot, not a clone)
-   * with at least one cluster, every cluster written (so the device's bytes are the lvol's bytes)
-   * and its clusters consecutive in logical order. Undefined for anything else.
+   * A function that puts the whole store back as it is now (lvols, their accounting, parents,
+   * clone order and homes), to undo a change whose byte work or metadata write failed.
    */
-  runOf(lvol: Lvol): ClusterRun | undefined {
-    if (lvol.thin || lvol.snapshot || lvol.parent !== null || lvol.numClusters === 0) return undefined;
-    if (lvol.written.size !== lvol.numClusters) return undefined;
-    const start = lvol.map[0] as number;
-    if (start < this.layout.mdClusters) return undefined;
-    for (let i = 1; i < lvol.map.length; i++) if (lvol.map[i] !== start + i) return undefined;
-    return { start, count: lvol.map.length };
-  }
-
-  /**
-   * A function that puts the cluster allocation and `lvol`'s mapping back as they are now, to undo
-   * a change whose byte work or metadata write failed.
-   */
-  checkpoint(lvol: Lvol): () => void {
+  checkpoint(): () => void {
     const used = this.#used.slice();
-    const map = [...lvol.map];
-    const written = new Set(lvol.written);
+    const lvols = [...this.lvols];
+    const fields = lvols.map((l) => ({ l, name: l.name, thin: l.thin, parent: l.parent, map: [...l.map] }));
+    const cloneSeq = new Map(this.#cloneSeq);
+    const seq = this.#seq;
+    const physical = this.physical.checkpoint();
     return () => {
       this.#used.set(used);
-      lvol.map = map;
-      lvol.written = written;
+      this.lvols.splice(0, this.lvols.length, ...lvols);
+      for (const f of fields) {
+        f.l.name = f.name;
+        f.l.thin = f.thin;
+        f.l.parent = f.parent;
+        f.l.map = f.map;
+      }
+      this.#cloneSeq.clear();
+      for (const [l, n] of cloneSeq) this.#cloneSeq.set(l, n);
+      this.#seq = seq;
+      physical();
     };
   }
 
-  /** Takes one free data cluster; ENOSPC when none is left. */
+  /** Takes one free cluster for accounting; ENOSPC when none is left. */
   allocate(): number {
     const at = this.#used.indexOf(0);
     if (at < 0) throw new ErrnoError(Errno.ENOSPC, "no free cluster");
@@ -266,170 +252,85 @@ export class Blobstore {
     if (pc >= this.layout.mdClusters) this.#used[pc] = 0;
   }
 
-  /** True when the `n` clusters from `start` exist and are all free. */
-  #freeFrom(start: number, n: number): boolean {
-    if (start + n > this.#used.length) return false;
-    for (let pc = start; pc < start + n; pc++) if (this.#used[pc] !== 0) return false;
-    return true;
-  }
-
-  /** `n` clusters for a thick lvol: the first run that fits, else the first `n` free ones. */
-  #take(n: number): number[] {
-    const start = n === 0 ? undefined : this.findRun(n);
-    if (start === undefined) return Array.from({ length: n }, () => this.allocate());
-    this.#used.fill(1, start, start + n);
-    return Array.from({ length: n }, (_, i) => start + i);
-  }
-
   /**
-   * A new lvol. A thick one gets all its clusters now, as one run when one fits (see the file
-   * header), and counts them as written: the caller zeroes them on the device before use. ENOSPC
-   * when fewer clusters are free than it needs.
+   * A new lvol. A thick one gets all its clusters now and a run of base clusters for a home when
+   * one fits (the caller zeroes it); a thin one allocates on first write. ENOSPC when a thick one
+   * needs more clusters than are free.
    */
   createLvol(name: string, sizeBytes: number, thin: boolean): Lvol {
     this.checkNewName(name);
     const n = this.clustersFor(sizeBytes);
     if (!thin && n > this.freeClusters) throw new ErrnoError(Errno.ENOSPC, `${n} clusters wanted`);
-    const map = thin ? new Array<number>(n).fill(-1) : this.#take(n);
-    const written = thin ? new Set<number>() : new Set(map.keys());
-    const lvol = new Lvol(randomUUID(), name, thin, false, null, map, written);
+    const map = thin ? new Array<number>(n).fill(-1) : Array.from({ length: n }, () => this.allocate());
+    const lvol = new Lvol(randomUUID(), name, thin, false, null, map);
+    this.physical.place(lvol, n, !thin);
     this.lvols.push(lvol);
     return lvol;
   }
 
   /**
-   * Grows or shrinks `lvol` and returns the byte work left to do. A thin lvol only changes its
-   * length. A thick one grows in place when the clusters after its run are free, else moves to
-   * the first run that fits (plan.copy), else takes scattered clusters; new clusters count as
-   * written (plan.zero). `pinned` means something outside the emulator maps the lvol's current
-   * extent: then it may only grow in place, and anything else (moving, scattering, shrinking under
-   * the mapping) is EBUSY. EPERM for a snapshot; ENOSPC when too few clusters are free.
+   * Grows or shrinks `lvol` and returns the byte work left to do. A thick lvol allocates the new
+   * clusters (ENOSPC when too few are free) and frees the cut ones; a thin one only changes length.
+   * `pinned` means something outside the emulator maps the lvol's current extent: see
+   * PhysicalMap.resize for what is then EBUSY. EPERM for a snapshot.
    */
-  resize(lvol: Lvol, sizeBytes: number, opts: { pinned?: boolean } = {}): ResizePlan {
+  resize(lvol: Lvol, sizeBytes: number, opts: { pinned?: boolean } = {}): HomeResize {
     if (lvol.snapshot) throw new ErrnoError(Errno.EPERM, "a snapshot is read-only");
     const n = this.clustersFor(sizeBytes);
     const old = lvol.numClusters;
-    const released: number[] = [];
-    if (n === old) return { zero: [], copy: [], released };
+    if (n > old && !lvol.thin && n - old > this.freeClusters) {
+      throw new ErrnoError(Errno.ENOSPC, `${n - old} more clusters wanted`);
+    }
+    const plan = this.physical.resize(lvol, old, n, opts.pinned === true);
     if (n < old) {
-      if (opts.pinned) throw new ErrnoError(Errno.EBUSY, `${lvol.name} is mapped; it cannot shrink`);
-      for (let i = n; i < old; i++) {
-        const pc = lvol.map[i] as number;
-        if (pc >= 0) {
-          this.#release(pc);
-          released.push(pc);
-        }
-        lvol.written.delete(i);
-      }
+      for (let i = n; i < old; i++) this.#release(lvol.map[i] as number);
       lvol.map.length = n;
-      return { zero: [], copy: [], released };
+    } else {
+      for (let i = old; i < n; i++) lvol.map.push(lvol.thin ? -1 : this.allocate());
     }
-    if (lvol.thin) {
-      for (let i = old; i < n; i++) lvol.map.push(-1);
-      return { zero: [], copy: [], released };
-    }
-    const grow = n - old;
-    if (grow > this.freeClusters) throw new ErrnoError(Errno.ENOSPC, `${grow} more clusters wanted`);
-    const run = this.runOf(lvol);
-    const end = run === undefined ? -1 : run.start + run.count;
-    let added: number[] | undefined;
-    if (old === 0) added = this.#take(n);
-    else if (run !== undefined && this.#freeFrom(end, grow)) added = this.#takeRange(end, grow);
-    if (added !== undefined) {
-      this.#append(lvol, added);
-      return { zero: added, copy: [], released };
-    }
-    if (opts.pinned) {
-      throw new ErrnoError(
-        Errno.EBUSY,
-        `${lvol.name} is mapped and can only grow in place, but the clusters after it are taken`,
-      );
-    }
-    const start = this.findRun(n);
-    if (start === undefined) {
-      // No run fits: scattered, as SPDK would allocate (and no longer attachable in the lab).
-      const scattered = Array.from({ length: grow }, () => this.allocate());
-      this.#append(lvol, scattered);
-      return { zero: scattered, copy: [], released };
-    }
-    // Relocate: the new run is taken while the old clusters are still held, so the two never
-    // overlap and the old bytes stay intact until the new metadata is persisted.
-    this.#used.fill(1, start, start + n);
-    const zero: number[] = [];
-    const copy: [number, number][] = [];
-    for (let i = 0; i < n; i++) {
-      const from = lvol.map[i];
-      // Unwritten clusters (metadata from before thick lvols were zeroed) move as zeros.
-      if (from !== undefined && from >= 0 && lvol.written.has(i)) copy.push([from, start + i]);
-      else zero.push(start + i);
-    }
-    for (const pc of lvol.map) {
-      if (pc >= 0) {
-        this.#release(pc);
-        released.push(pc);
-      }
-    }
-    lvol.map = Array.from({ length: n }, (_, i) => start + i);
-    lvol.written = new Set(lvol.map.keys());
-    return { zero, copy, released };
-  }
-
-  /** Appends thick clusters to `lvol`, counted as written (the caller zeroes them). */
-  #append(lvol: Lvol, pcs: readonly number[]): void {
-    for (const pc of pcs) {
-      lvol.written.add(lvol.map.length);
-      lvol.map.push(pc);
-    }
-  }
-
-  /** Marks the `n` free clusters from `start` used and returns them. */
-  #takeRange(start: number, n: number): number[] {
-    this.#used.fill(1, start, start + n);
-    return Array.from({ length: n }, (_, i) => start + i);
+    return plan;
   }
 
   /**
    * Snapshots `lvol`: the snapshot takes over its clusters and stays as thin as `lvol` was; `lvol`
-   * becomes a thin clone of it with nothing allocated. EEXIST for a taken name, EINVAL for a
-   * snapshot of a snapshot.
+   * becomes a thin clone of it with nothing allocated. The snapshot gets its own container (the
+   * caller copies `lvol`'s bytes into it); `lvol` keeps its home. EEXIST for a taken name, EINVAL
+   * for a snapshot of a snapshot.
    */
   snapshot(lvol: Lvol, name: string): Lvol {
     this.checkNewName(name);
     if (lvol.snapshot) throw new ErrnoError(Errno.EINVAL, "cannot snapshot a snapshot");
-    const snap = new Lvol(randomUUID(), name, lvol.thin, true, null, lvol.map, lvol.written);
+    const snap = new Lvol(randomUUID(), name, lvol.thin, true, null, lvol.map);
     this.#setParent(snap, lvol.parent);
+    this.physical.place(snap, snap.numClusters, false);
     this.lvols.push(snap);
     lvol.map = new Array<number>(snap.map.length).fill(-1);
-    lvol.written = new Set();
     lvol.thin = true;
     this.#setParent(lvol, snap);
     return snap;
   }
 
-  /** A thin clone of snapshot `snap`; EINVAL when `snap` is not a snapshot, EEXIST for the name. */
+  /**
+   * A thin clone of snapshot `snap`, in a container of its own (the caller copies the snapshot's
+   * bytes into it). EINVAL when `snap` is not a snapshot, EEXIST for the name.
+   */
   clone(snap: Lvol, name: string): Lvol {
     if (!snap.snapshot) throw new ErrnoError(Errno.EINVAL, `${snap.name} is not a snapshot`);
     this.checkNewName(name);
-    const c = new Lvol(
-      randomUUID(),
-      name,
-      true,
-      false,
-      null,
-      new Array<number>(snap.map.length).fill(-1),
-      new Set(),
-    );
+    const c = new Lvol(randomUUID(), name, true, false, null, new Array<number>(snap.map.length).fill(-1));
     this.#setParent(c, snap);
+    this.physical.place(c, c.numClusters, false);
     this.lvols.push(c);
     return c;
   }
 
   /**
-   * Deletes `lvol`. A snapshot with several clones cannot go (EPERM); one with a single clone is
-   * merged into it first (the clone keeps its own clusters, takes the snapshot's others and
-   * inherits its parent). Returns the physical clusters that became free.
+   * Deletes `lvol` and returns its former home (whose bytes the caller frees). A snapshot with
+   * several clones cannot go (EPERM); one with a single clone is merged into it first: the clone
+   * keeps its own clusters, takes the snapshot's others and inherits its parent. No bytes move in
+   * a merge: the clone holds all of its bytes already.
    */
-  delete(lvol: Lvol): number[] {
+  delete(lvol: Lvol): Home {
     const clones = this.clonesOf(lvol);
     if (clones.length > 1) throw new ErrnoError(Errno.EPERM, `${lvol.name} has ${clones.length} clones`);
     const only = clones[0];
@@ -438,22 +339,15 @@ export class Blobstore {
         const mine = lvol.map[i];
         if (only.map[i] === -1 && mine !== undefined && mine >= 0) {
           only.map[i] = mine;
-          if (lvol.written.has(i)) only.written.add(i);
           lvol.map[i] = -1;
         }
       }
       this.#setParent(only, lvol.parent);
     }
-    const released: number[] = [];
-    for (const pc of lvol.map) {
-      if (pc >= 0) {
-        this.#release(pc);
-        released.push(pc);
-      }
-    }
+    for (const pc of lvol.map) if (pc >= 0) this.#release(pc);
     this.lvols.splice(this.lvols.indexOf(lvol), 1);
     this.#cloneSeq.delete(lvol);
-    return released;
+    return this.physical.remove(lvol);
   }
 
   /** The record persisted on the base device; lvols in creation order. */
@@ -476,13 +370,18 @@ export class Blobstore {
         cloneSeq: this.#cloneOrder(l),
         numClusters: l.numClusters,
         clusters: encodeMap(l.map),
-        written: encodeSet([...l.written]),
+        home: { ...this.physical.home(l) },
       })),
     };
   }
 
-  /** Rebuilds a store from its metadata (lvol order and clone order kept). */
-  static fromMetadata(md: LvstoreMetadata): Blobstore {
+  /**
+   * Rebuilds a store from its metadata (lvol order and clone order kept). A legacy lvol (no home
+   * recorded) whose bytes are one run of written clusters on the base is homed there; every other
+   * legacy lvol gets an own container and is listed in `legacy`: the caller fills it from the old
+   * layout (legacyByteSource) before anything is written to the base.
+   */
+  static fromMetadata(md: LvstoreMetadata): { bs: Blobstore; legacy: Lvol[] } {
     const layout: Layout = {
       totalClusters: md.totalClusters,
       mdClusters: md.mdClusters,
@@ -490,12 +389,16 @@ export class Blobstore {
     };
     const bs = new Blobstore(md.uuid, md.name, md.clusterSize, md.blockSize, layout);
     const byUuid = new Map<string, Lvol>();
+    const legacy: Lvol[] = [];
     for (const r of md.lvols) {
       const map = decodeMap(r.clusters, r.numClusters);
       for (const pc of map) if (pc >= 0 && pc < bs.#used.length) bs.#used[pc] = 1;
-      const lvol = new Lvol(r.uuid, r.name, r.thin, r.snapshot, null, map, new Set(decodeSet(r.written)));
+      const lvol = new Lvol(r.uuid, r.name, r.thin, r.snapshot, null, map);
       byUuid.set(r.uuid, lvol);
       bs.lvols.push(lvol);
+      const home = r.home ?? legacyRun(r, md.mdClusters);
+      if (home === undefined) legacy.push(lvol);
+      bs.physical.adopt(lvol, home ?? { kind: "own" });
     }
     for (const r of md.lvols) {
       const lvol = byUuid.get(r.uuid) as Lvol;
@@ -503,8 +406,47 @@ export class Blobstore {
       bs.#cloneSeq.set(lvol, r.cloneSeq);
       bs.#seq = Math.max(bs.#seq, r.cloneSeq + 1);
     }
-    return bs;
+    return { bs, legacy };
   }
+}
+
+type LvolRecord = LvstoreMetadata["lvols"][number];
+
+/**
+ * Where a legacy thick lvol's bytes were when they form one run, as the old layout kept thick
+ * lvols: not thin, no snapshot or parent, every cluster written, consecutive clusters past the
+ * metadata. Undefined for anything else.
+ */
+function legacyRun(r: LvolRecord, mdClusters: number): Home | undefined {
+  if (r.thin || r.snapshot || r.parent !== null || r.numClusters === 0) return undefined;
+  const map = decodeMap(r.clusters, r.numClusters);
+  if (new Set(decodeSet(r.written ?? [])).size !== r.numClusters) return undefined;
+  const start = map[0] as number;
+  if (start < mdClusters) return undefined;
+  for (let i = 1; i < map.length; i++) if (map[i] !== start + i) return undefined;
+  return { kind: "run", start, count: map.length };
+}
+
+/**
+ * For legacy metadata: the base cluster holding logical cluster i of lvol `uuid` under the old
+ * layout (the lvol's own written cluster, else its nearest ancestor's), or undefined where it read
+ * as zeros.
+ */
+export function legacyByteSource(md: LvstoreMetadata): (uuid: string, i: number) => number | undefined {
+  const records = new Map(
+    md.lvols.map((r) => [
+      r.uuid,
+      { r, map: decodeMap(r.clusters, r.numClusters), written: new Set(decodeSet(r.written ?? [])) },
+    ]),
+  );
+  return (uuid, i) => {
+    for (let at = records.get(uuid); at; at = at.r.parent === null ? undefined : records.get(at.r.parent)) {
+      if (i >= at.r.numClusters) break;
+      const pc = at.map[i] as number;
+      if (pc >= 0) return at.written.has(i) ? pc : undefined;
+    }
+    return undefined;
+  };
 }
 
 function checkName(name: string): void {
@@ -528,16 +470,6 @@ function decodeMap(runs: readonly (readonly [number, number, number])[], n: numb
   const map = new Array<number>(n).fill(-1);
   for (const [l, p, c] of runs) for (let k = 0; k < c; k++) map[l + k] = p + k;
   return map;
-}
-
-function encodeSet(items: number[]): [number, number, number][] {
-  const runs: [number, number, number][] = [];
-  for (const i of items.sort((a, b) => a - b)) {
-    const last = runs[runs.length - 1];
-    if (last && last[0] + last[1] === i) last[1]++;
-    else runs.push([i, 1, 0]);
-  }
-  return runs;
 }
 
 function decodeSet(runs: readonly (readonly [number, number, number])[]): number[] {

@@ -1,7 +1,8 @@
 // Byte-addressed block I/O behind every emulated bdev: an extent of a (sparse) file for drives and
-// AIO bdevs, zero-filled memory for malloc bdevs. Lvol and fabric bdevs implement the same port.
+// AIO bdevs, zero-filled memory for malloc bdevs, a window onto another device. Lvol and fabric
+// bdevs implement the same port. Also a sparse-aware copy between devices.
 import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
-import { punchHole } from "./libc.ts";
+import { dataRanges, punchHole } from "./libc.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** A byte range of a file: `length` bytes from `offset` of `path`. */
@@ -33,6 +34,11 @@ export interface BlockIo {
    * read and write. Undefined when the bytes are elsewhere (RAM, several extents, a remote target).
    */
   fileExtent?(): FileExtent | undefined;
+  /**
+   * The parts of [offset, offset+length) that may hold non-zero bytes, as [start, length] pairs in
+   * order; everything else reads as zeros. Optional: without it the whole range may hold data.
+   */
+  dataRanges?(offset: number, length: number): Promise<(readonly [number, number])[]>;
 }
 
 /** Zeros `length` bytes at `offset` of `io`: deallocate when it can, else written in 1 MiB pieces. */
@@ -40,6 +46,35 @@ export async function zeroRange(io: BlockIo, offset: number, length: number): Pr
   if (length === 0) return;
   if (io.deallocate) return io.deallocate(offset, length);
   return writeZeros(io, offset, length);
+}
+
+const COPY_CHUNK = 4 * 1024 * 1024;
+let zeroChunk = Buffer.alloc(0);
+
+function isZero(b: Buffer): boolean {
+  if (zeroChunk.length < b.length) zeroChunk = Buffer.alloc(b.length);
+  return b.equals(zeroChunk.subarray(0, b.length));
+}
+
+/**
+ * Copies `length` bytes from `srcOffset` of `src` to `dstOffset` of `dst`, which must read as zeros
+ * there already (a new sparse file, a deallocated range): only the source's data ranges are read
+ * and only their non-zero chunks written, so holes stay holes and a mostly empty volume copies fast.
+ */
+export async function copyRange(
+  src: BlockIo,
+  srcOffset: number,
+  dst: BlockIo,
+  dstOffset: number,
+  length: number,
+): Promise<void> {
+  const ranges = src.dataRanges ? await src.dataRanges(srcOffset, length) : [[srcOffset, length] as const];
+  for (const [start, n] of ranges) {
+    for (let at = start; at < start + n; at += COPY_CHUNK) {
+      const bytes = await src.read(at, Math.min(COPY_CHUNK, start + n - at));
+      if (!isZero(bytes)) await dst.write(dstOffset + (at - srcOffset), bytes);
+    }
+  }
 }
 
 async function writeZeros(io: BlockIo, offset: number, length: number): Promise<void> {
@@ -126,6 +161,19 @@ export class FileExtentIo implements BlockIo {
     if (!punched) await writeZeros(this, offset, length);
   }
 
+  async dataRanges(offset: number, length: number): Promise<(readonly [number, number])[]> {
+    const fd = this.#open();
+    checkRange(offset, length, this.sizeBytes);
+    let found: [number, number][] | undefined;
+    try {
+      found = dataRanges(fd, this.base + offset, length);
+    } catch (err) {
+      throw new ErrnoError(Errno.EIO, (err as Error).message);
+    }
+    if (found === undefined) return [[offset, length]];
+    return found.map(([at, n]) => [at - this.base, n] as const);
+  }
+
   /** The window itself, while the file is open. */
   fileExtent(): FileExtent | undefined {
     if (this.#fd === undefined) return undefined;
@@ -146,11 +194,44 @@ export class FileExtentIo implements BlockIo {
 
 const CHUNK = 1 << 20;
 
-/** Zero-initialised RAM of a fixed size, allocated in 1 MiB chunks on first write (malloc bdev). */
+/**
+ * Zero-initialised RAM, allocated in 1 MiB chunks on first write (malloc bdevs, and the bytes of
+ * lvols on a RAM lvstore). Fixed in size unless resize() is called.
+ */
 export class MemoryIo implements BlockIo {
   readonly #chunks = new Map<number, Buffer>();
+  #size: number;
 
-  constructor(readonly sizeBytes: number) {}
+  constructor(sizeBytes: number) {
+    this.#size = sizeBytes;
+  }
+
+  get sizeBytes(): number {
+    return this.#size;
+  }
+
+  /** Sets the size; bytes cut off by a shrink read as zeros if it grows again. */
+  resize(sizeBytes: number): void {
+    for (const [chunk, c] of this.#chunks) {
+      const start = chunk * CHUNK;
+      if (start >= sizeBytes) this.#chunks.delete(chunk);
+      else if (start + CHUNK > sizeBytes) c.fill(0, sizeBytes - start);
+    }
+    this.#size = sizeBytes;
+  }
+
+  async dataRanges(offset: number, length: number): Promise<(readonly [number, number])[]> {
+    checkRange(offset, length, this.sizeBytes);
+    const out: [number, number][] = [];
+    this.#walk(offset, length, (chunk, at, _pos, n) => {
+      if (!this.#chunks.has(chunk)) return;
+      const start = chunk * CHUNK + at;
+      const last = out[out.length - 1];
+      if (last && last[0] + last[1] === start) last[1] += n;
+      else out.push([start, n]);
+    });
+    return out;
+  }
 
   async read(offset: number, length: number): Promise<Buffer> {
     checkRange(offset, length, this.sizeBytes);
@@ -197,5 +278,47 @@ export class MemoryIo implements BlockIo {
       fn(chunk, at, pos, n);
       pos += n;
     }
+  }
+}
+
+/**
+ * The bytes [offset, offset+sizeBytes) of another device, shown from 0: a thick lvol's run of
+ * clusters on its lvstore's base. Its file extent is the inner device's, shifted, when it has one.
+ */
+export class WindowIo implements BlockIo {
+  constructor(
+    readonly inner: BlockIo,
+    readonly offset: number,
+    readonly sizeBytes: number,
+  ) {
+    checkRange(offset, sizeBytes, inner.sizeBytes);
+  }
+
+  read(offset: number, length: number): Promise<Buffer> {
+    checkRange(offset, length, this.sizeBytes);
+    return this.inner.read(this.offset + offset, length);
+  }
+
+  write(offset: number, data: Uint8Array): Promise<void> {
+    checkRange(offset, data.length, this.sizeBytes);
+    return this.inner.write(this.offset + offset, data);
+  }
+
+  deallocate(offset: number, length: number): Promise<void> {
+    checkRange(offset, length, this.sizeBytes);
+    return zeroRange(this.inner, this.offset + offset, length);
+  }
+
+  fileExtent(): FileExtent | undefined {
+    const e = this.inner.fileExtent?.();
+    if (e === undefined) return undefined;
+    return { path: e.path, offset: e.offset + this.offset, length: this.sizeBytes };
+  }
+
+  async dataRanges(offset: number, length: number): Promise<(readonly [number, number])[]> {
+    checkRange(offset, length, this.sizeBytes);
+    if (!this.inner.dataRanges) return [[offset, length]];
+    const found = await this.inner.dataRanges(this.offset + offset, length);
+    return found.map(([at, n]) => [at - this.offset, n] as const);
   }
 }

@@ -3,6 +3,7 @@
 // metadata that survives crash() like metadata on a real drive, and a SimFabric data path.
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync, unlinkSync } from "node:fs";
+import { join } from "node:path";
 import { type Clock, realClock } from "../../../lib/clock.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
@@ -35,7 +36,10 @@ export interface SpdkEmulatorOptions {
   readonly coreMask?: string;
   /** nvmf_tgt --wait-for-rpc: start in STARTUP state until framework_start_init. */
   readonly waitForRpc?: boolean;
-  /** Where drive backing files (and thus lvol metadata on them) live; created if missing. */
+  /**
+   * Where drive backing files (and thus lvol metadata on them) live, and the files of lvols whose
+   * bytes are not kept in their drive's clusters (`lvols/`); created if missing.
+   */
   readonly dataDir: string;
   /** Drives the target can attach over PCIe. */
   readonly drives?: readonly SimDrive[];
@@ -193,6 +197,7 @@ export async function startSpdkEmulator(opts: SpdkEmulatorOptions): Promise<Spdk
     logger: opts.logger ?? silentLogger,
     initDelayMs: opts.initDelayMs ?? 10,
     extentInUse: opts.extentInUse ?? sysfsLoopProbe(),
+    lvolDir: join(opts.dataDir, "lvols"),
   });
   await emu.boot();
   return emu;
@@ -406,6 +411,7 @@ class Emulator implements SpdkEmulator {
     if (crash) await app.target.crash();
     else await app.target.shutdown();
     for (const b of app.registry.list()) b.init.onRemoved?.();
+    app.lvols.closeAll();
   }
 
   async #killed(app: App, signal: string): Promise<void> {

@@ -1,8 +1,8 @@
-// Thick lvols as file extents, through the RPC socket: each is one run of clusters on the drive
-// file (also after a delete left a hole), bdev_get_bdevs prints that extent as the emulator-only
-// driver_specific.sim_extent, the file's bytes at the extent ARE the lvol's bytes (both ways),
-// a resize grows in place or relocates with the bytes, a mapped (pinned) lvol refuses to move, and
-// relocated lvols come back from the drive after a crash.
+// Lvols as file extents, through the RPC socket: a thick lvol is one run of clusters on the drive
+// file (also after a delete left a hole), thin lvols and clones are files of their own, and
+// bdev_get_bdevs prints that extent as the emulator-only driver_specific.sim_extent; the file's
+// bytes at the extent ARE the lvol's bytes (both ways), a resize grows in place or relocates with
+// the bytes, a mapped (pinned) lvol refuses to move, and relocated lvols come back after a crash.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -109,13 +109,25 @@ test("the file at the extent holds the lvol's bytes, in both directions", async 
   expect(readFile(d, 7 * MIB, 20).toString()).toBe("from the loop device");
 });
 
-test("thin lvols, snapshots and clones print no extent; AIO bdevs print the whole file", async () => {
+test("thin lvols and clones print their own file, an origin keeps its extent, snapshots print none", async () => {
   await create("thin", 8, true);
   await emu.bdev("lvs0/thin").write(0, Buffer.from("x"));
   await create("base", 4);
+  const base = (await extentOf("lvs0/base")) as Extent;
   await call(s, "bdev_lvol_snapshot", { lvol_name: "lvs0/base", snapshot_name: "snap" });
   await call(s, "bdev_lvol_clone", { snapshot_name: "lvs0/snap", clone_name: "clone" });
-  for (const n of ["thin", "base", "snap", "clone"]) expect(await extentOf(`lvs0/${n}`)).toBeUndefined();
+  const lvs = (emu.state().lvstores[0] as { uuid: string }).uuid;
+  const own = (name: string) => {
+    const uuid = emu.state().lvols.find((l) => l.name === name)?.uuid;
+    return join(root, "data", "lvols", lvs, `${uuid}.img`);
+  };
+  expect(await extentOf("lvs0/thin")).toEqual({ filename: own("thin"), offset: 0, length: 8 * MIB });
+  expect(readFile((await extentOf("lvs0/thin")) as Extent, 0, 1).toString()).toBe("x");
+  // The origin's bytes stay where a loop device over it would be looking.
+  expect(await extentOf("lvs0/base")).toEqual(base);
+  expect(await extentOf("lvs0/clone")).toEqual({ filename: own("clone"), offset: 0, length: 4 * MIB });
+  // A snapshot is read-only: no extent a loop device could write through.
+  expect(await extentOf("lvs0/snap")).toBeUndefined();
   const aio = join(root, "aio.img");
   writeFileSync(aio, Buffer.alloc(8192));
   await call(s, "bdev_aio_create", { name: "aio0", filename: aio, block_size: 4096 });

@@ -1,12 +1,44 @@
 // Lvol stores on the bdev layer: metadata at the front of the base bdev (surviving what the base
-// survives: a drive or AIO file, not malloc), lvol clusters mapped onto the base's bytes, and an
+// survives: a drive or AIO file, not malloc), each lvol's bytes in its home (a run of base clusters,
+// or a sparse file of its own under the emulator's data directory; RAM on a RAM base), and an
 // lvstore found while examining a newly registered bdev loaded again, as SPDK does on attach.
-// Thick lvols are one run of clusters (blobstore.ts), zeroed on allocation, so a thick lvol on a
-// file-backed base is one file extent, printed as driver_specific.sim_extent for the lab initiator.
+// Every lvol except a snapshot prints its file extent as driver_specific.sim_extent for the lab
+// initiator, which maps it with a loop device; snapshots are point-in-time copies (physical-map.ts).
+import {
+  closeSync,
+  existsSync,
+  ftruncateSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  truncateSync,
+  unlinkSync,
+} from "node:fs";
+import { join } from "node:path";
 import type { Logger } from "../../../lib/log.ts";
 import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS, simExtentJson } from "./bdev.ts";
-import { Blobstore, type Lvol, parseMetadata, type ResizePlan } from "./blobstore.ts";
-import { type BlockIo, checkRange, type FileExtent, zeroRange } from "./block-io.ts";
+import {
+  Blobstore,
+  type ClusterRun,
+  type Home,
+  type HomeResize,
+  type Lvol,
+  type LvstoreMetadata,
+  legacyByteSource,
+  parseMetadata,
+} from "./blobstore.ts";
+import {
+  type BlockIo,
+  checkRange,
+  copyRange,
+  type FileExtent,
+  FileExtentIo,
+  MemoryIo,
+  WindowIo,
+  zeroRange,
+} from "./block-io.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { Mutex } from "./mutex.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
@@ -14,13 +46,20 @@ import { Errno, ErrnoError } from "./rpc-error.ts";
 const MAGIC = Buffer.from("DSTLVS01", "latin1");
 const HEADER = 16; // magic, u32 length, u32 crc32
 
-/** A loaded lvstore: the blobstore, its base bdev and the bdevs of its lvols. */
+/** The bytes of one lvol: a window onto the base (a run home), or its own sparse file or RAM. */
+type Media = WindowIo | FileExtentIo | MemoryIo;
+
+/** A loaded lvstore: the blobstore, its base bdev, the bdevs of its lvols and their bytes. */
 export interface LoadedStore {
   readonly bs: Blobstore;
   readonly base: Bdev;
   readonly bdevs: Map<Lvol, Bdev>;
   /** Serialises metadata changes and cluster allocation with I/O. */
   readonly lock: Mutex;
+  /** Where each lvol's bytes are, opened for I/O; follows the lvol's home. */
+  readonly media: Map<Lvol, Media>;
+  /** The directory of the store's own-container files; undefined when they are kept in RAM. */
+  readonly ownDir: string | undefined;
 }
 
 /**
@@ -29,18 +68,34 @@ export interface LoadedStore {
  */
 export type ExtentInUse = (extent: FileExtent) => boolean;
 
+/** How the lvol module of an app is set up. */
+export interface LvolStoresOptions {
+  /** Default: nothing is ever mapped. */
+  readonly extentInUse?: ExtentInUse;
+  /**
+   * Where lvols that do not live in a run of base clusters keep their bytes: one directory per
+   * store (`<lvolDir>/<lvstore uuid>/<lvol uuid>.img`). Without it, or for a store on a malloc
+   * bdev (which does not outlive the process), they are kept in RAM and have no file extent.
+   */
+  readonly lvolDir?: string;
+}
+
 /**
  * The lvol module of one app. Its methods throw ErrnoError; the RPC handlers choose the reply
  * codes. Registers itself as examiner and removal hook of `registry`.
  */
 export class LvolStores {
   readonly #stores: LoadedStore[] = [];
+  readonly #extentInUse: ExtentInUse;
+  readonly #lvolDir: string | undefined;
 
   constructor(
     private readonly registry: BdevRegistry,
     private readonly log: Logger,
-    private readonly extentInUse: ExtentInUse = () => false,
+    opts: LvolStoresOptions = {},
   ) {
+    this.#extentInUse = opts.extentInUse ?? (() => false);
+    this.#lvolDir = opts.lvolDir;
     registry.addExaminer((b) => this.#examine(b));
     registry.addRemovalHook((b) => this.#onRemove(b));
   }
@@ -88,11 +143,11 @@ export class LvolStores {
     const base = this.checkCreate(baseName, name);
     const bs = Blobstore.create(name, base.io.sizeBytes, base.blockSize, clusterSize);
     this.registry.claim(base, "read_many_write_one", `lvs:${bs.uuid}`);
-    const store: LoadedStore = { bs, base, bdevs: new Map(), lock: new Mutex() };
+    const store = this.#newStore(bs, base);
     // Listed before the metadata write so that a concurrent create of the same name sees it.
     this.#stores.push(store);
     try {
-      await this.#persist(store);
+      await store.lock.run(() => writeMetadata(store));
     } catch (err) {
       this.#stores.splice(this.#stores.indexOf(store), 1);
       this.registry.release(base, `lvs:${bs.uuid}`);
@@ -101,26 +156,38 @@ export class LvolStores {
     return store;
   }
 
-  /** Deletes a store: its lvol bdevs are hot-removed, the on-disk header is wiped. */
+  /** Deletes a store: its lvol bdevs are hot-removed, the on-disk header is wiped, own files go. */
   async destroy(store: LoadedStore): Promise<void> {
     await this.#unload(store);
     await store.lock.run(() => store.base.io.write(0, Buffer.alloc(HEADER)));
+    if (store.ownDir !== undefined) rmSync(store.ownDir, { recursive: true, force: true });
   }
 
   /**
    * Creates an lvol and registers its bdev; EEXIST/EINVAL/ENOSPC from the blobstore. A thick
-   * lvol's clusters are zeroed (deallocated) before the metadata that gives them to it is written.
+   * lvol's run is zeroed (deallocated) before the metadata that gives it to the lvol is written; an
+   * own container starts as an empty sparse file.
    */
   async createLvol(store: LoadedStore, name: string, sizeBytes: number, thin: boolean): Promise<Lvol> {
     const lvol = await store.lock.run(async () => {
+      const undo = store.bs.checkpoint();
       const made = store.bs.createLvol(name, sizeBytes, thin);
+      let media: Media | undefined;
       try {
-        if (!thin) await zeroClusters(store, made.map);
+        const home = store.bs.home(made);
+        if (home.kind === "run") {
+          await zeroRun(store, home);
+          media = runIo(store, home);
+        } else {
+          media = this.#createOwn(store, made);
+        }
         await writeMetadata(store);
       } catch (err) {
-        store.bs.delete(made);
+        undo();
+        if (media !== undefined) this.#dropOwn(store, made, media);
         throw err;
       }
+      store.media.set(made, media);
       return made;
     });
     // Outside the lock: registering examines the new bdev, which reads through the same lock.
@@ -129,18 +196,20 @@ export class LvolStores {
   }
 
   /**
-   * Resizes an lvol and tells the bdev's consumers. A thick lvol grows in place or moves to a new
-   * run (its bytes copied before the new mapping is persisted, so a failure or crash leaves the old
-   * place intact); one whose extent is mapped outside the emulator (extentInUse) may only grow in
-   * place: EBUSY otherwise, logged with the reason. EPERM for a snapshot, ENOSPC for a thick grow
-   * beyond the free clusters. Clusters given up are deallocated once the metadata is written.
+   * Resizes an lvol and tells the bdev's consumers. A run grows in place, or moves (to another run
+   * or an own file) with its bytes copied before the new home is persisted, so a failure or crash
+   * leaves the old place intact; an own file changes length. One whose extent is mapped outside
+   * the emulator (extentInUse) may only grow in place: EBUSY otherwise, logged with the reason.
+   * EPERM for a snapshot, ENOSPC for a thick grow beyond the free clusters. Base clusters given up
+   * are deallocated once the metadata is written.
    */
   async resize(store: LoadedStore, lvol: Lvol, sizeBytes: number): Promise<void> {
     await store.lock.run(async () => {
-      const extent = lvolExtent(store, lvol);
-      const pinned = extent !== undefined && this.extentInUse(extent);
-      const undo = store.bs.checkpoint(lvol);
-      let plan: ResizePlan;
+      const old = mediaOf(store, lvol);
+      const extent = extentOfIo(old);
+      const pinned = extent !== undefined && this.#extentInUse(extent);
+      const undo = store.bs.checkpoint();
+      let plan: HomeResize;
       try {
         plan = store.bs.resize(lvol, sizeBytes, { pinned });
       } catch (err) {
@@ -152,38 +221,58 @@ export class LvolStores {
         }
         throw err;
       }
+      const bytes = lvol.numClusters * store.bs.clusterSize;
+      const { before, after } = plan;
+      const inPlace = before.kind === "run" && after.kind === "run" && before.start === after.start;
+      let next: Media = old;
       try {
-        await zeroClusters(store, plan.zero);
-        for (const [from, to] of plan.copy) await copyCluster(store, from, to);
+        if (inPlace) {
+          if (plan.zero) await zeroRun(store, plan.zero);
+          next = runIo(store, after);
+        } else if (after !== before) {
+          next = after.kind === "run" ? runIo(store, after) : this.#createOwn(store, lvol);
+          if (plan.zero) await zeroRun(store, plan.zero);
+          await copyRange(old, 0, next, 0, Math.min(old.sizeBytes, bytes));
+        }
         await writeMetadata(store);
       } catch (err) {
         undo();
+        if (next !== old) this.#dropOwn(store, lvol, next);
         throw err;
       }
-      await this.#deallocate(store, plan.released);
+      // An own file changes length only once the new size is persisted: a crash in between leaves
+      // it longer or shorter than that size, and loading truncates it to it (the tail it cuts off
+      // or adds reads as zeros either way), whereas cutting first could lose bytes on a failure.
+      if (before.kind === "own" && old.sizeBytes !== bytes) next = this.#resizeOwn(lvol, old, bytes);
+      store.media.set(lvol, next);
+      if (plan.released) await this.#deallocate(store, plan.released);
     });
     const bdev = store.bdevs.get(lvol);
     if (bdev) await this.registry.notifyResize(bdev);
   }
 
-  /** Snapshots an lvol and registers the snapshot's bdev; EEXIST/EINVAL from the blobstore. */
+  /**
+   * Snapshots an lvol and registers the snapshot's bdev; EEXIST/EINVAL from the blobstore. The
+   * snapshot's own container gets a copy of the origin's bytes as they are now, read through the
+   * page cache of the origin's file, so it includes what a loop device over the origin has written
+   * so far. The origin keeps its home: a loop device over it goes on working.
+   */
   async snapshot(store: LoadedStore, lvol: Lvol, name: string): Promise<Lvol> {
-    const snap = await store.lock.run(async () => {
-      const s = store.bs.snapshot(lvol, name);
-      await this.#persistLocked(store);
-      return s;
-    });
+    const snap = await store.lock.run(() =>
+      this.#copyInto(store, mediaOf(store, lvol), () => store.bs.snapshot(lvol, name)),
+    );
     await this.#registerLvol(store, snap);
     return snap;
   }
 
-  /** Clones a snapshot and registers the clone's bdev; EINVAL for a non-snapshot, EEXIST for the name. */
+  /**
+   * Clones a snapshot and registers the clone's bdev, its own container starting as a copy of the
+   * snapshot's bytes; EINVAL for a non-snapshot, EEXIST for the name.
+   */
   async clone(store: LoadedStore, snap: Lvol, name: string): Promise<Lvol> {
-    const c = await store.lock.run(async () => {
-      const made = store.bs.clone(snap, name);
-      await this.#persistLocked(store, () => store.bs.delete(made));
-      return made;
-    });
+    const c = await store.lock.run(() =>
+      this.#copyInto(store, mediaOf(store, snap), () => store.bs.clone(snap, name)),
+    );
     await this.#registerLvol(store, c);
     return c;
   }
@@ -193,16 +282,25 @@ export class LvolStores {
     if (store.bs.clonesOf(lvol).length > 1) throw new ErrnoError(Errno.EPERM, lvol.name);
   }
 
-  /** Deletes an lvol: its bdev is hot-removed first, then the blob goes. */
+  /** Deletes an lvol: its bdev is hot-removed first, then the blob goes, then its bytes. */
   async deleteLvol(store: LoadedStore, lvol: Lvol): Promise<void> {
     this.checkDeletable(store, lvol);
     const bdev = store.bdevs.get(lvol);
     if (bdev) await this.registry.unregister(bdev);
     await store.lock.run(async () => {
-      const released = store.bs.delete(lvol);
-      await this.#persistLocked(store);
-      // The default clear_method "unmap": the freed clusters read as zeros (and the file shrinks).
-      await this.#deallocate(store, released);
+      const undo = store.bs.checkpoint();
+      const home = store.bs.delete(lvol);
+      try {
+        await writeMetadata(store);
+      } catch (err) {
+        undo();
+        throw err;
+      }
+      const media = store.media.get(lvol);
+      store.media.delete(lvol);
+      // The default clear_method "unmap": a freed run reads as zeros (and the file shrinks).
+      if (home.kind === "run") await this.#deallocate(store, home);
+      else if (media !== undefined) this.#dropOwn(store, lvol, media);
     });
   }
 
@@ -222,10 +320,104 @@ export class LvolStores {
     return { lvol: out, ...simExtentJson(lvolExtent(store, lvol)) };
   }
 
-  /** Deallocates freed clusters; a failure only costs space, so it is logged, not thrown. */
-  async #deallocate(store: LoadedStore, pcs: readonly number[]): Promise<void> {
+  /** Closes every open lvol file without unloading anything (the process is going away). */
+  closeAll(): void {
+    for (const store of this.#stores) closeMedia(store);
+  }
+
+  #newStore(bs: Blobstore, base: Bdev): LoadedStore {
+    const ownDir =
+      this.#lvolDir !== undefined && base.module !== "malloc" ? join(this.#lvolDir, bs.uuid) : undefined;
+    return { bs, base, bdevs: new Map(), lock: new Mutex(), media: new Map(), ownDir };
+  }
+
+  /**
+   * Under the store lock: runs `make` (a snapshot or clone, homed in a new own container), fills
+   * that container with a copy of `source` and persists. Anything failing undoes it all.
+   */
+  async #copyInto(store: LoadedStore, source: Media, make: () => Lvol): Promise<Lvol> {
+    const undo = store.bs.checkpoint();
+    const made = make();
+    let media: Media | undefined;
     try {
-      await zeroClusters(store, pcs);
+      media = this.#createOwn(store, made);
+      await copyRange(source, 0, media, 0, Math.min(source.sizeBytes, media.sizeBytes));
+      await writeMetadata(store);
+    } catch (err) {
+      undo();
+      if (media !== undefined) this.#dropOwn(store, made, media);
+      throw err;
+    }
+    store.media.set(made, media);
+    return made;
+  }
+
+  /** A new, empty own container for `lvol`, as long as the lvol (an existing file is emptied). */
+  #createOwn(store: LoadedStore, lvol: Lvol): FileExtentIo | MemoryIo {
+    const bytes = lvol.numClusters * store.bs.clusterSize;
+    if (store.ownDir === undefined) return new MemoryIo(bytes);
+    mkdirSync(store.ownDir, { recursive: true });
+    const path = ownPath(store.ownDir, lvol);
+    const fd = openSync(path, "w");
+    try {
+      ftruncateSync(fd, bytes);
+    } finally {
+      closeSync(fd);
+    }
+    return new FileExtentIo(path, 0, bytes);
+  }
+
+  /** The own container of a loaded lvol; a missing file is recreated empty, a wrong length fixed. */
+  #openOwn(store: LoadedStore, lvol: Lvol): FileExtentIo | MemoryIo {
+    const bytes = lvol.numClusters * store.bs.clusterSize;
+    if (store.ownDir === undefined) return new MemoryIo(bytes);
+    const path = ownPath(store.ownDir, lvol);
+    if (!existsSync(path)) {
+      this.log.warn("lvol file missing; the lvol reads as zeros", {
+        lvol: `${store.bs.name}/${lvol.name}`,
+        path,
+      });
+      return this.#createOwn(store, lvol);
+    }
+    if (statSync(path).size !== bytes) truncateSync(path, bytes);
+    return new FileExtentIo(path, 0, bytes);
+  }
+
+  /** Sets an own container's length; a failure is logged (the file then reads zeros past its end). */
+  #resizeOwn(lvol: Lvol, media: Media, bytes: number): Media {
+    if (media instanceof MemoryIo) {
+      media.resize(bytes);
+      return media;
+    }
+    if (!(media instanceof FileExtentIo)) return media;
+    try {
+      truncateSync(media.path, bytes);
+    } catch (err) {
+      this.log.warn("resizing an lvol file failed", { lvol: lvol.name, err: String(err) });
+    }
+    media.close();
+    return new FileExtentIo(media.path, 0, bytes);
+  }
+
+  /** Closes and removes an own container; a failure only costs space, so it is logged. */
+  #dropOwn(store: LoadedStore, lvol: Lvol, media: Media): void {
+    if (!(media instanceof FileExtentIo)) return;
+    media.close();
+    try {
+      unlinkSync(media.path);
+    } catch (err) {
+      this.log.warn("removing an lvol file failed", {
+        lvs: store.bs.name,
+        lvol: lvol.name,
+        err: String(err),
+      });
+    }
+  }
+
+  /** Deallocates a freed run; a failure only costs space, so it is logged, not thrown. */
+  async #deallocate(store: LoadedStore, run: ClusterRun): Promise<void> {
+    try {
+      await zeroRun(store, run);
     } catch (err) {
       this.log.warn("deallocating freed clusters failed", { lvs: store.bs.name, err: String(err) });
     }
@@ -255,20 +447,6 @@ export class LvolStores {
     }
   }
 
-  async #persist(store: LoadedStore): Promise<void> {
-    await store.lock.run(() => this.#persistLocked(store));
-  }
-
-  /** Writes the metadata; on failure runs `undo` (to keep memory and disk in step) and rethrows. */
-  async #persistLocked(store: LoadedStore, undo?: () => void): Promise<void> {
-    try {
-      await writeMetadata(store);
-    } catch (err) {
-      undo?.();
-      throw err;
-    }
-  }
-
   /** Loads an lvstore found on `bdev`, if any. A damaged or conflicting one is skipped with a warning. */
   async #examine(bdev: Bdev): Promise<void> {
     if (bdev.io.sizeBytes < HEADER) return;
@@ -281,7 +459,8 @@ export class LvolStores {
       this.log.warn("lvstore metadata checksum mismatch; not loaded", { bdev: bdev.name });
       return;
     }
-    const bs = Blobstore.fromMetadata(parseMetadata(JSON.parse(json.toString("utf8"))));
+    const md = parseMetadata(JSON.parse(json.toString("utf8")));
+    const { bs, legacy } = Blobstore.fromMetadata(md);
     if (this.byName(bs.name) || this.byUuid(bs.uuid)) {
       this.log.warn("lvstore with the same name or uuid already loaded; not loaded", {
         bdev: bdev.name,
@@ -291,10 +470,63 @@ export class LvolStores {
     }
     if (bdev.claim) return;
     this.registry.claim(bdev, "read_many_write_one", `lvs:${bs.uuid}`);
-    const store: LoadedStore = { bs, base: bdev, bdevs: new Map(), lock: new Mutex() };
+    const store = this.#newStore(bs, bdev);
+    try {
+      await store.lock.run(() => this.#openAll(store, md, legacy));
+    } catch (err) {
+      closeMedia(store);
+      this.registry.release(bdev, `lvs:${bs.uuid}`);
+      this.log.warn("lvstore not loaded: its lvols could not be opened", {
+        bdev: bdev.name,
+        err: String(err),
+      });
+      return;
+    }
     this.#stores.push(store);
     this.log.info("lvstore loaded", { bdev: bdev.name, lvs: bs.name, lvols: bs.lvols.length });
     for (const lvol of bs.lvols) await this.#registerLvol(store, lvol);
+  }
+
+  /**
+   * Opens the bytes of every lvol of a store being loaded. Legacy lvols (metadata from before
+   * homes) are copied from the old layout into own containers and the upgraded metadata written,
+   * before anything else touches the base. Files in the store's directory that no lvol owns
+   * (left by a crash between creating a file and persisting its lvol) are removed.
+   */
+  async #openAll(store: LoadedStore, md: LvstoreMetadata, legacy: readonly Lvol[]): Promise<void> {
+    for (const lvol of store.bs.lvols) {
+      const home = store.bs.home(lvol);
+      if (legacy.includes(lvol)) store.media.set(lvol, this.#createOwn(store, lvol));
+      else store.media.set(lvol, home.kind === "run" ? runIo(store, home) : this.#openOwn(store, lvol));
+    }
+    if (legacy.length > 0) {
+      const source = legacyByteSource(md);
+      const cs = store.bs.clusterSize;
+      for (const lvol of legacy) {
+        const media = mediaOf(store, lvol);
+        for (let i = 0; i < lvol.numClusters; i++) {
+          const pc = source(lvol.uuid, i);
+          if (pc !== undefined) await copyRange(store.base.io, pc * cs, media, i * cs, cs);
+        }
+      }
+      await writeMetadata(store);
+      this.log.info("lvstore metadata upgraded: lvols copied into files of their own", {
+        lvs: store.bs.name,
+        lvols: legacy.map((l) => l.name),
+      });
+    }
+    if (store.ownDir === undefined || !existsSync(store.ownDir)) return;
+    const owned = new Set(
+      store.bs.lvols.filter((l) => store.bs.home(l).kind === "own").map((l) => `${l.uuid}.img`),
+    );
+    for (const name of readdirSync(store.ownDir)) {
+      if (owned.has(name)) continue;
+      try {
+        unlinkSync(join(store.ownDir, name));
+      } catch {
+        // gone already, or not ours to remove
+      }
+    }
   }
 
   /** Unloads (without destroying) every store whose base goes away. */
@@ -306,11 +538,15 @@ export class LvolStores {
     for (const b of [...store.bdevs.values()]) await this.registry.unregister(b);
     const at = this.#stores.indexOf(store);
     if (at >= 0) this.#stores.splice(at, 1);
+    await store.lock.run(async () => closeMedia(store));
     this.registry.release(store.base, `lvs:${store.bs.uuid}`);
   }
 }
 
-/** The data path of one lvol: logical clusters mapped onto the base bdev, copy-on-write from parents. */
+/**
+ * The data path of one lvol: its bytes are all in its home; writes to clusters SPDK has not
+ * allocated yet (a thin lvol, a clone) allocate them, as copy-on-write would, for the accounting.
+ */
 class LvolIo implements BlockIo {
   constructor(
     private readonly store: LoadedStore,
@@ -328,11 +564,7 @@ class LvolIo implements BlockIo {
   read(offset: number, length: number): Promise<Buffer> {
     return this.store.lock.run(async () => {
       checkRange(offset, length, this.sizeBytes);
-      const out = Buffer.alloc(length);
-      await this.#segments(offset, length, async (i, at, pos, n) => {
-        (await readLogical(this.store, this.lvol, i, at, n)).copy(out, pos);
-      });
-      return out;
+      return mediaOf(this.store, this.lvol).read(offset, length);
     });
   }
 
@@ -341,102 +573,65 @@ class LvolIo implements BlockIo {
       // A snapshot's bdev does not support writes; the bdev layer fails them.
       if (this.lvol.snapshot) throw new ErrnoError(Errno.EIO, "snapshot is read-only");
       checkRange(offset, data.length, this.sizeBytes);
-      const src = Buffer.from(data.buffer, data.byteOffset, data.length);
-      const { bs, base } = this.store;
+      const { bs } = this.store;
       const cs = bs.clusterSize;
-      let mdChanged = false;
-      await this.#segments(offset, data.length, async (i, at, pos, n) => {
-        const part = src.subarray(pos, pos + n);
-        let pc = this.lvol.map[i] as number;
-        if (pc >= 0 && this.lvol.written.has(i)) {
-          await base.io.write(pc * cs + at, part);
-          return;
-        }
-        // First write to this cluster: materialise all of it (zeros, or the parent's bytes).
-        let full: Buffer;
-        if (at === 0 && n === cs) full = Buffer.from(part);
-        else {
-          full =
-            pc >= 0 || !this.lvol.parent
-              ? Buffer.alloc(cs)
-              : await readLogical(this.store, this.lvol.parent, i, 0, cs);
-          part.copy(full, at);
-        }
-        if (pc < 0) {
-          pc = bs.allocate();
-          this.lvol.map[i] = pc;
-        }
-        await base.io.write(pc * cs, full);
-        this.lvol.written.add(i);
-        mdChanged = true;
-      });
-      // Like a thin blob's cluster allocation, the new mapping is persisted before completing.
-      if (mdChanged) await writeMetadata(this.store);
+      const fresh: number[] = [];
+      if (data.length > 0) {
+        const last = Math.floor((offset + data.length - 1) / cs);
+        for (let i = Math.floor(offset / cs); i <= last; i++)
+          if ((this.lvol.map[i] as number) < 0) fresh.push(i);
+      }
+      if (fresh.length > bs.freeClusters) throw new ErrnoError(Errno.ENOSPC, "no free cluster");
+      const undo = fresh.length > 0 ? bs.checkpoint() : undefined;
+      for (const i of fresh) this.lvol.map[i] = bs.allocate();
+      try {
+        await mediaOf(this.store, this.lvol).write(offset, data);
+        // Like a thin blob's cluster allocation, the new mapping is persisted before completing.
+        if (undo) await writeMetadata(this.store);
+      } catch (err) {
+        undo?.();
+        throw err;
+      }
     });
   }
-
-  async #segments(
-    offset: number,
-    length: number,
-    fn: (cluster: number, at: number, pos: number, n: number) => Promise<void>,
-  ): Promise<void> {
-    const cs = this.store.bs.clusterSize;
-    let pos = 0;
-    while (pos < length) {
-      const abs = offset + pos;
-      const i = Math.floor(abs / cs);
-      const at = abs - i * cs;
-      const n = Math.min(cs - at, length - pos);
-      await fn(i, at, pos, n);
-      pos += n;
-    }
-  }
 }
 
-/**
- * The file extent holding every byte of `lvol`: its run of clusters (Blobstore.runOf) on a base
- * whose bytes are one file extent. Undefined for thin lvols, snapshots, clones, scattered thick
- * lvols and bases in RAM.
- */
+/** The file extent of `lvol`'s bytes, for the lab initiator; none for a snapshot (read-only) or RAM. */
 function lvolExtent(store: LoadedStore, lvol: Lvol): FileExtent | undefined {
-  const run = store.bs.runOf(lvol);
-  const base = run && store.base.io.fileExtent?.();
-  if (run === undefined || base === undefined) return undefined;
-  const cs = store.bs.clusterSize;
-  return { path: base.path, offset: base.offset + run.start * cs, length: run.count * cs };
+  if (lvol.snapshot) return undefined;
+  const m = store.media.get(lvol);
+  return m === undefined ? undefined : extentOfIo(m);
 }
 
-/** Zeros the given physical clusters on the base, one call per run of consecutive clusters. */
-async function zeroClusters(store: LoadedStore, pcs: readonly number[]): Promise<void> {
-  const cs = store.bs.clusterSize;
-  const sorted = [...pcs].sort((a, b) => a - b);
-  for (let i = 0; i < sorted.length; ) {
-    const start = sorted[i] as number;
-    let n = 1;
-    while (sorted[i + n] === start + n) n++;
-    await zeroRange(store.base.io, start * cs, n * cs);
-    i += n;
-  }
+function extentOfIo(io: BlockIo): FileExtent | undefined {
+  return io.fileExtent?.();
 }
 
-const COPY_CHUNK = 4 * 1024 * 1024;
-
-/** Copies one physical cluster's bytes to another; all-zero pieces are deallocated, not written. */
-async function copyCluster(store: LoadedStore, from: number, to: number): Promise<void> {
-  const cs = store.bs.clusterSize;
-  const io = store.base.io;
-  for (let at = 0; at < cs; at += COPY_CHUNK) {
-    const n = Math.min(COPY_CHUNK, cs - at);
-    const bytes = await io.read(from * cs + at, n);
-    if (isZero(bytes)) await zeroRange(io, to * cs + at, n);
-    else await io.write(to * cs + at, bytes);
-  }
+function mediaOf(store: LoadedStore, lvol: Lvol): Media {
+  const m = store.media.get(lvol);
+  if (m === undefined) throw new ErrnoError(Errno.EIO, `lvol ${lvol.name} is not open`);
+  return m;
 }
 
-let zeros = Buffer.alloc(0);
-function isZero(b: Buffer): boolean {
-  if (zeros.length < b.length) zeros = Buffer.alloc(b.length);
-  return b.equals(zeros.subarray(0, b.length));
+function closeMedia(store: LoadedStore): void {
+  for (const m of store.media.values()) if (m instanceof FileExtentIo) m.close();
+  store.media.clear();
+}
+
+function ownPath(dir: string, lvol: Lvol): string {
+  return join(dir, `${lvol.uuid}.img`);
+}
+
+/** The window onto the base of a run home. */
+function runIo(store: LoadedStore, home: Home & { kind: "run" }): WindowIo {
+  const cs = store.bs.clusterSize;
+  return new WindowIo(store.base.io, home.start * cs, home.count * cs);
+}
+
+/** Zeros (deallocates) a run of base clusters. */
+async function zeroRun(store: LoadedStore, run: ClusterRun): Promise<void> {
+  const cs = store.bs.clusterSize;
+  await zeroRange(store.base.io, run.start * cs, run.count * cs);
 }
 
 /** Writes the store's metadata record to the front of its base bdev; ENOSPC when it outgrew the region. */
@@ -449,22 +644,4 @@ async function writeMetadata(store: LoadedStore): Promise<void> {
   json.copy(buf, HEADER);
   if (buf.length > store.bs.metadataBytes) throw new ErrnoError(Errno.ENOSPC, "metadata region full");
   await store.base.io.write(0, buf);
-}
-
-/** Bytes [at, at+n) of logical cluster i of `lvol`, falling through to its parents. */
-async function readLogical(
-  store: LoadedStore,
-  lvol: Lvol,
-  i: number,
-  at: number,
-  n: number,
-): Promise<Buffer> {
-  for (let l: Lvol | null = lvol; l; l = l.parent) {
-    if (i >= l.numClusters) break;
-    const pc = l.map[i] as number;
-    if (pc >= 0) {
-      return l.written.has(i) ? store.base.io.read(pc * store.bs.clusterSize + at, n) : Buffer.alloc(n);
-    }
-  }
-  return Buffer.alloc(n);
 }

@@ -98,7 +98,7 @@ const SIM_ONLY: readonly { pattern: RegExp; reason: string }[] = [
   {
     pattern: /,"sim_extent":\{"filename":"(?:[^"\\]|\\.)*","offset":\d+,"length":\d+\}/g,
     reason:
-      "bdev_get_bdevs driver_specific.sim_extent: the file extent of an AIO or thick lvol bdev, which the lab initiator maps with a loop device",
+      "bdev_get_bdevs driver_specific.sim_extent: the file extent of an AIO bdev or an lvol (not a snapshot), which the lab initiator maps with a loop device",
   },
 ];
 
