@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Go-built control-plane tools (etcd, kube-apiserver, kube-controller-manager) from the
-# Go module proxy into a cache keyed by version. Idempotent: a tool already in the cache is kept.
+# Builds the Go-built control-plane tools (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl) from the Go module proxy into a cache keyed by version. Idempotent: a
+# tool already in the cache is kept, and only the missing kube binaries are compiled.
 # Usage: lab/cluster/build-tools.sh [etcd|kube|all]   (env: DISTORT_CACHE, KUBE_VERSION, ETCD_VERSION)
 set -euo pipefail
 
@@ -8,7 +9,9 @@ KUBE_VERSION=${KUBE_VERSION:-v1.36.1}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 CACHE=${DISTORT_CACHE:-$HOME/.cache/distort}
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-KUBE_BINS=${KUBE_BINS:-kube-apiserver kube-controller-manager kubectl}
+# kube-scheduler is here because WaitForFirstConsumer volumes bind only once a scheduler has picked a
+# node (it writes volume.kubernetes.io/selected-node); the lab runs the real one.
+KUBE_BINS=${KUBE_BINS:-kube-apiserver kube-controller-manager kube-scheduler kubectl}
 what=${1:-all}
 
 log() { printf '[build-tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -13,6 +13,8 @@ export interface ControlPlaneOptions {
   dir?: string;
   /** Also run kube-controller-manager (PV binder, attach-detach, GC, namespace controllers). */
   controllerManager?: boolean;
+  /** Also run kube-scheduler (it picks Pods' nodes and WaitForFirstConsumer volumes' selected node). */
+  scheduler?: boolean;
   /** Progress lines for a person watching; silent by default. */
   progress?: (line: string) => void;
   tools?: ToolPaths;
@@ -296,7 +298,8 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
         "--use-service-account-credentials=false",
         `--secure-port=${kcmPort}`,
         "--bind-address=127.0.0.1",
-        `--controllers=${KCM_CONTROLLERS.join(",")}`,
+        // With a scheduler, Nodes need their not-ready taint lifted once their kubelet reports Ready.
+        `--controllers=${[...KCM_CONTROLLERS, ...(opts.scheduler ? ["node-lifecycle-controller"] : [])].join(",")}`,
         `--service-account-private-key-file=${join(dir, "sa.key")}`,
         "--v=1",
       ]);
@@ -305,6 +308,25 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
         return r.status === 200;
       });
       progress(`kube-controller-manager ready (${Math.round(performance.now() - t0)} ms)`);
+    }
+
+    if (opts.scheduler) {
+      const schedPort = await freePort();
+      const sched = spawn("kube-scheduler", [
+        tools.kubeScheduler,
+        `--kubeconfig=${kubeconfigPath}`,
+        `--authentication-kubeconfig=${kubeconfigPath}`,
+        `--authorization-kubeconfig=${kubeconfigPath}`,
+        "--leader-elect=false",
+        `--secure-port=${schedPort}`,
+        "--bind-address=127.0.0.1",
+        "--v=1",
+      ]);
+      await waitFor("kube-scheduler", 60_000, sched.proc, sched.logPath, async () => {
+        const r = await fetch(`https://127.0.0.1:${schedPort}/healthz`, { tls: { rejectUnauthorized: false } });
+        return r.status === 200;
+      });
+      progress(`kube-scheduler ready (${Math.round(performance.now() - t0)} ms)`);
     }
 
     return {

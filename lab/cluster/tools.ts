@@ -1,5 +1,6 @@
-// Locates the Go-built control-plane tools in the version-keyed cache and builds missing ones by
-// running lab/cluster/build-tools.sh (the one build recipe, shared with CI and the lab command).
+// Locates the Go-built control-plane tools and CSI sidecars in the version-keyed cache and builds
+// missing ones by running lab/cluster/build-tools.sh or build-sidecars.sh (the one build recipe
+// each, shared with CI and the lab command).
 import { existsSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
@@ -11,7 +12,44 @@ export interface ToolPaths {
   etcd: string;
   kubeApiserver: string;
   kubeControllerManager: string;
+  kubeScheduler: string;
   kubectl: string;
+}
+
+/**
+ * CSI sidecar versions built by build-sidecars.sh: the newest tags the Go module proxy serves
+ * (`go list -m -versions github.com/kubernetes-csi/<repo>/vN`). csi-snapshotter,
+ * snapshot-controller and the VolumeSnapshot CRDs share `snapshotter`: one repository, one schema.
+ */
+export const SIDECAR_VERSIONS = {
+  provisioner: "v6.4.0",
+  attacher: "v4.13.0",
+  resizer: "v2.3.0",
+  snapshotter: "v8.7.0",
+} as const;
+
+/**
+ * The CRD files build-sidecars.sh copies from external-snapshotter's client module. The group
+ * snapshot ones are included because snapshot-controller v8.7+ (group snapshots GA) otherwise
+ * waits 30 s for them at every start.
+ */
+export const SNAPSHOT_CRD_FILES = [
+  "snapshot.storage.k8s.io_volumesnapshotclasses.yaml",
+  "snapshot.storage.k8s.io_volumesnapshotcontents.yaml",
+  "snapshot.storage.k8s.io_volumesnapshots.yaml",
+  "groupsnapshot.storage.k8s.io_volumegroupsnapshotclasses.yaml",
+  "groupsnapshot.storage.k8s.io_volumegroupsnapshotcontents.yaml",
+  "groupsnapshot.storage.k8s.io_volumegroupsnapshots.yaml",
+] as const;
+
+export interface SidecarPaths {
+  provisioner: string;
+  attacher: string;
+  resizer: string;
+  snapshotter: string;
+  snapshotController: string;
+  /** Directory holding exactly the SNAPSHOT_CRD_FILES. */
+  snapshotCrdDir: string;
 }
 
 /** The cache root; DISTORT_CACHE overrides it so CI or a developer can relocate the cache. */
@@ -19,14 +57,38 @@ export function cacheRoot(env: Record<string, string | undefined> = process.env)
   return env.DISTORT_CACHE ?? join(homedir(), ".cache", "distort");
 }
 
+/** Where build-tools.sh puts each tool; pure path arithmetic, the files may not exist yet. */
 export function toolPaths(root = cacheRoot()): ToolPaths {
   const kube = join(root, "kube", KUBE_VERSION);
   return {
     etcd: join(root, "etcd", ETCD_VERSION, "etcd"),
     kubeApiserver: join(kube, "kube-apiserver"),
     kubeControllerManager: join(kube, "kube-controller-manager"),
+    kubeScheduler: join(kube, "kube-scheduler"),
     kubectl: join(kube, "kubectl"),
   };
+}
+
+/** Runs one of the build scripts beside this file, streaming its progress; throws on a non-zero exit. */
+async function runBuild(
+  script: string,
+  args: string[],
+  env: Record<string, string>,
+  what: string,
+): Promise<void> {
+  const proc = Bun.spawn(["bash", join(import.meta.dir, script), ...args], {
+    env: { ...process.env, ...env },
+    stdout: "inherit",
+    stderr: "inherit",
+  });
+  const code = await proc.exited;
+  if (code !== 0) throw new Error(`building ${what} failed (exit ${code}); see the output above`);
+}
+
+function missingPaths(paths: Record<string, string>): string[] {
+  return Object.entries(paths)
+    .filter(([, p]) => !existsSync(p))
+    .map(([name, p]) => `${name} at ${p}`);
 }
 
 /**
@@ -35,17 +97,72 @@ export function toolPaths(root = cacheRoot()): ToolPaths {
  */
 export async function ensureTools(root = cacheRoot()): Promise<ToolPaths> {
   const paths = toolPaths(root);
-  if (Object.values(paths).every((p) => existsSync(p))) return paths;
-  const script = join(import.meta.dir, "build-tools.sh");
-  const proc = Bun.spawn(["bash", script, "all"], {
-    env: { ...process.env, DISTORT_CACHE: root, KUBE_VERSION, ETCD_VERSION },
-    stdout: "inherit",
-    stderr: "inherit",
-  });
-  const code = await proc.exited;
-  if (code !== 0) throw new Error(`building control-plane tools failed (exit ${code}); see the output above`);
-  for (const [name, p] of Object.entries(paths)) {
-    if (!existsSync(p)) throw new Error(`build finished but ${name} is missing at ${p}`);
-  }
+  if (missingPaths({ ...paths }).length === 0) return paths;
+  await runBuild(
+    "build-tools.sh",
+    ["all"],
+    { DISTORT_CACHE: root, KUBE_VERSION, ETCD_VERSION },
+    "control-plane tools",
+  );
+  const missing = missingPaths({ ...paths });
+  if (missing.length > 0) throw new Error(`build finished but ${missing.join(", ")} is missing`);
   return paths;
+}
+
+/**
+ * Where build-sidecars.sh puts each binary (`<root>/sidecars/<binary>/<version>/<binary>`) and the
+ * snapshot CRDs; pure path arithmetic, the files may not exist yet.
+ */
+export function sidecarPaths(root = cacheRoot()): SidecarPaths {
+  const bin = (name: string, version: string) => join(root, "sidecars", name, version, name);
+  return {
+    provisioner: bin("csi-provisioner", SIDECAR_VERSIONS.provisioner),
+    attacher: bin("csi-attacher", SIDECAR_VERSIONS.attacher),
+    resizer: bin("csi-resizer", SIDECAR_VERSIONS.resizer),
+    snapshotter: bin("csi-snapshotter", SIDECAR_VERSIONS.snapshotter),
+    snapshotController: bin("snapshot-controller", SIDECAR_VERSIONS.snapshotter),
+    snapshotCrdDir: join(root, "sidecars", "snapshot-crds", SIDECAR_VERSIONS.snapshotter),
+  };
+}
+
+function sidecarEnv(root: string): Record<string, string> {
+  return {
+    DISTORT_CACHE: root,
+    PROVISIONER_VERSION: SIDECAR_VERSIONS.provisioner,
+    ATTACHER_VERSION: SIDECAR_VERSIONS.attacher,
+    RESIZER_VERSION: SIDECAR_VERSIONS.resizer,
+    SNAPSHOTTER_VERSION: SIDECAR_VERSIONS.snapshotter,
+  };
+}
+
+function snapshotCrdPaths(dir: string): Record<string, string> {
+  return Object.fromEntries(SNAPSHOT_CRD_FILES.map((f) => [f, join(dir, f)]));
+}
+
+/**
+ * Returns the sidecar paths, building the missing binaries (and copying the snapshot CRDs) first.
+ * Cold, that compiles five Go programs (minutes, progress on stderr); warm, it returns at once.
+ * Throws if the build fails or leaves anything missing.
+ */
+export async function ensureSidecars(root = cacheRoot()): Promise<SidecarPaths> {
+  const paths = sidecarPaths(root);
+  const all = () => ({ ...paths, ...snapshotCrdPaths(paths.snapshotCrdDir) });
+  if (missingPaths(all()).length === 0) return paths;
+  await runBuild("build-sidecars.sh", ["all"], sidecarEnv(root), "CSI sidecars");
+  const missing = missingPaths(all());
+  if (missing.length > 0) throw new Error(`sidecar build finished but ${missing.join(", ")} is missing`);
+  return paths;
+}
+
+/**
+ * Returns the directory holding the VolumeSnapshot CRDs, copying them from the Go module proxy
+ * when absent (seconds: a module download, no compilation). Throws if that fails.
+ */
+export async function ensureSnapshotCrds(root = cacheRoot()): Promise<string> {
+  const dir = sidecarPaths(root).snapshotCrdDir;
+  if (missingPaths(snapshotCrdPaths(dir)).length === 0) return dir;
+  await runBuild("build-sidecars.sh", ["crds"], sidecarEnv(root), "VolumeSnapshot CRDs");
+  const missing = missingPaths(snapshotCrdPaths(dir));
+  if (missing.length > 0) throw new Error(`CRD copy finished but ${missing.join(", ")} is missing`);
+  return dir;
 }
