@@ -323,7 +323,9 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
         "--v=1",
       ]);
       await waitFor("kube-scheduler", 60_000, sched.proc, sched.logPath, async () => {
-        const r = await fetch(`https://127.0.0.1:${schedPort}/healthz`, { tls: { rejectUnauthorized: false } });
+        const r = await fetch(`https://127.0.0.1:${schedPort}/healthz`, {
+          tls: { rejectUnauthorized: false },
+        });
         return r.status === 200;
       });
       progress(`kube-scheduler ready (${Math.round(performance.now() - t0)} ms)`);

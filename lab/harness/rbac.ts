@@ -157,13 +157,15 @@ export interface ComponentIdentity {
 /**
  * Writes `<dir>/<component>.kubeconfig` for each component the applied chart has a ServiceAccount
  * for (or only those in `components`), each with a freshly minted token. Throws when a requested
- * component has no ServiceAccount in the chart.
+ * component has no ServiceAccount in the chart. Tokens last `expirationSeconds` (the API server
+ * may shorten them).
  */
 export async function writeComponentKubeconfigs(
   admin: KubeConnection,
   rbac: ChartRbac,
   dir: string,
   components?: ChartComponent[],
+  expirationSeconds = TOKEN_SECONDS,
 ): Promise<Map<ChartComponent, ComponentIdentity>> {
   const { server, caPem } = clusterOf(admin);
   const wanted = components ?? (Object.keys(rbac.serviceAccounts) as ChartComponent[]);
@@ -171,7 +173,7 @@ export async function writeComponentKubeconfigs(
   for (const component of wanted) {
     const sa = rbac.serviceAccounts[component];
     if (!sa) throw new Error(`the chart renders no ServiceAccount for ${component}`);
-    const token = await mintToken(admin, rbac.namespace, sa);
+    const token = await mintToken(admin, rbac.namespace, sa, expirationSeconds);
     const kubeconfigPath = join(dir, `${component}.kubeconfig`);
     writeFileSync(kubeconfigPath, renderKubeconfig(server, caPem, token, sa), { mode: 0o600 });
     out.set(component, {

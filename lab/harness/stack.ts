@@ -111,12 +111,15 @@ async function ensure(p: Promise<unknown>): Promise<void> {
   }
 }
 
-/** Resolves a namespace's bytes by asking every storage node's target until one exports it. */
-function multiTargetResolver(
-  nodes: SimStorageNode[],
+/**
+ * Resolves a namespace's bytes by asking every storage node's target (by RPC socket) until one
+ * exports it. close() ends the RPC connections.
+ */
+export function multiTargetResolver(
+  spdkSockets: string[],
   logger: Logger,
 ): { resolve: NamespaceBackingResolver; close(): Promise<void> } {
-  const clients = nodes.map((n) => new SpdkClient({ socketPath: n.spdkSocket, logger }));
+  const clients = spdkSockets.map((socketPath) => new SpdkClient({ socketPath, logger }));
   const resolvers = clients.map((c) => spdkRpcBackingResolver(c));
   return {
     async resolve(subnqn, ns) {
@@ -255,7 +258,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       );
     }
 
-    const resolver = multiTargetResolver(storage, log);
+    const resolver = multiTargetResolver(
+      storage.map((n) => n.spdkSocket),
+      log,
+    );
     stops.push(() => resolver.close());
     const csi = new Map<string, RunningCsi>();
     let csiController: RunningCsi | undefined;

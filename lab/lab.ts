@@ -1,0 +1,609 @@
+// The lab: all of DISTORT on one machine, every component its own process with its own chart
+// ServiceAccount token. Real control plane (etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler, snapshot-controller), the chart's RBAC, CSIDriver and classes, the real CSI
+// sidecars with the chart's arguments, the manager, storage nodes (emulated nvmf_tgt + agent) and
+// consumer nodes (csi node + kubelet stand-in). Used by `bun run lab` and the e2e suites.
+import { randomUUID } from "node:crypto";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { kinds, type NVMeDevice, type NVMeDeviceClaim } from "../api/index.ts";
+import { Discovery, ensure, type KubeDoc, render } from "../helm/chart-support.ts";
+import { connect, type KubeConnection } from "../lib/kube/connection.ts";
+import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
+import { createLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { type ControlPlane, freePort, startControlPlane } from "./cluster/control-plane.ts";
+import { installCrds } from "./cluster/crds.ts";
+import { ensureHelm } from "./cluster/helm-tool.ts";
+import { installSnapshotCrds } from "./cluster/snapshot-crds.ts";
+import { ensureSidecars, ensureTools, type SidecarPaths } from "./cluster/tools.ts";
+import {
+  applyChartRbac,
+  type ChartComponent,
+  type ComponentIdentity,
+  writeComponentKubeconfigs,
+} from "./harness/rbac.ts";
+import { FABRIC_LABEL } from "./harness/stack.ts";
+import { ProcessTable } from "./procs.ts";
+import { buildSysfs } from "./sim/sysfs/build-sysfs.ts";
+
+export const LAB_NAMESPACE = "distort-system";
+export const LAB_RELEASE = "distort";
+/** The chart values the lab installs with (relative to the chart directory). */
+export const LAB_VALUES = "examples/lab.yaml";
+const GiB = 1024 ** 3;
+/** Tokens for a lab that may run all day. */
+const LAB_TOKEN_SECONDS = 24 * 3600;
+const BUN = process.execPath;
+const ROOT = join(import.meta.dir, "..");
+
+export interface LabDrive {
+  serial: string;
+  pciAddress: string;
+  sizeBytes: number;
+}
+
+export interface LabOptions {
+  /** State directory: logs, sockets, drive files, node roots. Must be absolute. */
+  dir: string;
+  progress?: (line: string) => void;
+  storageNodes?: { name: string; drives: LabDrive[] }[];
+  consumerNodes?: string[];
+  managerReplicas?: number;
+  /** Also run a BlueField DPU node: the SNAP emulator and the dpu plugin (default true). */
+  dpu?: boolean;
+  /** Log level of DISTORT's own processes (their logs go to <dir>/logs). */
+  logLevel?: "debug" | "info" | "warn" | "error";
+}
+
+export interface LabStorageNode {
+  name: string;
+  dir: string;
+  spdkSocket: string;
+  drives: LabDrive[];
+  /** Process names: the emulated nvmf_tgt and the agent. */
+  target: string;
+  agent: string;
+}
+
+export interface LabConsumerNode {
+  name: string;
+  /** The node's host root: etc/nvme/hostnqn, var/lib/kubelet. */
+  root: string;
+  kubeletRoot: string;
+  csiSocket: string;
+  /** Process names: csi node plugin and kubelet stand-in. */
+  csi: string;
+  kubelet: string;
+}
+
+export interface LabDpuNode {
+  name: string;
+  hostNqn: string;
+  /** The plugin's socket, where DPF's SNAP node driver would call it. */
+  pluginSocket: string;
+  snapSocket: string;
+  /** Process names: SNAP (an emulated SPDK app) and the plugin. */
+  snap: string;
+  plugin: string;
+}
+
+export interface Lab {
+  dir: string;
+  kubeconfigPath: string;
+  /** The admin connection. */
+  conn: KubeConnection;
+  namespace: string;
+  cp: ControlPlane;
+  procs: ProcessTable;
+  identities: Map<ChartComponent, ComponentIdentity>;
+  storage: LabStorageNode[];
+  consumers: LabConsumerNode[];
+  /** The DPU node: SNAP emulator and the DPF vendor plugin, when started. */
+  dpu?: LabDpuNode;
+  /** Process names of the manager replicas and the CSI controller. */
+  managers: string[];
+  csiController: string;
+  csiControllerSocket: string;
+  fabricDir: string;
+  /** Stops every process (the control plane last). The state directory stays for `sweepLab`. */
+  stop(): Promise<void>;
+}
+
+export const DEFAULT_STORAGE_NODES = [
+  {
+    name: "storage-a",
+    drives: [
+      { serial: "LABA0001", pciAddress: "0000:5e:00.0", sizeBytes: 32 * GiB },
+      { serial: "LABA0002", pciAddress: "0000:5f:00.0", sizeBytes: 32 * GiB },
+    ],
+  },
+  {
+    name: "storage-b",
+    drives: [
+      { serial: "LABB0001", pciAddress: "0000:5e:00.0", sizeBytes: 32 * GiB },
+      { serial: "LABB0002", pciAddress: "0000:5f:00.0", sizeBytes: 32 * GiB },
+    ],
+  },
+];
+export const DEFAULT_CONSUMER_NODES = ["worker-a", "worker-b"];
+
+async function httpOk(url: string): Promise<boolean> {
+  const r = await fetch(url, { signal: AbortSignal.timeout(1000) });
+  return r.status === 200;
+}
+
+async function ensureObject(p: Promise<unknown>): Promise<void> {
+  try {
+    await p;
+  } catch (err) {
+    if (kubeError(err, "create").kind !== "already-exists") throw err;
+  }
+}
+
+/** Starts the whole lab in `o.dir`. On failure everything started so far is stopped. */
+export async function startLab(o: LabOptions): Promise<Lab> {
+  const say = o.progress ?? (() => {});
+  const dir = o.dir;
+  const level = o.logLevel ?? "info";
+  const namespace = LAB_NAMESPACE;
+  mkdirSync(dir, { recursive: true });
+  const t0 = performance.now();
+  const ms = () => `${((performance.now() - t0) / 1000).toFixed(1)} s`;
+
+  say("tools: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl");
+  const tools = await ensureTools();
+  say("tools: CSI sidecars and snapshot-controller");
+  const sidecars = await ensureSidecars();
+  say("tools: helm");
+  const helm = await ensureHelm();
+  say(`tools ready (${ms()})`);
+
+  const procs = new ProcessTable(dir, (l) => say(l));
+  let cp: ControlPlane | undefined;
+  const stop = async () => {
+    await procs.stopAll();
+    await cp?.stop();
+  };
+  try {
+    cp = await startControlPlane({
+      dir: join(dir, "cluster"),
+      controllerManager: true,
+      scheduler: true,
+      tools,
+      progress: (l) => say(l),
+    });
+    const kubeconfigPath = cp.kubeconfigPath;
+    const conn = connect(kubeconfigPath);
+    await installCrds(conn);
+    await installSnapshotCrds(conn);
+    say(`CRDs established (${ms()})`);
+
+    const core = conn.api(k8s.CoreV1Api);
+    await ensureObject(core.createNamespace({ body: { metadata: { name: namespace } } }));
+    const rbac = await applyChartRbac(conn, {
+      namespace,
+      release: LAB_RELEASE,
+      helm,
+      set: ["dpu.enabled=true"],
+    });
+    const idDir = join(dir, "identities");
+    mkdirSync(idDir, { recursive: true, mode: 0o700 });
+    const identities = await writeComponentKubeconfigs(conn, rbac, idDir, undefined, LAB_TOKEN_SECONDS);
+    const kubeconfigOf = (c: ChartComponent) => {
+      const id = identities.get(c);
+      if (!id) throw new Error(`the chart has no ServiceAccount for ${c}`);
+      return id.kubeconfigPath;
+    };
+    const chart = await render(helm, { name: "lab", files: [LAB_VALUES], set: [] }, LAB_RELEASE, namespace);
+    const discovery = new Discovery(conn);
+    for (const obj of chart.objects.filter((x) =>
+      ["CSIDriver", "StorageClass", "VolumeSnapshotClass", "PriorityClass"].includes(x.kind),
+    )) {
+      const { path } = await discovery.collectionPath(obj);
+      await ensure(conn, path, obj);
+    }
+    say(`chart RBAC, CSIDriver, StorageClasses and VolumeSnapshotClass installed (${ms()})`);
+
+    await procs.start({
+      name: "snapshot-controller",
+      argv: [
+        sidecars.snapshotController,
+        `--kubeconfig=${kubeconfigPath}`,
+        "--leader-election=false",
+        "--v=2",
+      ],
+    });
+
+    // Storage nodes: an emulated nvmf_tgt each (a separate process, adopted by the agent, so either
+    // can die alone), then the agent with the agent ServiceAccount's token.
+    const fabricDir = join(dir, "fabric");
+    mkdirSync(fabricDir, { recursive: true });
+    const storage: LabStorageNode[] = [];
+    for (const n of o.storageNodes ?? DEFAULT_STORAGE_NODES) {
+      await ensureObject(
+        core.createNode({
+          body: {
+            metadata: { name: n.name, labels: { "kubernetes.io/hostname": n.name, [FABRIC_LABEL]: "lab" } },
+            // Storage nodes run no consumer Pods in the lab.
+            spec: { unschedulable: true },
+          },
+        }),
+      );
+      const nd = join(dir, "storage", n.name);
+      const hostRoot = join(nd, "host");
+      await buildSysfs(hostRoot, {
+        rootDisk: false,
+        controllers: n.drives.map((d, i) => ({
+          name: `nvme${i}`,
+          transport: "pcie" as const,
+          pciAddress: d.pciAddress,
+          serial: d.serial,
+          model: "DISTORT LAB NVMe",
+          numaNode: 0,
+          ns1Bytes: d.sizeBytes,
+        })),
+      });
+      const drivesFile = join(nd, "drives.json");
+      writeFileSync(drivesFile, JSON.stringify(n.drives.map((d) => ({ ...d, model: "DISTORT LAB NVMe" }))));
+      const spdkSocket = join(nd, "spdk.sock");
+      const target = `nvmf_tgt/${n.name}`;
+      await procs.start({
+        name: target,
+        argv: [
+          BUN,
+          join(ROOT, "lab/sim/spdk/nvmf-tgt.ts"),
+          "-m",
+          "0x1",
+          "-r",
+          spdkSocket,
+          `--sim-data-dir=${join(nd, "drives")}`,
+          `--sim-drives=${drivesFile}`,
+          `--sim-fabric-dir=${fabricDir}`,
+        ],
+        ready: () => spdkAnswers(spdkSocket),
+      });
+      const agent = `agent/${n.name}`;
+      const agentPort = await freePort();
+      await procs.start({
+        name: agent,
+        argv: [BUN, join(ROOT, "agent/main.ts")],
+        env: {
+          NODE_NAME: n.name,
+          KUBECONFIG: kubeconfigOf("agent"),
+          DISTORT_NAMESPACE: namespace,
+          DISTORT_BACKENDS: "spdk",
+          DISTORT_SPDK_SOCKET: spdkSocket,
+          DISTORT_SPDK_CORE_MASK: "0x1",
+          DISTORT_HOST_ROOT: hostRoot,
+          DISTORT_KEY_DIR: join(nd, "keys"),
+          DISTORT_PORTAL_ADDRESS: "127.0.0.1",
+          // A portal of its own per node: two targets on one host cannot listen on one address,
+          // so a shared port would leave every export of the later node unreachable.
+          DISTORT_PORTAL_PORT: String(4420 + storage.length),
+          DISTORT_HEALTH_PORT: String(agentPort),
+          DISTORT_REPORT_PERIOD_MS: "2000",
+          DISTORT_VERIFY_PERIOD_MS: "5000",
+          DISTORT_LOG_LEVEL: level,
+        },
+        ready: () => httpOk(`http://127.0.0.1:${agentPort}/healthz`),
+      });
+      storage.push({ name: n.name, dir: nd, spdkSocket, drives: n.drives, target, agent });
+    }
+    say(`storage nodes up: ${storage.map((s) => s.name).join(", ")} (${ms()})`);
+
+    const managers: string[] = [];
+    for (let i = 0; i < (o.managerReplicas ?? 2); i++) {
+      const name = `manager-${i}`;
+      const port = await freePort();
+      await procs.start({
+        name,
+        argv: [BUN, join(ROOT, "manager/main.ts")],
+        env: {
+          KUBECONFIG: kubeconfigOf("manager"),
+          DISTORT_NAMESPACE: namespace,
+          POD_NAME: name,
+          DISTORT_LEADER_ELECT: "true",
+          DISTORT_LEASE_DURATION_MS: "4000",
+          DISTORT_RENEW_DEADLINE_MS: "3000",
+          DISTORT_RETRY_PERIOD_MS: "500",
+          DISTORT_PLACEMENT_BACKOFF_INITIAL_MS: "200",
+          DISTORT_PLACEMENT_BACKOFF_MAX_MS: "2000",
+          DISTORT_HEARTBEAT_STALENESS_MS: "20000",
+          DISTORT_HEALTH_PORT: String(port),
+          DISTORT_LOG_LEVEL: level,
+        },
+        ready: () => httpOk(`http://127.0.0.1:${port}/healthz`),
+      });
+      managers.push(name);
+    }
+    await claimAllDrives(conn, namespace, storage);
+    say(
+      `manager running (${managers.length} replicas), ${storage.flatMap((s) => s.drives).length} drives claimed (${ms()})`,
+    );
+
+    // CSI controller: the distort binary and the chart's sidecars with the chart's arguments.
+    const ctlDir = join(dir, "csi-controller");
+    mkdirSync(ctlDir, { recursive: true });
+    const csiControllerSocket = join(ctlDir, "csi.sock");
+    const csiController = "csi-controller";
+    const ctlPort = await freePort();
+    await procs.start({
+      name: csiController,
+      argv: [
+        BUN,
+        join(ROOT, "csi/main.ts"),
+        "--mode=controller",
+        `--endpoint=unix://${csiControllerSocket}`,
+        `--kubeconfig=${kubeconfigOf("csi-controller")}`,
+        `--namespace=${namespace}`,
+        `--health-port=${ctlPort}`,
+        `--log-level=${level}`,
+      ],
+      ready: () => httpOk(`http://127.0.0.1:${ctlPort}/readyz`),
+    });
+    for (const [name, argv] of sidecarCommands(
+      chart.objects,
+      sidecars,
+      csiControllerSocket,
+      kubeconfigOf("csi-controller"),
+    ))
+      await procs.start({ name, argv });
+    say(`CSI controller and sidecars running (${ms()})`);
+
+    // Consumer nodes: the Node object first (as kubelet registers before plugins), then the CSI
+    // node plugin, then the kubelet stand-in that talks to it.
+    const consumers: LabConsumerNode[] = [];
+    for (const name of o.consumerNodes ?? DEFAULT_CONSUMER_NODES) {
+      const root = join(dir, "nodes", name);
+      mkdirSync(join(root, "etc", "nvme"), { recursive: true });
+      writeFileSync(
+        join(root, "etc", "nvme", "hostnqn"),
+        `nqn.2014-08.org.nvmexpress:uuid:${randomUUID()}\n`,
+      );
+      await ensureObject(
+        core.createNode({
+          body: {
+            metadata: {
+              name,
+              labels: { "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", [FABRIC_LABEL]: "lab" },
+              annotations: { "volumes.kubernetes.io/controller-managed-attach-detach": "true" },
+            },
+          },
+        }),
+      );
+      const csiSocket = join(root, "var/lib/kubelet/plugins", "storage.distort.io", "csi.sock");
+      const kubeletRoot = join(root, "var/lib/kubelet");
+      const csi = `csi-node/${name}`;
+      const port = await freePort();
+      await procs.start({
+        name: csi,
+        argv: [
+          BUN,
+          join(ROOT, "lab/csi-node.ts"),
+          "--mode=node",
+          `--endpoint=unix://${csiSocket}`,
+          `--kubeconfig=${kubeconfigOf("csi-node")}`,
+          `--namespace=${namespace}`,
+          `--node-id=${name}`,
+          `--state-dir=${join(root, "var/lib/distort/csi")}`,
+          `--host-root=${root}`,
+          `--topology-keys=${FABRIC_LABEL}`,
+          // The simulated fabric shows namespaces as loop devices: losetup instead of nvme-cli.
+          "--node-tools=losetup,blkid,mkfs.ext4,mkfs.xfs,mount,umount",
+          `--health-port=${port}`,
+          `--log-level=${level}`,
+          `--sim-fabric-dir=${fabricDir}`,
+          ...storage.map((s) => `--sim-spdk-socket=${s.spdkSocket}`),
+        ],
+        ready: () => httpOk(`http://127.0.0.1:${port}/readyz`),
+      });
+      const kubelet = `kubelet/${name}`;
+      await procs.start({
+        name: kubelet,
+        argv: [
+          BUN,
+          join(ROOT, "lab/kubelet.ts"),
+          `--kubeconfig=${kubeconfigPath}`,
+          `--node-name=${name}`,
+          `--csi-endpoint=unix://${csiSocket}`,
+          `--root-dir=${kubeletRoot}`,
+          `--label=${FABRIC_LABEL}=lab`,
+          `--log-level=${level}`,
+        ],
+      });
+      consumers.push({ name, root, kubeletRoot, csiSocket, csi, kubelet });
+    }
+    await waitCsiNodes(
+      conn,
+      consumers.map((c) => c.name),
+    );
+    say(`consumer nodes registered: ${consumers.map((c) => c.name).join(", ")} (${ms()})`);
+
+    let dpu: LabDpuNode | undefined;
+    if (o.dpu !== false) {
+      const name = "dpu-a";
+      const root = join(dir, "dpu", name);
+      mkdirSync(root, { recursive: true });
+      const hostNqn = `nqn.2014-08.org.nvmexpress:uuid:${randomUUID()}`;
+      writeFileSync(join(root, "hostnqn"), `${hostNqn}\n`);
+      await ensureObject(
+        core.createNode({
+          body: {
+            metadata: { name, labels: { "kubernetes.io/hostname": name, [FABRIC_LABEL]: "lab" } },
+            spec: { unschedulable: true },
+          },
+        }),
+      );
+      const snapSocket = join(root, "snap.sock");
+      const snap = `snap/${name}`;
+      await procs.start({
+        name: snap,
+        argv: [
+          BUN,
+          join(ROOT, "lab/sim/spdk/nvmf-tgt.ts"),
+          "-m",
+          "0x1",
+          "-r",
+          snapSocket,
+          `--sim-data-dir=${join(root, "snap-data")}`,
+          `--sim-fabric-dir=${fabricDir}`,
+          `--sim-host-nqn=${hostNqn}`,
+        ],
+        ready: () => spdkAnswers(snapSocket),
+      });
+      const pluginSocket = join(root, "plugins", "distort", "dpu.sock");
+      const plugin = `dpu/${name}`;
+      const port = await freePort();
+      await procs.start({
+        name: plugin,
+        argv: [BUN, join(ROOT, "dpu/main.ts")],
+        env: {
+          KUBECONFIG: kubeconfigOf("dpu"),
+          NODE_NAME: name,
+          POD_NAMESPACE: namespace,
+          DISTORT_DPU_SOCKET: pluginSocket,
+          DISTORT_DPU_SNAP_SOCKET: snapSocket,
+          DISTORT_DPU_HOST_NQN_FILE: join(root, "hostnqn"),
+          DISTORT_DPU_STATE_DIR: join(root, "state"),
+          DISTORT_DPU_KEY_DIR: join(root, "keys"),
+          DISTORT_DPU_MOUNT_ROOT: join(root, "mnt"),
+          DISTORT_HEALTH_HOST: "127.0.0.1",
+          DISTORT_HEALTH_PORT: String(port),
+          DISTORT_LOG_LEVEL: level,
+        },
+        ready: () => httpOk(`http://127.0.0.1:${port}/readyz`),
+      });
+      dpu = { name, hostNqn, pluginSocket, snapSocket, snap, plugin };
+      say(`DPU node ${name}: SNAP emulator and the dpu plugin running (${ms()})`);
+    }
+
+    return {
+      dir,
+      kubeconfigPath,
+      conn,
+      namespace,
+      cp,
+      procs,
+      identities,
+      storage,
+      consumers,
+      ...(dpu ? { dpu } : {}),
+      managers,
+      csiController,
+      csiControllerSocket,
+      fabricDir,
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** True when an SPDK RPC socket answers spdk_get_version. */
+async function spdkAnswers(socketPath: string): Promise<boolean> {
+  const c = new SpdkClient({ socketPath, logger: createLogger({ level: "error" }), callTimeoutMs: 1000 });
+  try {
+    await c.call("spdk_get_version");
+    return true;
+  } finally {
+    await c.close();
+  }
+}
+
+/**
+ * The chart's CSI controller sidecars as lab commands: each container's own arguments from the
+ * rendered Deployment, with the socket path pointed at the lab's and the component's kubeconfig.
+ */
+export function sidecarCommands(
+  objects: KubeDoc[],
+  bins: SidecarPaths,
+  socketPath: string,
+  kubeconfig: string,
+): [string, string[]][] {
+  const dep = objects.find(
+    (x) => x.kind === "Deployment" && x.metadata.labels?.["app.kubernetes.io/component"] === "csi-controller",
+  ) as
+    | (KubeDoc & { spec: { template: { spec: { containers: { name: string; args?: string[] }[] } } } })
+    | undefined;
+  if (!dep) throw new Error("the chart renders no csi-controller Deployment");
+  const binOf: Record<string, string> = {
+    "csi-provisioner": bins.provisioner,
+    "csi-attacher": bins.attacher,
+    "csi-resizer": bins.resizer,
+    "csi-snapshotter": bins.snapshotter,
+  };
+  const out: [string, string[]][] = [];
+  for (const c of dep.spec.template.spec.containers) {
+    const bin = binOf[c.name];
+    if (!bin) continue;
+    const args = (c.args ?? []).map((a) => a.replace("/csi/csi.sock", socketPath));
+    out.push([c.name, [bin, ...args, `--kubeconfig=${kubeconfig}`]]);
+  }
+  if (out.length < 3)
+    throw new Error(
+      `expected the provisioner, attacher and resizer in the chart, found ${out.map((x) => x[0])}`,
+    );
+  return out;
+}
+
+/** Creates an NVMeDeviceClaim for every drive the agents report (what an administrator does once). */
+async function claimAllDrives(
+  conn: KubeConnection,
+  namespace: string,
+  storage: LabStorageNode[],
+): Promise<void> {
+  const devices = new ResourceClient(conn, kinds.NVMeDevice);
+  const claims = new ResourceClient(conn, kinds.NVMeDeviceClaim);
+  const nodes = new ResourceClient(conn, kinds.RDMAStorageNode);
+  const want = storage.flatMap((s) => s.drives.map((d) => d.serial));
+  const deadline = Date.now() + 60_000;
+  let found: NVMeDevice[] = [];
+  for (;;) {
+    found = (await devices.list()).items.filter((d) => want.includes(d.spec.serial));
+    if (found.length >= want.length) break;
+    if (Date.now() > deadline) throw new Error(`only ${found.length} of ${want.length} drives were reported`);
+    await Bun.sleep(100);
+  }
+  for (const s of storage) {
+    while (!(await nodes.get(s.name, namespace))) {
+      if (Date.now() > deadline) throw new Error(`storage node ${s.name} never reported`);
+      await Bun.sleep(100);
+    }
+    await nodes.mergePatch(s.name, namespace, { metadata: { labels: { [FABRIC_LABEL]: "lab" } } });
+  }
+  for (const d of found)
+    await ensureObject(
+      claims.create({
+        apiVersion: "storage.distort.io/v1alpha1",
+        kind: "NVMeDeviceClaim",
+        metadata: { name: `drive-${d.spec.serial.toLowerCase()}`, namespace },
+        spec: { serial: d.spec.serial, nodeName: d.spec.nodeName },
+      } as NVMeDeviceClaim),
+    );
+  for (;;) {
+    const claimed = (await devices.list()).items.filter(
+      (d) => want.includes(d.spec.serial) && d.status?.phase === "Claimed",
+    );
+    if (claimed.length >= want.length) return;
+    if (Date.now() > deadline)
+      throw new Error(`only ${claimed.length} of ${want.length} drives were claimed`);
+    await Bun.sleep(100);
+  }
+}
+
+/** Waits until each consumer node has a CSINode listing the driver (the kubelet stand-in's registration). */
+async function waitCsiNodes(conn: KubeConnection, names: string[]): Promise<void> {
+  const storageApi = conn.api(k8s.StorageV1Api);
+  const deadline = Date.now() + 60_000;
+  for (const name of names) {
+    for (;;) {
+      const n = await storageApi.readCSINode({ name }).catch(() => undefined);
+      if (n?.spec.drivers.some((d) => d.name === "storage.distort.io")) break;
+      if (Date.now() > deadline) throw new Error(`node ${name} never registered the CSI driver`);
+      await Bun.sleep(100);
+    }
+  }
+}
