@@ -1,6 +1,6 @@
-// `bun run test`: every tier that exists, in order of cost — type check, lint, unit tests, then
-// integration tests against one shared real control plane. Ends with one summary line
-// "N passed, N failed" across all tiers; exits non-zero if anything failed.
+// `bun run test`: every tier, in order of cost — type check, lint, unit tests, integration tests
+// against one shared real control plane, csi-sanity, then the e2e suites in the lab. Ends with one
+// summary line "N passed, N failed" across all tiers; exits non-zero if anything failed.
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { ensureTools } from "../lab/cluster/tools.ts";
 
@@ -69,6 +69,9 @@ try {
 
 // Conformance: csi-sanity against the whole stack, on its own control plane.
 await step("csi-sanity", [bin("bun"), "scripts/sanity.ts"]);
+
+// End to end: the lab (every component its own process) with PVCs, Pods and injected faults.
+await step("e2e", [bin("bun"), "scripts/e2e.ts"]);
 
 say(`\n${passed} passed, ${failed} failed`);
 process.exit(failed > 0 ? 1 : 0);

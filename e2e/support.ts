@@ -1,0 +1,261 @@
+// What every end-to-end suite needs: the running lab (the one scripts/e2e.ts started, named by
+// DISTORT_E2E_LAB, or one of the file's own), its processes by name for fault injection, and the
+// user-level steps (PVCs, workload Pods, waits) expressed through the real API.
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
+import { type Lab, startLab } from "../lab/lab.ts";
+import { sweepLab } from "../lab/sweep.ts";
+import { connect, type KubeConnection } from "../lib/kube/connection.ts";
+import { kubeError } from "../lib/kube/resource.ts";
+
+export { type WorkloadReport, workloadPod, workloadReport };
+
+/** What scripts/e2e.ts publishes in <dir>/e2e.json for the suites. */
+export interface LabInfo {
+  dir: string;
+  kubeconfig: string;
+  namespace: string;
+  consumers: { name: string; kubeletRoot: string; csi: string; kubelet: string }[];
+  storage: { name: string; spdkSocket: string; target: string; agent: string; serials: string[] }[];
+  managers: string[];
+  csiController: string;
+  csiControllerSocket: string;
+  fabricDir: string;
+  dpu?: {
+    name: string;
+    hostNqn: string;
+    pluginSocket: string;
+    snapSocket: string;
+    snap: string;
+    plugin: string;
+  };
+}
+
+export function labInfo(lab: Lab): LabInfo {
+  return {
+    dir: lab.dir,
+    kubeconfig: lab.kubeconfigPath,
+    namespace: lab.namespace,
+    consumers: lab.consumers.map((c) => ({
+      name: c.name,
+      kubeletRoot: c.kubeletRoot,
+      csi: c.csi,
+      kubelet: c.kubelet,
+    })),
+    storage: lab.storage.map((s) => ({
+      name: s.name,
+      spdkSocket: s.spdkSocket,
+      target: s.target,
+      agent: s.agent,
+      serials: s.drives.map((d) => d.serial),
+    })),
+    ...(lab.dpu ? { dpu: lab.dpu } : {}),
+    managers: lab.managers,
+    csiController: lab.csiController,
+    csiControllerSocket: lab.csiControllerSocket,
+    fabricDir: lab.fabricDir,
+  };
+}
+
+export interface E2eLab extends LabInfo {
+  conn: KubeConnection;
+  core: k8s.CoreV1Api;
+  storageApi: k8s.StorageV1Api;
+  /** Current pid of a lab process (undefined while it is down). */
+  pid(name: string): number | undefined;
+  /** kill -9 (or `signal`) a lab process; the lab restarts it like a container. Resolves once it is gone. */
+  kill(name: string, signal?: NodeJS.Signals): Promise<number>;
+  /** Waits until `name` runs again with a pid other than `oldPid`. */
+  waitRestarted(name: string, oldPid: number, timeoutMs?: number): Promise<number>;
+  /** A fresh namespace for one test. */
+  newNamespace(prefix?: string): Promise<string>;
+  stop(): Promise<void>;
+}
+
+function readPids(dir: string): Record<string, number> {
+  try {
+    return JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")) as Record<string, number>;
+  } catch {
+    return {};
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return !readFileSync(`/proc/${pid}/stat`, "utf8").includes(") Z ");
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The lab for a suite: the shared one named by DISTORT_E2E_LAB (a directory with e2e.json), or
+ * else a lab of its own in a temporary directory that stop() takes down and sweeps.
+ */
+export async function e2eLab(): Promise<E2eLab> {
+  const shared = process.env.DISTORT_E2E_LAB;
+  let own: Lab | undefined;
+  let info: LabInfo;
+  if (shared) info = JSON.parse(readFileSync(join(shared, "e2e.json"), "utf8")) as LabInfo;
+  else {
+    const dir = mkdtempSync(join(tmpdir(), "distort-e2e-"));
+    own = await startLab({ dir, progress: (l) => process.stderr.write(`[lab] ${l}\n`) });
+    info = labInfo(own);
+  }
+  const conn = connect(info.kubeconfig);
+  const pid = (name: string) => {
+    const p = readPids(info.dir)[name];
+    return p !== undefined && alive(p) ? p : undefined;
+  };
+  return {
+    ...info,
+    conn,
+    core: conn.api(k8s.CoreV1Api),
+    storageApi: conn.api(k8s.StorageV1Api),
+    pid,
+    async kill(name, signal = "SIGKILL") {
+      const p = pid(name);
+      if (p === undefined) throw new Error(`lab process ${name} is not running`);
+      process.kill(p, signal);
+      while (alive(p)) await Bun.sleep(20);
+      return p;
+    },
+    async waitRestarted(name, oldPid, timeoutMs = 60_000) {
+      const until = Date.now() + timeoutMs;
+      for (;;) {
+        const p = pid(name);
+        if (p !== undefined && p !== oldPid) return p;
+        if (Date.now() > until) throw new Error(`${name} did not restart within ${timeoutMs} ms`);
+        await Bun.sleep(50);
+      }
+    },
+    async newNamespace(prefix = "e2e") {
+      const name = `${prefix}-${randomBytes(3).toString("hex")}`;
+      await conn.api(k8s.CoreV1Api).createNamespace({ body: { metadata: { name } } });
+      return name;
+    },
+    async stop() {
+      if (!own) return;
+      await own.stop();
+      await sweepLab(own.dir);
+      rmSync(own.dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Polls `fn` until it returns a value other than undefined/false; fails with `what` after timeoutMs. */
+export async function until<T>(
+  what: string,
+  fn: () => Promise<T | undefined | false>,
+  timeoutMs = 120_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v !== undefined && v !== false) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline)
+      throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ""}`);
+    await Bun.sleep(100);
+  }
+}
+
+export async function createPvc(
+  lab: E2eLab,
+  ns: string,
+  name: string,
+  o: {
+    storageClass?: string;
+    size?: string;
+    dataSource?: k8s.V1TypedLocalObjectReference;
+    accessModes?: string[];
+  } = {},
+): Promise<void> {
+  await lab.core.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: {
+      metadata: { name },
+      spec: {
+        accessModes: o.accessModes ?? ["ReadWriteOnce"],
+        storageClassName: o.storageClass ?? "distort-lab",
+        resources: { requests: { storage: o.size ?? "1Gi" } },
+        ...(o.dataSource ? { dataSource: o.dataSource } : {}),
+      },
+    },
+  });
+}
+
+/** Runs a workload Pod to completion on `node` and returns its report; throws if it fails. */
+export async function runWorkload(
+  lab: E2eLab,
+  ns: string,
+  pod: string,
+  node: string,
+  claim: string,
+  args: string[],
+  timeoutMs = 180_000,
+): Promise<WorkloadReport> {
+  await lab.core.createNamespacedPod({ namespace: ns, body: workloadPod(pod, node, claim, args) });
+  return waitWorkload(lab, ns, pod, timeoutMs);
+}
+
+export async function waitWorkload(
+  lab: E2eLab,
+  ns: string,
+  pod: string,
+  timeoutMs = 180_000,
+): Promise<WorkloadReport> {
+  return until(
+    `Pod ${ns}/${pod} to finish`,
+    async () => {
+      const p = await lab.core.readNamespacedPod({ name: pod, namespace: ns });
+      if (p.status?.phase === "Failed")
+        throw new Error(
+          `Pod ${pod} failed: ${p.status.message ?? JSON.stringify(p.status.containerStatuses)}`,
+        );
+      return p.status?.phase === "Succeeded" ? workloadReport(p) : undefined;
+    },
+    timeoutMs,
+  ).catch(async (err) => {
+    // Say what the Pod was doing; a Failed Pod is final, so stop polling at once.
+    throw err;
+  });
+}
+
+/** Deletes a Pod and waits until it is gone (the kubelet stand-in unpublished and unstaged). */
+export async function deletePod(lab: E2eLab, ns: string, pod: string, timeoutMs = 120_000): Promise<void> {
+  try {
+    await lab.core.deleteNamespacedPod({ name: pod, namespace: ns });
+  } catch (err) {
+    if (kubeError(err, "delete").kind !== "not-found") throw err;
+  }
+  await until(
+    `Pod ${ns}/${pod} gone`,
+    async () => !(await lab.core.readNamespacedPod({ name: pod, namespace: ns }).catch(() => undefined)),
+    timeoutMs,
+  );
+}
+
+/** The partition behind a bound PVC: [namespace, name] from the volume handle <ns>/<partition>/<uid>. */
+export async function partitionOf(
+  lab: E2eLab,
+  ns: string,
+  claim: string,
+): Promise<{ namespace: string; name: string; pv: string }> {
+  return until(`PVC ${ns}/${claim} bound`, async () => {
+    const pvc = await lab.core.readNamespacedPersistentVolumeClaim({ name: claim, namespace: ns });
+    if (pvc.status?.phase !== "Bound" || !pvc.spec?.volumeName) return undefined;
+    const pv = await lab.core.readPersistentVolume({ name: pvc.spec.volumeName });
+    const [pns, pname] = (pv.spec?.csi?.volumeHandle ?? "").split("/");
+    return pns && pname ? { namespace: pns, name: pname, pv: pvc.spec.volumeName } : undefined;
+  });
+}

@@ -1,0 +1,45 @@
+// `bun run e2e`: starts one lab in a temporary directory, runs every e2e/*.e2e.test.ts against it
+// (DISTORT_E2E_LAB names it), then stops the lab and checks it left no process, mount or loop
+// device behind. Prints bun test's counts; exits non-zero on any failure or leftover.
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { labInfo } from "../e2e/support.ts";
+import { startLab } from "../lab/lab.ts";
+import { loopDevices, mountPoints, processesUnder, sweepLab } from "../lab/sweep.ts";
+
+const root = join(import.meta.dir, "..");
+const say = (s: string) => process.stdout.write(`${s}\n`);
+const only = process.argv.slice(2);
+const dir = mkdtempSync(join(tmpdir(), "distort-e2e-"));
+const t0 = performance.now();
+let code = 1;
+const lab = await startLab({ dir, progress: (l) => say(`  [lab] ${l}`) });
+try {
+  writeFileSync(join(dir, "e2e.json"), JSON.stringify(labInfo(lab)));
+  say(`lab ready in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  const p = Bun.spawn([process.execPath, "test", "--timeout", "600000", ...(only.length ? only : ["e2e/"])], {
+    cwd: root,
+    env: { ...process.env, DISTORT_E2E_LAB: dir },
+    stdout: "inherit",
+    stderr: "inherit",
+  });
+  code = await p.exited;
+} finally {
+  await lab.stop();
+  const swept = await sweepLab(dir);
+  const left = {
+    processes: processesUnder(dir).length,
+    mounts: mountPoints().filter((m) => m.startsWith(dir)).length,
+    loops: loopDevices().filter((l) => l.backFile.startsWith(dir)).length,
+  };
+  say(
+    `lab stopped; the sweep found ${swept.killed} processes, ${swept.unmounted} mounts and ${swept.detached} loop devices still there`,
+  );
+  rmSync(dir, { recursive: true, force: true });
+  if (left.processes + left.mounts + left.loops > 0) {
+    say(`LEFT BEHIND: ${JSON.stringify(left)}`);
+    code = code || 1;
+  }
+}
+process.exit(code);
