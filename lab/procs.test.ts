@@ -1,0 +1,91 @@
+// The lab's process table: restart after an unasked-for exit, no restart after stop, readiness
+// failures carry the log, and pids.json follows the live processes.
+import { afterEach, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { ProcessTable } from "./procs.ts";
+import { stateDiff } from "./sweep.ts";
+
+const dirs: string[] = [];
+const tables: ProcessTable[] = [];
+afterEach(async () => {
+  for (const t of tables.splice(0)) await t.stopAll(1000);
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+
+function table(): { t: ProcessTable; dir: string } {
+  const dir = mkdtempSync(join(tmpdir(), "procs-"));
+  dirs.push(dir);
+  const t = new ProcessTable(dir);
+  tables.push(t);
+  return { t, dir };
+}
+
+async function until<T>(fn: () => T | undefined, ms = 10_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = fn();
+    if (v !== undefined) return v;
+    if (Date.now() > end) throw new Error("timed out");
+    await Bun.sleep(20);
+  }
+}
+
+test("a killed process comes back with a new pid and the exit is counted as unexpected", async () => {
+  const { t, dir } = table();
+  await t.start({ name: "sleeper", argv: ["sleep", "30"] });
+  const first = t.pid("sleeper");
+  expect(first).toBeNumber();
+  expect(JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).sleeper).toBe(first);
+  await t.kill("sleeper");
+  const second = await until(() => {
+    const p = t.pid("sleeper");
+    return p !== undefined && p !== first ? p : undefined;
+  });
+  expect(second).not.toBe(first);
+  const s = t.state().find((x) => x.name === "sleeper");
+  expect(s?.unexpectedExits).toBe(1);
+  expect(s?.restarts).toBe(1);
+  expect(JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).sleeper).toBe(second);
+  expect(readFileSync(t.logPath("sleeper"), "utf8")).toContain("signal SIGKILL");
+});
+
+test("a stopped process stays stopped and leaves pids.json", async () => {
+  const { t, dir } = table();
+  await t.start({ name: "a/b", argv: ["sleep", "30"] });
+  const pid = t.pid("a/b") as number;
+  await t.stop("a/b", 1000);
+  expect(t.pid("a/b")).toBeUndefined();
+  await Bun.sleep(400); // longer than the first restart delay: nothing may come back
+  expect(t.names()).toEqual([]);
+  expect(() => process.kill(pid, 0)).toThrow();
+  expect(JSON.parse(readFileSync(join(dir, "pids.json"), "utf8"))).toEqual({});
+});
+
+test("restart: false keeps a crashed process down", async () => {
+  const { t } = table();
+  await t.start({ name: "once", argv: ["sh", "-c", "exit 3"], restart: false });
+  await until(() => (t.state()[0]?.unexpectedExits === 1 ? true : undefined));
+  await Bun.sleep(400);
+  expect(t.pid("once")).toBeUndefined();
+  expect(t.state()[0]?.restarts).toBe(0);
+});
+
+test("a process that exits before it is ready fails start with its log", async () => {
+  const { t } = table();
+  await expect(
+    t.start({ name: "bad", argv: ["sh", "-c", "echo cannot-bind >&2; exit 1"], ready: async () => false }),
+  ).rejects.toThrow(/bad exited while starting[\s\S]*cannot-bind/);
+});
+
+test("stateDiff names what appeared and what went away", () => {
+  const before = { loops: ["/dev/loop0 -> /a"], mounts: ["/"], labProcesses: [] };
+  const after = { loops: ["/dev/loop1 -> /b"], mounts: ["/"], labProcesses: ["12 bun x"] };
+  expect(stateDiff(before, after)).toEqual([
+    "+ loops: /dev/loop1 -> /b",
+    "- loops: /dev/loop0 -> /a",
+    "+ labProcesses: 12 bun x",
+  ]);
+  expect(stateDiff(before, before)).toEqual([]);
+});
