@@ -221,7 +221,9 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     const fabricDir = join(dir, "fabric");
     mkdirSync(fabricDir, { recursive: true });
     const storage: LabStorageNode[] = [];
-    for (const n of o.storageNodes ?? DEFAULT_STORAGE_NODES) {
+    for (const [i, n] of (o.storageNodes ?? DEFAULT_STORAGE_NODES).entries()) {
+      // One portal address per node: on a shared fabric an address has exactly one listener.
+      const portal = `127.0.0.${i + 1}`;
       await ensureObject(
         core.createNode({
           body: {
@@ -278,7 +280,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
           DISTORT_SPDK_CORE_MASK: "0x1",
           DISTORT_HOST_ROOT: hostRoot,
           DISTORT_KEY_DIR: join(nd, "keys"),
-          DISTORT_PORTAL_ADDRESS: "127.0.0.1",
+          DISTORT_PORTAL_ADDRESS: portal,
           // A portal of its own per node: two targets on one host cannot listen on one address,
           // so a shared port would leave every export of the later node unreachable.
           DISTORT_PORTAL_PORT: String(4420 + storage.length),

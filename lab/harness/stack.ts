@@ -186,12 +186,14 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     const fabric = createFabric(join(dir, "fabric"));
     const storage: SimStorageNode[] = [];
     const agents: RunningAgent[] = [];
-    for (const n of o.storageNodes) {
+    for (const [i, n] of o.storageNodes.entries()) {
       const node = await startSimStorageNode({ nodeName: n.name, drives: n.drives, fabric });
       stops.push(() => node.close());
       storage.push(node);
       const env = node.agentEnv(kubeconfigOf("agent"), namespace, {
         DISTORT_LOG_LEVEL: "warn",
+        // One portal address per node: on a shared fabric an address has exactly one listener.
+        DISTORT_PORTAL_ADDRESS: `127.0.0.${i + 1}`,
         ...(o.fast ? { DISTORT_REPORT_PERIOD_MS: "1000", DISTORT_VERIFY_PERIOD_MS: "5000" } : {}),
       });
       const agent = await runAgent(parseAgentConfig(env), log.with({ component: "agent", node: n.name }));
