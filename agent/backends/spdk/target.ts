@@ -230,6 +230,17 @@ export class SpdkTarget implements TargetBackend {
           await this.m.nvmfSubsystemAddListener({ nqn: spec.nqn, listen_address: want });
         } catch (err) {
           if (!isKind(err, "already-exists")) throw err;
+          // SPDK answers a failed listen (address taken or not on this host) like a duplicate.
+          // Under the export lock a duplicate cannot have appeared since the listing, so only
+          // the listener itself tells whether initiators can reach the export.
+          const now = await this.subsystem(spec.nqn);
+          if (!now?.listen_addresses.some((a) => sameAddress(a, spec.transport, spec.address, spec.port))) {
+            throw new StorageError(
+              "unavailable",
+              `SPDK did not listen on ${want.trtype} ${spec.address}:${spec.port} for ${spec.nqn}: the address is in use or not configured on this host`,
+              { cause: err },
+            );
+          }
         }
         repaired.push("listener");
       }
