@@ -17,6 +17,7 @@ import { instrumentService, register, type ServiceRegistration } from "../lib/gr
 import { serveGrpc } from "../lib/grpc/server";
 import { prepareSocketPath, restrictSocket } from "../lib/grpc/socket";
 import { type Logger, silentLogger } from "../lib/log";
+import { type Figure, writeResult } from "./report.ts";
 
 interface Served {
   address: string;
@@ -359,6 +360,42 @@ async function main(): Promise<void> {
   for (const k of Object.keys(a) as (keyof Figures)[]) ratios[k] = r2(b[k] / a[k]);
   console.log("connect-node / grpc-js:");
   console.table(ratios);
+
+  // The runner's protocol: production (grpc-js) as the value, the candidate as the yardstick.
+  const fig = (id: keyof Figures, label: string, unit: string, better: Figure["better"]): Figure => ({
+    id,
+    label,
+    value: a[id],
+    unit,
+    better,
+    yardstick: { label: "connect-node on node:http2", value: b[id], unit },
+    ratio: a[id] / b[id],
+    ratioLabel: "grpc-js / connect-node",
+  });
+  writeResult({
+    bench: "grpc-transport",
+    figures: [
+      fig("seqCallsPerSec", "lib/grpc (grpc-js): sequential unary calls", "calls/s", "higher"),
+      fig(
+        "concCallsPerSec",
+        `lib/grpc (grpc-js): ${concurrency} concurrent unary calls`,
+        "calls/s",
+        "higher",
+      ),
+      fig("concP99Ms", `lib/grpc (grpc-js): p99 latency, ${concurrency} concurrent`, "ms", "lower"),
+      fig("large1MiBRoundTripMs", "lib/grpc (grpc-js): 1 MiB echo round trip (p50)", "ms", "lower"),
+      fig("rssAfterMiB", "lib/grpc (grpc-js): server RSS after the run", "MiB", "lower"),
+    ],
+    notes: [
+      `${calls} unary calls per mode from a grpc-js client over a unix socket, each server in its own child process, Bun ${Bun.version}.`,
+      ...Object.entries(checks).map(
+        ([t, r]) =>
+          `behaviour, ${t}: ${Object.entries(r)
+            .map(([k, v]) => `${k}=${v}`)
+            .join("; ")}`,
+      ),
+    ],
+  });
 }
 
 if (import.meta.main) {
