@@ -225,10 +225,7 @@ export async function waitWorkload(
       return p.status?.phase === "Succeeded" ? workloadReport(p) : undefined;
     },
     timeoutMs,
-  ).catch(async (err) => {
-    // Say what the Pod was doing; a Failed Pod is final, so stop polling at once.
-    throw err;
-  });
+  );
 }
 
 /** Deletes a Pod and waits until it is gone (the kubelet stand-in unpublished and unstaged). */

@@ -186,7 +186,8 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       namespace,
       release: LAB_RELEASE,
       helm,
-      set: ["dpu.enabled=true"],
+      // The snapshot sidecars' rules are rendered only with snapshots on, as LAB_VALUES has them.
+      set: ["dpu.enabled=true", "snapshots.enabled=true"],
     });
     const idDir = join(dir, "identities");
     mkdirSync(idDir, { recursive: true, mode: 0o700 });

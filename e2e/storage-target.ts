@@ -1,0 +1,149 @@
+// What the storage target itself says about a claim's volume, read over the emulated nvmf_tgt's
+// SPDK RPC socket: the subsystem's allowed hosts (and the order they changed in), the lvol's size,
+// and the consumer host NQNs the ACL is compared with.
+import type * as k8s from "@kubernetes/client-node";
+import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
+import { attachmentNameFor } from "../csi/controller/volume-id.ts";
+import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { silentLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { type E2eLab, partitionOf, until } from "./support.ts";
+
+/** Where a claim's volume lives on the target. */
+export interface VolumeTarget {
+  partition: NVMePartition;
+  /** The subsystem exporting it. */
+  nqn: string;
+  /** The lvol bdev (its UUID). */
+  bdev: string;
+  storageNode: string;
+  spdkSocket: string;
+  /** The partition's one NVMeVolumeAttachment (single-writer record), by name. */
+  attachmentName: string;
+}
+
+/** An RPC connection to one storage node's target; close() it when done. */
+export function targetRpc(socketPath: string): { rpc: SpdkMethods; close: () => Promise<void> } {
+  const client = new SpdkClient({ socketPath, logger: silentLogger, callTimeoutMs: 10_000 });
+  return { rpc: new SpdkMethods(client), close: () => client.close() };
+}
+
+/** The claim's volume once it is bound and exported. */
+export async function volumeTarget(lab: E2eLab, ns: string, claim: string): Promise<VolumeTarget> {
+  const ref = await partitionOf(lab, ns, claim);
+  const parts = new ResourceClient(lab.conn, kinds.NVMePartition);
+  const p = await until(`partition of ${ns}/${claim} exported`, async () => {
+    const x = await parts.get(ref.name, ref.namespace);
+    return x?.status?.state === "Exported" && x.status.nqn && x.status.backendPath ? x : undefined;
+  });
+  const node = lab.storage.find((s) => s.name === p.spec.nodeName);
+  if (!node)
+    throw new Error(`partition ${ref.name} is on ${p.spec.nodeName}, which is no storage node of the lab`);
+  return {
+    partition: p,
+    nqn: p.status?.nqn as string,
+    bdev: p.status?.backendPath as string,
+    storageNode: node.name,
+    spdkSocket: node.spdkSocket,
+    attachmentName: attachmentNameFor(p.metadata.name, p.metadata.uid as string),
+  };
+}
+
+/** The partition's NVMeVolumeAttachment, or undefined when there is none. */
+export function readAttachment(lab: E2eLab, t: VolumeTarget): Promise<NVMeVolumeAttachment | undefined> {
+  return new ResourceClient(lab.conn, kinds.NVMeVolumeAttachment).get(
+    t.attachmentName,
+    t.partition.metadata.namespace,
+  );
+}
+
+/** The subsystem's allowed host NQNs, sorted. */
+export async function allowedHosts(rpc: SpdkMethods, nqn: string): Promise<string[]> {
+  const [s] = await rpc.nvmfGetSubsystems(nqn);
+  return (s?.hosts ?? []).map((h) => h.nqn).sort();
+}
+
+/** The host NQN a consumer node registered on its Node object (what the target ACL admits). */
+export async function hostNqnOf(lab: E2eLab, node: string): Promise<string> {
+  return until(`host NQN of ${node}`, async () => {
+    const n = await lab.core.readNode({ name: node });
+    return n.metadata?.annotations?.[HOST_NQN_ANNOTATION];
+  });
+}
+
+/** Size in bytes of a bdev on the target. */
+export async function bdevBytes(rpc: SpdkMethods, name: string): Promise<number> {
+  const [b] = await rpc.bdevGetBdevs({ name });
+  if (!b) throw new Error(`bdev ${name} not found`);
+  return b.num_blocks * b.block_size;
+}
+
+/** One observed state of an allowed-hosts list. */
+export interface HostsSample {
+  atMs: number;
+  hosts: string[];
+}
+
+/**
+ * Polls a subsystem's allowed hosts every few milliseconds and keeps every distinct state in
+ * order, so a test can check which change came first and what was never allowed together. A state
+ * that lasts less than one poll can slip between two samples, so this complements, not replaces,
+ * the agent's own revoke-before-grant ordering.
+ */
+export class HostsRecorder {
+  readonly samples: HostsSample[] = [];
+  /** RPC errors while polling (e.g. the subsystem briefly gone); polling goes on. */
+  readonly errors: string[] = [];
+  #running = true;
+  readonly #done: Promise<void>;
+  readonly #close: () => Promise<void>;
+  #stopped: Promise<void> | undefined;
+
+  constructor(socketPath: string, nqn: string) {
+    const { rpc, close } = targetRpc(socketPath);
+    this.#close = close;
+    this.#done = (async () => {
+      while (this.#running) {
+        try {
+          const hosts = await allowedHosts(rpc, nqn);
+          const last = this.samples.at(-1);
+          if (!last || last.hosts.join(",") !== hosts.join(","))
+            this.samples.push({ atMs: Date.now(), hosts });
+          // A poll interval, not a wait for anything: keeps the emulator responsive to the agent.
+          await Bun.sleep(5);
+        } catch (err) {
+          this.errors.push(String(err));
+          await Bun.sleep(50);
+        }
+      }
+    })();
+  }
+
+  /** The distinct host lists seen so far, oldest first. */
+  states(): string[][] {
+    return this.samples.map((s) => s.hosts);
+  }
+
+  /** Idempotent. */
+  stop(): Promise<void> {
+    this.#running = false;
+    this.#stopped ??= this.#done.then(() => this.#close());
+    return this.#stopped;
+  }
+}
+
+/** Events of `involvedObject` kind/name in `ns` (core/v1 and what the kube components record). */
+export async function eventsFor(
+  lab: E2eLab,
+  ns: string,
+  kind: string,
+  name: string,
+): Promise<k8s.CoreV1Event[]> {
+  const list = await lab.core.listNamespacedEvent({
+    namespace: ns,
+    fieldSelector: `involvedObject.kind=${kind},involvedObject.name=${name}`,
+  });
+  return list.items;
+}
