@@ -148,7 +148,13 @@ export async function e2eLab(): Promise<E2eLab> {
   };
 }
 
-/** Polls `fn` until it returns a value other than undefined/false; fails with `what` after timeoutMs. */
+/** Thrown inside an `until` callback to stop polling at once (the state is final, e.g. a Failed Pod). */
+export class FinalError extends Error {}
+
+/**
+ * Polls `fn` until it returns a value other than undefined/false; fails with `what` after
+ * timeoutMs. Errors thrown by `fn` are retried, except FinalError, which ends the wait at once.
+ */
 export async function until<T>(
   what: string,
   fn: () => Promise<T | undefined | false>,
@@ -219,7 +225,7 @@ export async function waitWorkload(
     async () => {
       const p = await lab.core.readNamespacedPod({ name: pod, namespace: ns });
       if (p.status?.phase === "Failed")
-        throw new Error(
+        throw new FinalError(
           `Pod ${pod} failed: ${p.status.message ?? JSON.stringify(p.status.containerStatuses)}`,
         );
       return p.status?.phase === "Succeeded" ? workloadReport(p) : undefined;
