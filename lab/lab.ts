@@ -282,9 +282,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
           DISTORT_HOST_ROOT: hostRoot,
           DISTORT_KEY_DIR: join(nd, "keys"),
           DISTORT_PORTAL_ADDRESS: portal,
-          // A portal of its own per node: two targets on one host cannot listen on one address,
-          // so a shared port would leave every export of the later node unreachable.
-          DISTORT_PORTAL_PORT: String(4420 + storage.length),
+          DISTORT_PORTAL_PORT: "4420",
           DISTORT_HEALTH_PORT: String(agentPort),
           DISTORT_REPORT_PERIOD_MS: "2000",
           DISTORT_VERIFY_PERIOD_MS: "5000",
