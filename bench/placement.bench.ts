@@ -1,7 +1,8 @@
 // Placement throughput: one manager process places 10 000 partitions over 500 claimed devices on a
-// real control plane; yardstick (same run): the bare writes a placement needs, with no decisions.
-// Prints time, rate, ratio and the manager's peak RSS. Run: bun bench/placement.bench.ts [n] [devices]
+// real control plane; yardstick (same run): the bare writes a placement needs, with no decisions. Also
+// the manager's RSS, watch cache bytes per object, and where the time goes. Run: bun bench/placement.bench.ts [n] [devices]
 import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
@@ -13,12 +14,15 @@ import { KeyedMutex } from "../manager/device-locks.ts";
 import { claim, device, forCreate, GiB, partition, storageNode } from "../manager/testdata/fixtures.ts";
 import { TEST_LABEL } from "../manager/testdata/harness.ts";
 import { ManagerProcess, metricValue } from "../manager/testdata/manager-process.ts";
+import { type Figure, writeResult } from "./report.ts";
 
 const PARTITIONS = Number(process.argv[2] ?? 10_000);
 const DEVICES = Number(process.argv[3] ?? 500);
 const NODES = Math.max(1, Math.round(DEVICES / 10));
 const WORKERS = 8; // the manager's default DISTORT_PLACEMENT_WORKERS
 const YARDSTICK = Math.min(PARTITIONS, 2000);
+/** A second yardstick pass with this many in flight: would more concurrency per write pay? */
+const WIDE = 32;
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
 /** Runs `fn` over `items` with at most `n` in flight. */
@@ -33,6 +37,68 @@ async function pool<T>(items: T[], n: number, fn: (x: T, i: number) => Promise<v
 
 function sizeOf(i: number): number {
   return (1 + ((i * 7919) % 8)) * GiB + (i % 3); // 1..8 GiB, not unit-aligned
+}
+
+// ---- measurement helpers: where the time and memory go ----
+
+/** CPU seconds (user + system) process `pid` has used so far; 0 when it is gone. */
+function cpuSeconds(pid: number | undefined): number {
+  if (pid === undefined) return 0;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(f[11]) + Number(f[12])) / 100; // USER_HZ is 100 on Linux
+  } catch {
+    return 0;
+  }
+}
+
+/** Busy CPU seconds of the whole machine so far: every process, other users' included. */
+function machineBusySeconds(): number {
+  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "")
+    .trim()
+    .split(/\s+/)
+    .slice(1)
+    .map(Number);
+  const total = f.slice(0, 8).reduce((a, b) => a + b, 0);
+  return (total - (f[3] ?? 0) - (f[4] ?? 0)) / 100;
+}
+
+/**
+ * The API server's own request counters and latency sums, keyed "VERB resource[/subresource]"
+ * (counts also per code under "VERB resource code"). Read through the admin token.
+ */
+async function apiServerRequests(server: string, token: string, caPem: string): Promise<Map<string, number>> {
+  const res = await fetch(`${server}/metrics`, {
+    headers: { authorization: `Bearer ${token}` },
+    tls: { ca: caPem },
+  });
+  const out = new Map<string, number>();
+  const add = (k: string, v: number) => out.set(k, (out.get(k) ?? 0) + v);
+  for (const line of (await res.text()).split("\n")) {
+    const m =
+      /^(apiserver_request_total|apiserver_request_duration_seconds_sum|apiserver_request_duration_seconds_count)\{(.*)\} (\S+)$/.exec(
+        line,
+      );
+    if (!m) continue;
+    const labels = Object.fromEntries(
+      [...(m[2] as string).matchAll(/(\w+)="([^"]*)"/g)].map((x) => [x[1], x[2]]),
+    );
+    const what = `${labels.verb} ${labels.resource}${labels.subresource ? `/${labels.subresource}` : ""}`;
+    const v = Number(m[3]);
+    if (m[1] === "apiserver_request_total") {
+      add(what, v);
+      add(`${what} ${labels.code}`, v);
+    } else if (m[1] === "apiserver_request_duration_seconds_sum") add(`${what} seconds`, v);
+    else add(`${what} timed`, v);
+  }
+  return out;
+}
+
+/** after - before, for every key of `after`. */
+function delta(before: Map<string, number>, after: Map<string, number>): Map<string, number> {
+  return new Map([...after].map(([k, v]) => [k, v - (before.get(k) ?? 0)]));
 }
 
 const cp = await startControlPlane({ progress: (l) => say(`  ${l}`) });
@@ -79,6 +145,16 @@ try {
   const baseRss = await mgr.peakRssBytes();
   say(`manager ready, claims bound; RSS before partitions ${((baseRss ?? 0) / 2 ** 20).toFixed(0)} MiB`);
 
+  // Counters before the run: the API server's requests and every process's CPU time.
+  const [etcdPid, apiPid] = cp.pids();
+  const apiBefore = await apiServerRequests(cp.server, cp.token, cp.caPem);
+  const cpuBefore = {
+    api: cpuSeconds(apiPid),
+    etcd: cpuSeconds(etcdPid),
+    manager: cpuSeconds(mgr.pid),
+    bench: cpuSeconds(process.pid),
+    machine: machineBusySeconds(),
+  };
   const t0 = performance.now();
   let created = 0;
   const creating = pool([...Array(PARTITIONS).keys()], 64, async (i) => {
@@ -98,6 +174,14 @@ try {
     if (performance.now() - t0 > 900_000) throw new Error("placement did not finish in 15 minutes");
   }
   const placeMs = performance.now() - t0;
+  const cpuDuring = {
+    api: cpuSeconds(apiPid) - cpuBefore.api,
+    etcd: cpuSeconds(etcdPid) - cpuBefore.etcd,
+    manager: cpuSeconds(mgr.pid) - cpuBefore.manager,
+    bench: cpuSeconds(process.pid) - cpuBefore.bench,
+    machine: machineBusySeconds() - cpuBefore.machine,
+  };
+  const apiDuring = delta(apiBefore, await apiServerRequests(cp.server, cp.token, cp.caPem));
   const createMs = await creating;
   const metrics = await mgr.metrics();
   const peakRss = (await mgr.peakRssBytes()) ?? 0;
@@ -118,41 +202,99 @@ try {
     (d) => (used.get(`${d.spec.nodeName}/${d.spec.serial}`) ?? 0) > d.spec.allocatableBytes,
   );
   if (over.length > 0) throw new Error(`${over.length} devices over-committed`);
+
+  // Watch cache bytes per object, measured in a fresh process (this one holds too much garbage of
+  // its own for heap deltas to mean anything): the heap, after full GCs, that one more WatchCache
+  // of these partitions (the manager's selector, its schema parse, managedFields stripped) adds.
+  // The first cache absorbs one-time costs; the next three are the samples.
+  const cacheProbe = `
+    import { kinds } from ${JSON.stringify(new URL("../api/index.ts", import.meta.url).pathname)};
+    import { WatchCache } from ${JSON.stringify(new URL("../lib/kube/cache.ts", import.meta.url).pathname)};
+    import { connect } from ${JSON.stringify(new URL("../lib/kube/connection.ts", import.meta.url).pathname)};
+    import { ResourceClient } from ${JSON.stringify(new URL("../lib/kube/resource.ts", import.meta.url).pathname)};
+    import { silentLogger } from ${JSON.stringify(new URL("../lib/log.ts", import.meta.url).pathname)};
+    const parts = new ResourceClient(connect(process.env.PROBE_KUBECONFIG), kinds.NVMePartition);
+    const settled = async () => {
+      for (let i = 0; i < 5; i++) { Bun.gc(true); await Bun.sleep(50); }
+      return process.memoryUsage().heapUsed;
+    };
+    const caches = [];
+    const fill = async () => {
+      const c = new WatchCache(parts, { labelSelector: process.env.PROBE_SELECTOR, logger: silentLogger });
+      await c.start();
+      await c.stop();
+      caches.push(c);
+      return c.keys().length;
+    };
+    let mark = await settled();
+    const perObject = [];
+    let objects = 0;
+    for (let i = 0; i < 4; i++) {
+      objects = await fill();
+      const h = await settled();
+      perObject.push((h - mark) / objects);
+      mark = h;
+    }
+    const json = JSON.stringify(caches[0].list()).length / objects;
+    process.stdout.write(JSON.stringify({ objects, perObject: perObject.slice(1), json }));
+  `;
+  const probe = Bun.spawn([process.execPath, "-e", cacheProbe], {
+    env: { ...process.env, PROBE_KUBECONFIG: cp.kubeconfigPath, PROBE_SELECTOR: `${TEST_LABEL}=${ns}` },
+    stdout: "pipe",
+    stderr: "inherit",
+  });
+  const probeOut = await new Response(probe.stdout).text();
+  if ((await probe.exited) !== 0) throw new Error(`the cache probe failed: ${probeOut}`);
+  const {
+    objects: cached,
+    perObject: cacheSamples,
+    json: jsonBytes,
+  } = JSON.parse(probeOut) as {
+    objects: number;
+    perObject: number[];
+    json: number;
+  };
+  const cacheBytes = cacheSamples.reduce((a, b) => a + b, 0) / cacheSamples.length;
   await mgr.terminate();
 
   // --- the yardstick: bare placement writes, no decisions ---
   const ys = `${ns}-ys`;
   await core.createNamespace({ body: { metadata: { name: ys } } });
-  const ysParts: NVMePartition[] = [];
-  await pool([...Array(YARDSTICK).keys()], 64, async (i) => {
-    ysParts[i] = await parts.create(forCreate(partition(ys, `p${i}`, { size: sizeOf(i) })));
-  });
   const latest = new Map<string, NVMeDevice>(devs.map((d) => [d.metadata.name, d]));
   const locks = new KeyedMutex();
-  const y0 = performance.now();
-  await pool(ysParts, WORKERS, async (p, i) => {
-    const d = devs[i % devs.length] as NVMeDevice;
-    await locks.run(d.metadata.name, async () => {
-      const cur = latest.get(d.metadata.name) as NVMeDevice;
-      const entry = {
-        uid: p.metadata.uid as string,
-        namespace: ys,
-        name: p.metadata.name,
-        bytes: roundUpToUnit(p.spec.sizeBytes),
-      };
-      const status = {
-        ...(cur.status as NonNullable<NVMeDevice["status"]>),
-        reservations: [...(cur.status?.reservations ?? []), entry],
-      };
-      latest.set(d.metadata.name, await devices.replaceStatus({ ...cur, status }));
+  /** Milliseconds for YARDSTICK bare placements (ledger PUT, spec PATCH, status PUT) at `inFlight`. */
+  const bareWrites = async (prefix: string, inFlight: number): Promise<number> => {
+    const ysParts: NVMePartition[] = [];
+    await pool([...Array(YARDSTICK).keys()], 64, async (i) => {
+      ysParts[i] = await parts.create(forCreate(partition(ys, `${prefix}${i}`, { size: sizeOf(i) })));
     });
-    const patched = await parts.mergePatch(p.metadata.name, ys, {
-      metadata: { uid: p.metadata.uid },
-      spec: { nodeName: d.spec.nodeName, deviceSerial: d.spec.serial, claimRef: d.status?.claimRef },
+    const y0 = performance.now();
+    await pool(ysParts, inFlight, async (p, i) => {
+      const d = devs[i % devs.length] as NVMeDevice;
+      await locks.run(d.metadata.name, async () => {
+        const cur = latest.get(d.metadata.name) as NVMeDevice;
+        const entry = {
+          uid: p.metadata.uid as string,
+          namespace: ys,
+          name: p.metadata.name,
+          bytes: roundUpToUnit(p.spec.sizeBytes),
+        };
+        const status = {
+          ...(cur.status as NonNullable<NVMeDevice["status"]>),
+          reservations: [...(cur.status?.reservations ?? []), entry],
+        };
+        latest.set(d.metadata.name, await devices.replaceStatus({ ...cur, status }));
+      });
+      const patched = await parts.mergePatch(p.metadata.name, ys, {
+        metadata: { uid: p.metadata.uid },
+        spec: { nodeName: d.spec.nodeName, deviceSerial: d.spec.serial, claimRef: d.status?.claimRef },
+      });
+      await parts.replaceStatus({ ...patched, status: { state: "Placed", conditions: [] } });
     });
-    await parts.replaceStatus({ ...patched, status: { state: "Placed", conditions: [] } });
-  });
-  const ysMs = performance.now() - y0;
+    return performance.now() - y0;
+  };
+  const ysMs = await bareWrites("p", WORKERS);
+  const ysWideMs = await bareWrites("q", WIDE);
 
   const rate = PARTITIONS / (placeMs / 1000);
   const ysRate = YARDSTICK / (ysMs / 1000);
@@ -175,6 +317,102 @@ try {
     `  yardstick: bare writes    ${ysRate.toFixed(0)} partitions/s (${YARDSTICK} partitions, ${WORKERS} in flight)`,
   );
   say(`  ratio manager/yardstick   ${(rate / ysRate).toFixed(2)}`);
+
+  // ---- where the time and memory go ----
+  const MiB = 2 ** 20;
+  const perPart = (k: string) => (apiDuring.get(k) ?? 0) / PARTITIONS;
+  const meanMs = (k: string) => {
+    const n = apiDuring.get(`${k} timed`) ?? 0;
+    return n > 0 ? ((apiDuring.get(`${k} seconds`) ?? 0) / n) * 1000 : Number.NaN;
+  };
+  const series = (name: string, controller: string) =>
+    metricValue(metrics, `${name}{controller="${controller}"}`);
+  const reconciles = series("distort_reconcile_duration_seconds_count", "placement");
+  const busy = series("distort_reconcile_duration_seconds_sum", "placement");
+  const calls = [
+    ["PUT nvmedevices/status", "ledger entry"],
+    ["PATCH nvmepartitions", "spec assignment"],
+    ["PUT nvmepartitions/status", "Scheduled=True"],
+    ["POST events", "Placed event (background)"],
+    ["GET nvmedeviceclaims", "fresh claim"],
+    ["GET rdmastoragenodes", "fresh node"],
+    ["GET nvmedevices", "device re-read after a conflict"],
+  ] as const;
+  const writeKinds = [...apiDuring.keys()].filter(
+    (k) => /^(POST|PUT|PATCH|DELETE) \S+$/.test(k) && (apiDuring.get(k) ?? 0) > 0,
+  );
+  const writesTotal = writeKinds.reduce((a, k) => a + (apiDuring.get(k) ?? 0), 0);
+  const benchCreates = apiDuring.get("POST nvmepartitions") ?? 0;
+  const managerWrites = writesTotal - benchCreates;
+  const profile = [
+    `API requests per placed partition during the run (kube-apiserver's apiserver_request_total, ${PARTITIONS} partitions): ${calls
+      .map(
+        ([k, what]) =>
+          `${k} ${perPart(k).toFixed(2)} (${what}${Number.isNaN(meanMs(k)) ? "" : `; server mean ${meanMs(k).toFixed(1)} ms`})`,
+      )
+      .join(", ")}; 409 conflicts on device status: ${apiDuring.get("PUT nvmedevices/status 409") ?? 0}.`,
+    `Writes: ${writesTotal} in ${(placeMs / 1000).toFixed(1)} s (${(writesTotal / (placeMs / 1000)).toFixed(0)}/s): the bench's ${benchCreates} partition creates plus ${(managerWrites / PARTITIONS).toFixed(2)} manager writes per partition (events included).`,
+    `One placement, sequential within a worker: GET claim || GET node -> PUT device status (under the device's in-process lock) -> PATCH partition spec -> PUT partition status; the Event is written in the background. Conflicts (${conflicts}) show the per-device lock is not where time goes: with ${DEVICES} devices and in-flight decisions counted against their device, ${WORKERS} workers rarely want the same device.`,
+    `Placement reconciles: ${reconciles} (${(reconciles / PARTITIONS).toFixed(2)} per partition; the later ones are no-ops on the placed object), mean ${((busy / Math.max(1, reconciles)) * 1000).toFixed(1)} ms; workers busy ${((busy / (WORKERS * (placeMs / 1000))) * 100).toFixed(0)}% of the run, so the rate is ${WORKERS} workers / per-placement round trips.`,
+    `CPU seconds during the ${(placeMs / 1000).toFixed(1)} s run (2 cores = ${((2 * placeMs) / 1000).toFixed(0)} available): kube-apiserver ${cpuDuring.api.toFixed(1)}, etcd ${cpuDuring.etcd.toFixed(1)}, manager ${cpuDuring.manager.toFixed(1)}, bench (creates + polling) ${cpuDuring.bench.toFixed(1)}; whole machine busy ${cpuDuring.machine.toFixed(1)} (other users included).`,
+    `Bare writes (yardstick) at ${WORKERS} in flight: ${ysRate.toFixed(0)} partitions/s; at ${WIDE} in flight: ${(YARDSTICK / (ysWideMs / 1000)).toFixed(0)} partitions/s.`,
+  ];
+  const notes = [
+    `Watch cache bytes per object: in a fresh Bun process, the heap (after full GCs) one more WatchCache adds when it lists the ${cached} placed partitions with the manager's selector, over their count; three caches measured after a first one: ${cacheSamples.map((x) => x.toFixed(0)).join(", ")}, mean ${cacheBytes.toFixed(0)} B/object; their JSON (managedFields stripped) is ${jsonBytes.toFixed(0)} B/object. Manager RSS grew ${((peakRss - (baseRss ?? 0)) / PARTITIONS).toFixed(0)} B per partition (cache, inventory, queues and garbage together).`,
+    "Yardstick: the same three writes per partition (ledger PUT, spec PATCH, status PUT) with no decisions and no reads, on 2000 partitions.",
+  ];
+  say(`  watch cache per object    ${cacheBytes.toFixed(0)} B heap (${jsonBytes.toFixed(0)} B JSON)`);
+  for (const l of profile) say(`  profile: ${l}`);
+  for (const l of notes) say(`  note: ${l}`);
+  const figures: Figure[] = [
+    {
+      id: "placement-seconds",
+      label: `time to place ${PARTITIONS} partitions on ${DEVICES} devices`,
+      value: Number((placeMs / 1000).toFixed(1)),
+      unit: "s",
+      better: "lower",
+      target: { text: "< 60 s", met: placeMs < 60_000 },
+    },
+    {
+      id: "placement-rate",
+      label: "placement rate",
+      value: Math.round(rate),
+      unit: "partitions/s",
+      better: "higher",
+      yardstick: {
+        label: `bare writes, ${WORKERS} in flight`,
+        value: Math.round(ysRate),
+        unit: "partitions/s",
+      },
+      ratio: Number((rate / ysRate).toFixed(2)),
+      ratioLabel: "manager / bare writes",
+    },
+    {
+      id: "manager-rss",
+      label: "manager peak RSS",
+      value: Math.round(peakRss / MiB),
+      unit: "MiB",
+      better: "lower",
+      target: { text: "< 250 MiB", met: peakRss < 250 * MiB },
+    },
+    {
+      id: "cache-bytes-per-object",
+      label: "watch cache heap per NVMePartition",
+      value: Math.round(cacheBytes),
+      unit: "B",
+      better: "lower",
+      yardstick: { label: "its JSON", value: Math.round(jsonBytes), unit: "B" },
+      ratio: Number((cacheBytes / jsonBytes).toFixed(2)),
+      ratioLabel: "heap / JSON",
+    },
+  ];
+  const missed = figures.some((f) => f.target && !f.target.met);
+  writeResult({
+    bench: "placement",
+    figures,
+    notes: missed ? notes : [...notes, ...profile],
+    ...(missed ? { profile } : {}),
+  });
 } finally {
   await cp.stop();
 }

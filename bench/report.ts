@@ -279,6 +279,7 @@ export function svgBarChart(o: BarChartOptions): string {
   const height = top + plotH + 50;
   const out: string[] = [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">`,
+    `<title>${escXml(o.title)}</title>`,
     `<rect width="${width}" height="${height}" fill="#ffffff"/>`,
     `<text x="${width / 2}" y="22" text-anchor="middle" ${TITLE_FONT}>${escXml(o.title)}</text>`,
   ];
@@ -353,6 +354,7 @@ export function svgHistogram(o: HistogramOptions): string {
   const yc = (c: number) => top + ph - (c / cTop) * ph;
   const out: string[] = [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">`,
+    `<title>${escXml(o.title)}</title>`,
     `<rect width="${width}" height="${height}" fill="#ffffff"/>`,
     `<text x="${width / 2}" y="22" text-anchor="middle" ${TITLE_FONT}>${escXml(o.title)}</text>`,
   ];
