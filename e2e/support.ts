@@ -167,6 +167,7 @@ export async function until<T>(
       const v = await fn();
       if (v !== undefined && v !== false) return v;
     } catch (err) {
+      if (err instanceof FinalError) throw err;
       last = err;
     }
     if (Date.now() > deadline)

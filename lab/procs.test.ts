@@ -48,7 +48,10 @@ test("a killed process comes back with a new pid and the exit is counted as unex
   expect(s?.unexpectedExits).toBe(1);
   expect(s?.restarts).toBe(1);
   expect(JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).sleeper).toBe(second);
-  expect(readFileSync(t.logPath("sleeper"), "utf8")).toContain("signal SIGKILL");
+  const log = readFileSync(t.logPath("sleeper"), "utf8");
+  expect(log).toContain("signal SIGKILL");
+  // Both runs are in the log: a restart appends.
+  expect(log.match(/ start sleep 30/g)?.length).toBe(2);
 });
 
 test("a stopped process stays stopped and leaves pids.json", async () => {

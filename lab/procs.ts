@@ -1,7 +1,7 @@
 // The lab's process table: every component runs as its own OS process, restarted like a container
 // with restartPolicy Always, logging to <dir>/logs/<name>.log and tied to this process by a
 // parent-death signal, so a fault test can kill -9 any of them and nothing outlives the lab.
-import { appendFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 
@@ -34,6 +34,8 @@ interface Entry {
   proc: Subprocess | undefined;
   restarts: number;
   unexpectedExits: number;
+  /** Index into RESTART_DELAYS_MS for the next restart. */
+  backoff: number;
   /** Set while a stop or a deliberate kill is under way, so its exit is not "unexpected". */
   stopping: boolean;
   /** Exit of the current incarnation. */
@@ -41,6 +43,8 @@ interface Entry {
 }
 
 const RESTART_DELAYS_MS = [200, 500, 1000, 2000, 5000];
+/** Running longer than this resets the restart back-off. */
+const BACKOFF_RESET_MS = 60_000;
 
 /** The lab's processes, by name. Not reentrant per name: one start/kill/stop at a time per process. */
 export class ProcessTable {
@@ -68,6 +72,7 @@ export class ProcessTable {
       proc: undefined,
       restarts: 0,
       unexpectedExits: 0,
+      backoff: 0,
       stopping: false,
       exited: Promise.resolve(),
     };
@@ -78,15 +83,22 @@ export class ProcessTable {
   async #launch(e: Entry): Promise<void> {
     const log = this.logPath(e.spec.name);
     appendFileSync(log, `--- ${new Date().toISOString()} start ${e.spec.argv.join(" ")}\n`);
-    const file = Bun.file(log);
-    // util-linux setpriv: the child gets SIGKILL when this process dies, even by kill -9.
-    const proc = Bun.spawn(["setpriv", "--pdeathsig", "KILL", "--", ...e.spec.argv], {
-      cwd: e.spec.cwd ?? this.#dir,
-      env: { ...process.env, ...e.spec.env },
-      stdin: "ignore",
-      stdout: file,
-      stderr: file,
-    });
+    // Appending: a restarted process adds to its log instead of overwriting the previous run's.
+    const fd = openSync(log, "a");
+    let proc: Subprocess;
+    try {
+      // util-linux setpriv: the child gets SIGKILL when this process dies, even by kill -9.
+      proc = Bun.spawn(["setpriv", "--pdeathsig", "KILL", "--", ...e.spec.argv], {
+        cwd: e.spec.cwd ?? this.#dir,
+        env: { ...process.env, ...e.spec.env },
+        stdin: "ignore",
+        stdout: fd,
+        stderr: fd,
+      });
+    } finally {
+      closeSync(fd);
+    }
+    const startedAt = Date.now();
     e.proc = proc;
     e.stopping = false;
     this.#writePids();
@@ -97,7 +109,10 @@ export class ProcessTable {
       if (e.stopping || this.#closed) return;
       e.unexpectedExits++;
       if (e.spec.restart === false) return;
-      const delay = RESTART_DELAYS_MS[Math.min(e.restarts, RESTART_DELAYS_MS.length - 1)] ?? 5000;
+      // Like kubelet's back-off: a process that ran a while starts again from the shortest delay.
+      if (Date.now() - startedAt > BACKOFF_RESET_MS) e.backoff = 0;
+      const delay = RESTART_DELAYS_MS[Math.min(e.backoff, RESTART_DELAYS_MS.length - 1)] ?? 5000;
+      e.backoff++;
       this.#say(`${e.spec.name} ended (${how}); restarting in ${delay} ms`);
       setTimeout(() => {
         if (this.#closed || e.stopping || e.proc !== proc) return;
