@@ -20,6 +20,7 @@ import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { bunProcessRunner, findSetpriv, hostSocketFiles, procInspector } from "../lib/spdk/process-runner.ts";
 import { NvmfTgtSupervisor } from "../lib/spdk/supervisor.ts";
+import { TargetFacts } from "../lib/spdk/target-facts.ts";
 import { AttachmentController } from "./attachments/controller.ts";
 import { KernelTarget } from "./backends/kernel/kernel-target.ts";
 import { SpdkTarget } from "./backends/spdk/target.ts";
@@ -63,8 +64,12 @@ export async function runAgent(
   const backends: Partial<Record<BackendName, TargetBackend>> = {};
   const volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>> = {};
   let spdk: SpdkClient | undefined;
+  // What the SPDK backend and volume manager verified on the running target, shared so that a
+  // target restart forgets all of it at once.
+  let facts: TargetFacts | undefined;
   if (cfg.backends.includes("spdk")) {
     spdk = new SpdkClient({ socketPath: cfg.spdkSocket, logger: logger.with({ component: "spdk" }), clock });
+    facts = new TargetFacts({ rpc: spdk, clock });
     const methods = new SpdkMethods(spdk);
     const binder = {
       async bind(pciAddress: string) {
@@ -78,12 +83,14 @@ export async function runAgent(
       binder,
       keyFiles: dirKeyFiles(cfg.keyDir),
       logger: logger.with({ backend: "spdk" }),
+      facts,
     });
     volumeManagers["spdk-lvol"] = new SpdkLvolVolumeManager({
       methods,
       rpc: spdk,
       logger,
       thinProvision: cfg.thinLvols,
+      facts,
     });
   }
   if (cfg.backends.includes("kernel")) {
@@ -119,6 +126,7 @@ export async function runAgent(
       process.kill(process.pid, "SIGKILL");
     }
   };
+  const storageNodes = new ResourceClient(conn, kinds.RDMAStorageNode);
   const partitions = new PartitionController({
     conn,
     nodeName: cfg.nodeName,
@@ -135,6 +143,7 @@ export async function runAgent(
     verifyPeriodMs: cfg.verifyPeriodMs,
     secrets,
     afterStep: crash,
+    nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
   });
   const attachments = new AttachmentController({
     conn,
@@ -165,7 +174,7 @@ export async function runAgent(
     {
       devices: new ResourceClient(conn, kinds.NVMeDevice),
       listDevices: async () => partitions.devices.list(),
-      storageNodes: new ResourceClient(conn, kinds.RDMAStorageNode),
+      storageNodes,
       discover: () =>
         discoverDevices({ fs, exec: hostExec, spdk: spdkSource, logger }, { filter: cfg.deviceFilter }),
       findEndpoint: endpoint,
@@ -194,7 +203,10 @@ export async function runAgent(
       clock,
       logger: logger.with({ component: "nvmf_tgt" }),
       metrics: registry,
-      onRestart: () => partitions.requeueAll(),
+      onRestart: () => {
+        facts?.forget();
+        partitions.targetRestarted("spdk");
+      },
     });
     await supervisor.ensureRunning();
     supervisor.start();

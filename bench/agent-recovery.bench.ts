@@ -278,8 +278,11 @@ async function main(): Promise<void> {
     const since = logs.filter((l) => Date.parse(l.ts) >= killAt);
     const at = (l: LogLine | undefined) => (l ? (Date.parse(l.ts) - killAt) / 1000 : Number.NaN);
     const first = (msg: string) => since.find((l) => l.msg === msg);
+    // Per-export repair lines (info before the replay was summarized, debug since) and the one
+    // summary line the partition controller writes once every export of the restart is verified.
     const repaired = since.filter((l) => l.msg === "export repaired");
     const repairedNqns = new Set(repaired.map((l) => l.nqn));
+    const summary = since.find((l) => /^exports (not all )?restored after a target restart$/.test(l.msg));
     const errors = since.filter((l) => l.level === "error" || l.level === "warn");
     const timeline = [
       ["supervisor logs the exit (detection)", at(first("nvmf_tgt exited"))],
@@ -287,6 +290,7 @@ async function main(): Promise<void> {
       ["new nvmf_tgt initialised", at(first("nvmf_tgt ready"))],
       ["first export repaired (agent log)", at(repaired[0])],
       ["last export repaired (agent log)", at(repaired[repaired.length - 1])],
+      ["agent summarizes the replay, every export verified (agent log)", at(summary)],
       ...Object.entries(marks).map(([k, v]) => [`${k} (bench poll)`, v] as const),
     ] as const;
 
@@ -331,7 +335,7 @@ async function main(): Promise<void> {
       const check = await completeExports(m, nqns);
       if (check !== PARTITIONS) throw new Error(`yardstick left ${check}/${PARTITIONS} exports`);
       // The reads the agent's per-export pass makes, at this scale: one subsystem, and all of them
-      // (SpdkTarget.collectKeys lists every subsystem after each setHosts), typed and raw.
+      // (SpdkTarget.collectKeys lists every subsystem when it collects DH-CHAP keys), typed and raw.
       const one = exported[0]?.status?.nqn as string;
       readCosts = {
         oneTyped: await timeCalls(20, () => m.nvmfGetSubsystems(one)),
@@ -371,7 +375,7 @@ async function main(): Promise<void> {
     notes.push(
       `One agent process (production defaults: 4 partition workers, 60 s verify period) supervises the lab's nvmf_tgt emulator (DISTORT_NVMF_TGT); ${PARTITIONS} NVMePartitions of 4 MiB, written already placed on one claimed 64 GiB drive, exported over TCP.`,
       `Recovery ends when the bench's own poll (every ${POLL_MS} ms, nvmf_get_subsystems over a separate connection) sees all ${PARTITIONS} subsystems with namespace 1 and their listener on the new target, and every partition is Exported with Ready=True.`,
-      `Partition statuses never left Ready during the outage (at most ${notReadySeen} seen not Ready while polling after the target was back); ${statusWrites} of ${PARTITIONS} partition objects were written during recovery; the agent logged "export repaired" for ${repairedNqns.size} distinct exports and ${errors.length} warnings/errors.`,
+      `Partition statuses never left Ready during the outage (at most ${notReadySeen} seen not Ready while polling after the target was back); ${statusWrites} of ${PARTITIONS} partition objects were written during recovery; the agent logged "export repaired" for ${repairedNqns.size} distinct exports, ${summary ? `one restart summary (${summary.repaired} of ${summary.exports} exports repaired)` : "no restart summary"} and ${errors.length} warnings/errors.`,
       `Yardstick: after stopping the agent, a fresh emulator on the same drive data (its start, spawn to first answer, took ${fmt(startS)} s, not counted), then with lib/spdk's client: attach the drive, bdev_wait_for_examine (lvstore reload), create the TCP transport, and nvmf_create_subsystem + nvmf_subsystem_add_ns + nvmf_subsystem_add_listener per export, ${IN_FLIGHT} exports in flight.`,
     );
     profile.push(
@@ -379,7 +383,7 @@ async function main(): Promise<void> {
       `per-export replay: ${repaired.length} "export repaired" log lines between t+${fmt(at(repaired[0]))} s and t+${fmt(at(repaired[repaired.length - 1]))} s (${fmt(repaired.length / Math.max(0.001, at(repaired[repaired.length - 1]) - at(repaired[0])))} exports/s); the bare RPCs ran at ${fmt(PARTITIONS / yardstickS)} exports/s.`,
       `status writes during recovery: ${statusWrites} partition objects changed.`,
       `CPU during recovery (kill to all Ready, ${fmt(recoveryS)} s): agent ${fmt(agentCpu)} s, new nvmf_tgt ${fmt(newTargetCpu)} s.`,
-      `read costs with ${PARTITIONS} subsystems (median, sequential): nvmf_get_subsystems for one NQN ${fmt(readCosts.oneTyped)} ms; for all ${fmt(readCosts.allTyped)} ms through SpdkMethods (${fmt(readCosts.allRaw)} ms raw, without result validation). The agent lists all subsystems once per export (SpdkTarget.setHosts -> collectKeys), so a full replay of N exports reads O(N^2) subsystem records.`,
+      `read costs with ${PARTITIONS} subsystems (median, sequential): nvmf_get_subsystems for one NQN ${fmt(readCosts.oneTyped)} ms; for all ${fmt(readCosts.allTyped)} ms through SpdkMethods (${fmt(readCosts.allRaw)} ms raw, without result validation). The agent lists all subsystems only to collect DH-CHAP keys (SpdkTarget.collectKeys): once per target incarnation, after a keyed host was revoked, and at most every 30 s otherwise; were it once per export, a replay of N exports would read O(N^2) subsystem records.`,
       ...(errors.length > 0
         ? [
             `agent warnings/errors after the kill (first 5 distinct): ${[...new Set(errors.map((l) => `${l.level}: ${l.msg}`))].slice(0, 5).join("; ")}`,

@@ -11,7 +11,7 @@ import { type Condition, setCondition } from "../../lib/kube/conditions.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
-import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
+import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { type Controller, runController, TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
@@ -24,9 +24,10 @@ import type {
   VolumeManager,
   VolumeManagerName,
 } from "../backends/types.ts";
-import { decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
 import { hostKeysFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
+import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
 
 /** Steps after which a crash is meaningful (each one changed external or API state). */
 export const PROVISION_STEPS = [
@@ -65,6 +66,13 @@ export interface PartitionControllerOptions {
   secrets?: SecretReader;
   /** Called after each step; tests kill the process here to prove crash safety. */
   afterStep?(step: Step, key: string): void | Promise<void>;
+  /**
+   * The object a target restart's summary Event is recorded on (this node's RDMAStorageNode);
+   * without it, or while it does not exist, the summary is only logged.
+   */
+  nodeObject?(): Promise<KubeObject | undefined>;
+  /** How long a replay after a target restart may take before it is summarized anyway. */
+  restartSummaryDeadlineMs?: number;
 }
 
 /** Host NQNs a partition's target ACL must hold: those of its live attachments. */
@@ -88,6 +96,9 @@ export class PartitionController {
   private readonly partClient: ResourceClient<NVMePartition>;
   private readonly devClient: ResourceClient<NVMeDevice>;
   private readonly queue: WorkQueue;
+  private readonly restarts: RestartRepairs;
+  /** A restart reported before the partition cache synced: its window opens once it has. */
+  private restartBeforeSync: BackendName | undefined;
   private controller: Controller | undefined;
 
   constructor(private readonly o: PartitionControllerOptions) {
@@ -106,6 +117,11 @@ export class PartitionController {
       logger: log,
     });
     this.queue = new WorkQueue({ name: "partitions", clock: o.clock });
+    this.restarts = new RestartRepairs({
+      clock: o.clock,
+      deadlineMs: o.restartSummaryDeadlineMs,
+      onSummary: (s) => void this.reportRestart(s),
+    });
     const enqueue = (p: NVMePartition) => this.queue.add(objectKey(p.metadata));
     this.partitions.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
     // A drive or an attachment change can unblock (or block) the partitions that use it.
@@ -122,6 +138,11 @@ export class PartitionController {
   async start(): Promise<void> {
     await Promise.all([this.devices.start(), this.attachments.start()]);
     await this.partitions.start();
+    if (this.restartBeforeSync) {
+      // The initial list queued every partition already.
+      this.restarts.begin(this.restartBeforeSync, this.exportedOn(this.restartBeforeSync));
+      this.restartBeforeSync = undefined;
+    }
     this.controller = runController({
       name: "partitions",
       queue: this.queue,
@@ -138,7 +159,47 @@ export class PartitionController {
     for (const p of this.partitions.list()) this.queue.add(objectKey(p.metadata));
   }
 
+  /**
+   * The target of `backend` (re)started without the exports it served: queues every partition,
+   * and the repairs their next passes make are expected. They are reported once for the restart
+   * (one log line, one Event on nodeObject) instead of an ExportRepaired Warning per partition;
+   * a repair no known restart explains is drift and is still reported per partition. Callable
+   * before start(): a target started with the agent counts from the first list on.
+   */
+  targetRestarted(backend: BackendName): void {
+    if (!this.partitions.hasSynced) {
+      this.restartBeforeSync = backend;
+      return;
+    }
+    this.restarts.begin(backend, this.exportedOn(backend));
+    this.requeueAll();
+  }
+
+  private exportedOn(backend: BackendName): string[] {
+    return this.partitions
+      .list()
+      .filter((p) => p.status?.state === "Exported" && backendOf(p) === backend)
+      .map((p) => objectKey(p.metadata));
+  }
+
+  /** The one log line and Event of a target restart's replay. Never rejects. */
+  private async reportRestart(s: RestartSummary): Promise<void> {
+    const note =
+      `${s.backend} target restarted and lost its exports: ${s.repaired} of ${s.exports} repaired, ` +
+      `${s.verified} verified in ${s.seconds.toFixed(1)} s` +
+      (s.unverified > 0 ? `; ${s.unverified} not verified yet (their partitions report why)` : "");
+    if (s.unverified > 0) this.o.logger.warn("exports not all restored after a target restart", { ...s });
+    else this.o.logger.info("exports restored after a target restart", { ...s });
+    try {
+      const node = await this.o.nodeObject?.();
+      if (node) await this.o.events?.record(node, "Warning", "TargetRestarted", "Verify", note);
+    } catch (err) {
+      this.o.logger.warn("target restart summary not recorded as an Event", { err });
+    }
+  }
+
   async stop(): Promise<void> {
+    this.restarts.close();
     await this.controller?.stop();
     await Promise.all([this.partitions.stop(), this.devices.stop(), this.attachments.stop()]);
   }
@@ -216,7 +277,10 @@ export class PartitionController {
 
   async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
     const p = this.partitions.get(key);
-    if (!p) return;
+    if (!p) {
+      this.restarts.dropped(key);
+      return;
+    }
     const d = decide({
       partition: p,
       nodeName: this.o.nodeName,
@@ -250,6 +314,7 @@ export class PartitionController {
       case "provision":
         return this.provision(key, p, d.target, d.lockDevice, log);
       case "deprovision":
+        this.restarts.dropped(key);
         await this.deprovision(key, p, d.target, log);
         return;
     }
@@ -324,7 +389,10 @@ export class PartitionController {
     await backend.setHosts(t.nqn, hosts, await hostKeysFor(p, hosts, this.o.secrets));
     await this.step("acl", key);
     const wasExported = p.status?.state === "Exported";
-    if (wasExported && repaired.length > 0) {
+    const expected = this.restarts.verified(key, t.backend, repaired.length > 0);
+    if (wasExported && repaired.length > 0 && expected) {
+      log.debug("export repaired after the target restart", { repaired });
+    } else if (wasExported && repaired.length > 0) {
       log.warn("export was incomplete and has been repaired", { repaired });
       await this.o.events?.record(
         p,
@@ -334,6 +402,12 @@ export class PartitionController {
         `repaired: ${repaired.join(", ")}`,
       );
     }
+    // Exported/Ready=True is only ever written here, after a pass verified the export, and is
+    // deliberately not withdrawn while a target restart has the export down: the replay restores
+    // it within seconds without anyone acting on the partition, and flipping every partition's
+    // status would add two writes per partition competing with that replay. The restart is
+    // reported once for the node instead (reportRestart); a repair that keeps failing leaves
+    // this status as it was and shows as the partition's failing reconciles.
     await this.setStatus(
       p,
       (s) => {

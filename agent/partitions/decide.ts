@@ -58,8 +58,13 @@ export function resolveVolumeManager(
   return vm;
 }
 
+/** The backend a partition is served by (SPDK unless it asks for another). */
+export function backendOf(p: NVMePartition): BackendName {
+  return p.spec.backend ?? "spdk";
+}
+
 function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
-  const backend = p.spec.backend ?? "spdk";
+  const backend = backendOf(p);
   const uid = p.metadata.uid as string;
   const externalId = p.status?.externalId ?? externalIdFor(uid);
   const cs = p.spec.contentSource;

@@ -294,6 +294,19 @@ describe("failures of the stream and the connection", () => {
     expect(server.connections).toHaveLength(2);
   });
 
+  test("connectionGeneration names the established connection: undefined between two, new after a reconnect", async () => {
+    const { server, client } = await setup({}, (req, conn) => conn.reply(req.id, true));
+    expect(client.connectionGeneration).toBeUndefined();
+    await client.call("a");
+    const first = client.connectionGeneration;
+    expect(first).toBeNumber();
+    server.connections[0]?.destroy();
+    for (let i = 0; i < 100 && client.connected; i++) await realTick(2);
+    expect(client.connectionGeneration).toBeUndefined();
+    await client.call("b");
+    expect(client.connectionGeneration).toBe((first as number) + 1);
+  });
+
   const garbage: Array<[string, string, RegExp]> = [
     ["invalid JSON", '{"jsonrpc":"2.0","id":1,,}\n', /not valid JSON/],
     ["a fragment starting mid-object (seq 121)", rawResponse(121), /expected "\{"/],

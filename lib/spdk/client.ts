@@ -28,6 +28,13 @@ export interface SpdkRpc {
   call(method: string, params?: object, opts?: CallOptions): Promise<unknown>;
   /** Runs `fn` with exclusive use of `key` among serialize() callers (FIFO, not reentrant). */
   serialize<T>(key: string, fn: () => Promise<T>): Promise<T>;
+  /**
+   * Identifies the established connection: a new value after every reconnect, undefined while
+   * none is established. A restarted target is only ever reached over a new connection, so state
+   * read under one value is state of one target incarnation. Implementations that cannot tell
+   * leave it undefined, and callers then reuse nothing (TargetFacts).
+   */
+  readonly connectionGeneration?: number | undefined;
 }
 
 export interface SpdkClientOptions {
@@ -190,6 +197,11 @@ export class SpdkClient implements SpdkRpc {
   /** True while a connection is established (not while connecting). */
   get connected(): boolean {
     return this.#conn?.ready === true;
+  }
+
+  /** See SpdkRpc.connectionGeneration: the established connection's number, counting from 1. */
+  get connectionGeneration(): number | undefined {
+    return this.#conn?.ready ? this.#conn.gen : undefined;
   }
 
   /**

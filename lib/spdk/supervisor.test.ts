@@ -687,7 +687,7 @@ describe("starting a target", () => {
 });
 
 describe("liveness and restarts", () => {
-  test("a started process that dies is restarted after the backoff and onRestart runs again", async () => {
+  test("a started process that dies after a healthy run is restarted at once and onRestart runs again", async () => {
     const w = new World();
     let hooks = 0;
     const s = w.supervisor({ onRestart: () => void hooks++ });
@@ -703,7 +703,8 @@ describe("liveness and restarts", () => {
     const diedAt = w.clock.now();
     await w.run(200);
     expect(w.children).toHaveLength(2);
-    expect((w.spawnTimes[1] as number) - diedAt).toBe(100); // initialMs
+    // No backoff for a first loss: every export waits for the new target.
+    expect((w.spawnTimes[1] as number) - diedAt).toBe(0);
     expect(s.state).toBe("started");
     expect(hooks).toBe(2);
     await w.drive(s.stop());
@@ -716,7 +717,8 @@ describe("liveness and restarts", () => {
     s.start();
     await w.run(4000);
     const gaps = w.spawnTimes.slice(1).map((t, i) => t - (w.spawnTimes[i] as number));
-    expect(gaps.slice(0, 6)).toEqual([100, 200, 400, 800, 800, 800]);
+    // The first retry is immediate, repeated failures back off from initialMs up to maxMs.
+    expect(gaps.slice(0, 6)).toEqual([0, 100, 200, 400, 800, 800]);
     // Recovery: the next attempt succeeds and the target stays up longer than maxMs.
     w.spawnError = undefined;
     await w.run(1000);
@@ -727,11 +729,11 @@ describe("liveness and restarts", () => {
     await settle();
     const diedAt = w.clock.now();
     await w.run(300);
-    expect((w.spawnTimes.at(-1) as number) - diedAt).toBe(100);
+    expect((w.spawnTimes.at(-1) as number) - diedAt).toBe(0);
     await w.drive(s.stop());
   });
 
-  test("a crash soon after a restart backs off further", async () => {
+  test("a crash soon after a restart backs off further: crash-loop protection", async () => {
     const w = new World();
     const s = w.supervisor();
     s.start();
@@ -747,7 +749,7 @@ describe("liveness and restarts", () => {
       delays.push((w.spawnTimes.at(-1) as number) - diedAt);
       await w.run(100);
     }
-    expect(delays).toEqual([100, 200, 400, 800]);
+    expect(delays).toEqual([0, 100, 200, 400]);
     await w.drive(s.stop());
   });
 

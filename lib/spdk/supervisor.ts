@@ -71,8 +71,10 @@ export interface NvmfTgtSupervisorOptions {
   /** Consecutive failed pings after which the target counts as hung. Default 3. */
   unresponsiveLimit?: number;
   /**
-   * Delay before the n-th consecutive restart attempt: initialMs * 2^(n-1), at most maxMs. The
-   * count resets once a target has answered pings for maxMs. Default 500 / 30000.
+   * Delay before the n-th consecutive restart attempt: none for the first (a target lost after a
+   * healthy run is replaced as fast as it can start, since every export waits for it), then
+   * initialMs * 2^(n-2), at most maxMs, so a crash loop still backs off. The count resets once a
+   * target has answered pings for maxMs. Default 500 / 30000.
    */
   restartBackoff?: { initialMs: number; maxMs: number };
   /** Bound from spawn to an initialised target (socket answer, startup options, init). Default 60000. */
@@ -217,9 +219,10 @@ function isPhaseError(err: unknown): boolean {
  * not spawn.
  *
  * start() adds a liveness loop: a ping every livenessPeriodMs; a started process that exits is
- * restarted after the backoff delay, one that misses unresponsiveLimit pings in a row is
- * terminated and restarted; an adopted one that stops answering is dropped (state "down"), and
- * a process of its own is started only once nothing listens on the socket any more.
+ * restarted at once (after the backoff delay when the attempt before failed too), one that
+ * misses unresponsiveLimit pings in a row is terminated and restarted; an adopted one that
+ * stops answering is dropped (state "down"), and a process of its own is started only once
+ * nothing listens on the socket any more.
  *
  * Concurrency: calls may overlap freely; one bring-up runs at a time and concurrent
  * ensureRunning() calls share it.
@@ -414,11 +417,11 @@ export class NvmfTgtSupervisor {
     this.#metrics?.up.set({}, s === "started" || s === "adopted" ? 1 : 0);
   }
 
-  /** n-th consecutive attempt's delay; 0 when nothing has failed. */
+  /** n-th consecutive attempt's delay; 0 when nothing or only the latest attempt has failed. */
   #backoffDelay(): number {
-    if (this.#failures === 0) return 0;
+    if (this.#failures <= 1) return 0;
     const { initialMs, maxMs } = this.#backoff;
-    return Math.min(maxMs, initialMs * 2 ** Math.min(this.#failures - 1, 40));
+    return Math.min(maxMs, initialMs * 2 ** Math.min(this.#failures - 2, 40));
   }
 
   // --- bring-up ---------------------------------------------------------------------------------

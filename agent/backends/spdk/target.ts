@@ -9,6 +9,7 @@ import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
+import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
 import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
 
 /** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
@@ -25,6 +26,11 @@ export interface SpdkTargetOptions {
   logger: Logger;
   /** Model number shown to initiators. */
   modelNumber?: string;
+  /**
+   * Node-wide facts verified on the current target; share one with the SPDK volume manager so a
+   * target restart forgets them all at once. Default: a private one over `rpc`.
+   */
+  facts?: TargetFacts;
 }
 
 const TRTYPE: Record<Transport, string> = { rdma: "RDMA", tcp: "TCP" };
@@ -34,6 +40,12 @@ const TRTYPE: Record<Transport, string> = { rdma: "RDMA", tcp: "TCP" };
  * subsystem lock SpdkMethods takes inside (that one is not re-entrant), so nesting is safe.
  */
 const KEYS_LOCK = "dhchap-keys";
+/**
+ * Fact: the last collection found no key unused. Forgotten whenever a pass may have left one
+ * (a keyed host revoked, a key installed whose host was not admitted), and it lapses with a new
+ * target or after the TTL; collection runs only while it is not known.
+ */
+const KEYS_COLLECTED = "dhchap-keys-collected";
 
 function exportLockKey(nqn: string): string {
   return `export:${nqn}`;
@@ -72,16 +84,27 @@ function isKind(err: unknown, ...kinds: string[]): boolean {
 export class SpdkTarget implements TargetBackend {
   readonly name = "spdk" as const;
   private readonly m: SpdkMethods;
+  private readonly facts: TargetFacts;
 
   constructor(private readonly opts: SpdkTargetOptions) {
     this.m = opts.methods;
+    this.facts = opts.facts ?? new TargetFacts({ rpc: opts.rpc });
   }
 
   /**
    * Attaches the drive's PCIe controller to SPDK (binding the driver first) unless a controller
    * at that address is already attached, and checks that namespace 1 reports the expected serial.
+   * Checked once per target incarnation (TargetFacts), not on every partition's pass.
    */
   async prepareDevice(device: DeviceRef): Promise<DeviceRef> {
+    const bdevName = await this.facts.verified(`controller:${device.pciAddress}:${device.serial}`, () =>
+      this.attachController(device),
+    );
+    return { ...device, bdevName };
+  }
+
+  /** The attach-and-check behind prepareDevice; resolves with namespace 1's bdev name. */
+  private async attachController(device: DeviceRef): Promise<string> {
     const existing = await this.findController(device.pciAddress);
     let name = existing;
     if (!name) {
@@ -93,6 +116,9 @@ export class SpdkTarget implements TargetBackend {
         if (!isKind(err, "already-exists")) throw err;
         name = (await this.findController(device.pciAddress)) ?? name;
       }
+      // What was verified on the drive before it was (re)attached, its lvstore above all, no
+      // longer holds until examine has run again.
+      this.facts.forget();
     }
     const bdevName = `${name}n1`;
     const [bdev] = await this.m.bdevGetBdevs({ name: bdevName }).catch((err) => {
@@ -111,7 +137,7 @@ export class SpdkTarget implements TargetBackend {
         `controller at ${device.pciAddress} reports serial ${serial}, expected ${device.serial}: refusing to use it`,
       );
     }
-    return { ...device, bdevName };
+    return bdevName;
   }
 
   private async findController(pciAddress: string): Promise<string | undefined> {
@@ -147,7 +173,16 @@ export class SpdkTarget implements TargetBackend {
     };
   }
 
+  /** True when this call created the transport; checked once per target incarnation. */
   private async ensureTransport(t: Transport): Promise<boolean> {
+    let created = false;
+    await this.facts.verified(`transport:${TRTYPE[t]}`, async () => {
+      created = await this.createTransport(t);
+    });
+    return created;
+  }
+
+  private async createTransport(t: Transport): Promise<boolean> {
     const have = await this.m.nvmfGetTransports();
     if (have.some((x) => x.trtype.toUpperCase() === TRTYPE[t])) return false;
     try {
@@ -159,7 +194,11 @@ export class SpdkTarget implements TargetBackend {
     }
   }
 
-  async ensureExport(spec: ExportSpec): Promise<string[]> {
+  ensureExport(spec: ExportSpec): Promise<string[]> {
+    return this.facts.forgetOnError(() => this.reconcileExport(spec));
+  }
+
+  private async reconcileExport(spec: ExportSpec): Promise<string[]> {
     const repaired: string[] = [];
     if (await this.ensureTransport(spec.transport)) repaired.push("transport");
     await this.opts.rpc.serialize(exportLockKey(spec.nqn), async () => {
@@ -245,7 +284,9 @@ export class SpdkTarget implements TargetBackend {
         repaired.push("listener");
       }
     });
-    if (repaired.length) this.opts.logger.info("export repaired", { nqn: spec.nqn, repaired });
+    // Debug only: the caller knows whether a repair was expected (a target restart replays every
+    // export) and reports it, once per restart or per drifted export.
+    if (repaired.length) this.opts.logger.debug("export repaired", { nqn: spec.nqn, repaired });
     return repaired;
   }
 
@@ -256,9 +297,6 @@ export class SpdkTarget implements TargetBackend {
       const want = new Map(
         hostNQNs.map((h) => [h, keys?.has(h) ? keyNameFor(nqn, h, keys.get(h) as string) : undefined]),
       );
-      const gone = (err: unknown) => {
-        if (!isKind(err, "not-found")) throw err;
-      };
       // Revoke before granting, so a takeover never has two hosts allowed at once; a host whose
       // key changed is revoked too and re-admitted below with the new key.
       const kept = new Set<string>();
@@ -267,25 +305,30 @@ export class SpdkTarget implements TargetBackend {
           kept.add(h.nqn);
           continue;
         }
-        await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch(gone);
+        await this.removeHost(nqn, h);
       }
       if (s.allow_any_host) await this.m.nvmfSubsystemAllowAnyHost(nqn, false);
-      const loaded = new Set((await this.m.keyringGetKeys()).map((k) => k.name));
       for (const [h, keyName] of want) {
         if (kept.has(h)) continue;
         // Key install and host admission form one step against collectKeys(), which would
         // otherwise see a freshly loaded key as unused.
         await this.opts.rpc.serialize(KEYS_LOCK, async () => {
-          if (keyName && !loaded.has(keyName)) {
-            const path = await this.opts.keyFiles.write(keyName, keys?.get(h) as string);
-            await this.m.keyringFileAddKey({ name: keyName, path }).catch((err) => {
-              if (!isKind(err, "already-exists")) throw err;
-            });
-          }
           try {
-            await this.m.nvmfSubsystemAddHost({ nqn, host: h, ...(keyName ? { dhchap_key: keyName } : {}) });
+            if (keyName && !(await this.m.keyringGetKeys()).some((k) => k.name === keyName)) {
+              const path = await this.opts.keyFiles.write(keyName, keys?.get(h) as string);
+              await this.m.keyringFileAddKey({ name: keyName, path }).catch((err) => {
+                if (!isKind(err, "already-exists")) throw err;
+              });
+            }
+            await this.m
+              .nvmfSubsystemAddHost({ nqn, host: h, ...(keyName ? { dhchap_key: keyName } : {}) })
+              .catch((err) => {
+                if (!isKind(err, "already-exists")) throw err;
+              });
           } catch (err) {
-            if (!isKind(err, "already-exists")) throw err;
+            // The key may be installed while its host is not admitted: unused until a later pass.
+            if (keyName) this.facts.forget(KEYS_COLLECTED);
+            throw err;
           }
         });
       }
@@ -293,9 +336,31 @@ export class SpdkTarget implements TargetBackend {
     await this.collectKeys();
   }
 
-  /** Drops DH-CHAP keys (keyring entries and files) that no host of any subsystem uses any more. */
+  /** Revokes one host; a key it authenticated with may be unused from now on. */
+  private async removeHost(nqn: string, h: NvmfSubsystem["hosts"][number]): Promise<void> {
+    try {
+      await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch((err) => {
+        if (!isKind(err, "not-found")) throw err;
+      });
+    } finally {
+      // After the attempt, even a failed one (it may have happened): a collection recorded from
+      // now on lists the subsystem without this host.
+      if (h.dhchap_key) this.facts.forget(KEYS_COLLECTED);
+    }
+  }
+
+  /**
+   * Drops DH-CHAP keys (keyring entries and files) that no host of any subsystem uses any more.
+   * Skipped while KEYS_COLLECTED is known: no pass could have left an unused key since the last
+   * collection, and listing every subsystem is the one call whose cost grows with the export count.
+   */
   private async collectKeys(): Promise<void> {
-    await this.opts.rpc.serialize(KEYS_LOCK, () => this.collectKeysLocked());
+    if (this.facts.known(KEYS_COLLECTED)) return;
+    // Under the lock, a collection that finished while this pass waited for it counts: it listed
+    // the subsystems after this pass changed them.
+    await this.opts.rpc.serialize(KEYS_LOCK, () =>
+      this.facts.verified(KEYS_COLLECTED, () => this.collectKeysLocked()),
+    );
   }
 
   private async collectKeysLocked(): Promise<void> {
@@ -322,7 +387,7 @@ export class SpdkTarget implements TargetBackend {
       const gone = (err: unknown) => {
         if (!isKind(err, "not-found")) throw err;
       };
-      for (const h of s.hosts) await this.m.nvmfSubsystemRemoveHost(nqn, h.nqn).catch(gone);
+      for (const h of s.hosts) await this.removeHost(nqn, h);
       for (const a of s.listen_addresses) {
         await this.m
           .nvmfSubsystemRemoveListener({

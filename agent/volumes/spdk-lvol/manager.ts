@@ -7,6 +7,7 @@ import { StorageError } from "../../../lib/errors.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
+import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
 import { ALLOCATION_UNIT } from "../../../lib/units.ts";
 import type { DeviceRef, Volume, VolumeManager, VolumeSpec } from "../../backends/types.ts";
 import { cloneSourceSnapshotFor, lvstoreNameFor } from "../../partitions/identity.ts";
@@ -20,6 +21,8 @@ export interface SpdkLvolOptions {
   logger: Logger;
   /** Thin lvols allocate on write; the default is thick, matching the manager's accounting. */
   thinProvision?: boolean;
+  /** Facts verified on the current target, shared with the SPDK target backend. Default: own one. */
+  facts?: TargetFacts;
 }
 
 function isKind(err: unknown, kind: string): boolean {
@@ -29,16 +32,27 @@ function isKind(err: unknown, kind: string): boolean {
 export class SpdkLvolVolumeManager implements VolumeManager {
   readonly name = "spdk-lvol" as const;
   private readonly m: SpdkMethods;
+  private readonly facts: TargetFacts;
 
   constructor(private readonly opts: SpdkLvolOptions) {
     this.m = opts.methods;
+    this.facts = opts.facts ?? new TargetFacts({ rpc: opts.rpc });
   }
 
-  /** Creates the drive's lvstore unless it exists; refuses an lvstore of that name on another bdev. */
+  /**
+   * Creates the drive's lvstore unless it exists; refuses an lvstore of that name on another bdev.
+   * Checked once per drive and target incarnation (TargetFacts).
+   */
   async prepareLayout(device: DeviceRef): Promise<void> {
-    const lvs = lvstoreNameFor(device.serial);
-    if (!device.bdevName)
-      throw new StorageError("precondition", `drive ${device.serial} is not attached to SPDK`);
+    const bdevName = device.bdevName;
+    if (!bdevName) throw new StorageError("precondition", `drive ${device.serial} is not attached to SPDK`);
+    await this.facts.verified(`lvstore:${device.serial}:${bdevName}`, () =>
+      this.ensureLvstore(device.serial, bdevName),
+    );
+  }
+
+  private async ensureLvstore(serial: string, bdevName: string): Promise<void> {
+    const lvs = lvstoreNameFor(serial);
     // After an attach, SPDK examines the bdev and loads any lvstore on it asynchronously; looking
     // before examine finished would make an existing lvstore look absent and invite a second one.
     await this.opts.rpc.call("bdev_wait_for_examine").catch((err) => {
@@ -46,29 +60,29 @@ export class SpdkLvolVolumeManager implements VolumeManager {
     });
     const existing = await this.lvstore(lvs);
     if (existing) {
-      if (existing.base_bdev !== device.bdevName) {
+      if (existing.base_bdev !== bdevName) {
         throw new StorageError(
           "precondition",
-          `lvstore ${lvs} sits on ${existing.base_bdev}, not on ${device.bdevName}: refusing to touch it`,
+          `lvstore ${lvs} sits on ${existing.base_bdev}, not on ${bdevName}: refusing to touch it`,
         );
       }
       return;
     }
-    const [base] = await this.m.bdevGetBdevs({ name: device.bdevName });
+    const [base] = await this.m.bdevGetBdevs({ name: bdevName });
     if (base?.claimed) {
       throw new StorageError(
         "precondition",
-        `${device.bdevName} is claimed by another SPDK module (${base.claim_type ?? "unknown"}); not creating ${lvs} on it`,
+        `${bdevName} is claimed by another SPDK module (${base.claim_type ?? "unknown"}); not creating ${lvs} on it`,
       );
     }
     try {
       await this.m.bdevLvolCreateLvstore({
-        bdev_name: device.bdevName,
+        bdev_name: bdevName,
         lvs_name: lvs,
         cluster_sz: ALLOCATION_UNIT,
         clear_method: "unmap",
       });
-      this.opts.logger.info("lvstore created", { lvstore: lvs, bdev: device.bdevName });
+      this.opts.logger.info("lvstore created", { lvstore: lvs, bdev: bdevName });
     } catch (err) {
       if (!isKind(err, "already-exists")) throw err;
     }
@@ -167,7 +181,12 @@ export class SpdkLvolVolumeManager implements VolumeManager {
     this.opts.logger.info("lvol cloned", { externalId: spec.externalId, from: snap });
   }
 
-  async ensureVolume(spec: VolumeSpec): Promise<Volume> {
+  /** Finds or creates (see VolumeManager); a failure forgets the facts it may contradict. */
+  ensureVolume(spec: VolumeSpec): Promise<Volume> {
+    return this.facts.forgetOnError(() => this.findOrCreate(spec));
+  }
+
+  private async findOrCreate(spec: VolumeSpec): Promise<Volume> {
     const found = await this.findVolume(spec);
     if (found) return found.sizeBytes < spec.sizeBytes ? this.resizeVolume(spec) : found;
     if (spec.contentSource) {

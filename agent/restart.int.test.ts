@@ -1,0 +1,165 @@
+// The agent supervising an emulated nvmf_tgt that is SIGKILLed: every export comes back, and the
+// expected repairs are reported once for the node (TargetRestarted on its RDMAStorageNode), not
+// per partition; an export that drifts without a restart still gets its own ExportRepaired.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
+import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
+import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { createLogger, silentLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { parseAgentConfig } from "./config.ts";
+import { type RunningAgent, runAgent } from "./main.ts";
+
+const EMULATOR = join(import.meta.dir, "..", "lab", "sim", "spdk", "nvmf-tgt.ts");
+const DRIVE = {
+  pciAddress: "0000:5e:00.0",
+  serial: "SIMR0001",
+  model: "DISTORT SIM NVMe",
+  sizeBytes: 8 * 2 ** 30,
+};
+const NODE = "node-r";
+const PARTS = ["r0", "r1", "r2"];
+
+let tc: TestCluster;
+let dir: string;
+let ns: string;
+let agent: RunningAgent;
+let spdk: SpdkClient;
+let m: SpdkMethods;
+let parts: ResourceClient<NVMePartition>;
+
+beforeAll(async () => {
+  tc = await testCluster();
+  ns = await tc.namespace("restart");
+  dir = mkdtempSync(join(tmpdir(), "distort-restart-"));
+  const hostRoot = join(dir, "host");
+  await buildSysfs(hostRoot, {
+    rootDisk: false,
+    controllers: [{ name: "nvme0", transport: "pcie", numaNode: 0, ns1Bytes: DRIVE.sizeBytes, ...DRIVE }],
+  });
+  const dataDir = join(dir, "data");
+  mkdirSync(dataDir, { recursive: true });
+  const drivesFile = join(dataDir, "drives.json");
+  writeFileSync(drivesFile, JSON.stringify([DRIVE]));
+  const socketPath = join(dir, "spdk.sock");
+  const cfg = parseAgentConfig({
+    NODE_NAME: NODE,
+    KUBECONFIG: tc.kubeconfigPath,
+    DISTORT_NAMESPACE: ns,
+    DISTORT_BACKENDS: "spdk",
+    DISTORT_SPDK_SOCKET: socketPath,
+    DISTORT_NVMF_TGT: `${process.execPath} ${EMULATOR} --sim-data-dir ${dataDir} --sim-drives ${drivesFile}`,
+    DISTORT_HOST_ROOT: hostRoot,
+    DISTORT_KEY_DIR: join(dir, "keys"),
+    DISTORT_PORTAL_ADDRESS: "127.0.0.1",
+    DISTORT_PORTAL_PORT: "4420",
+    DISTORT_HEALTH_PORT: "0",
+    DISTORT_REPORT_PERIOD_MS: "1000",
+    DISTORT_VERIFY_PERIOD_MS: "1000",
+  });
+  agent = await runAgent(cfg, createLogger({ level: "error" }));
+  spdk = new SpdkClient({ socketPath, logger: silentLogger, reconnect: { initialMs: 50, maxMs: 200 } });
+  m = new SpdkMethods(spdk);
+  parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+  const device = await eventually(
+    async () => (await devices.list()).items.find((d: NVMeDevice) => d.spec.serial === DRIVE.serial),
+    30_000,
+    "the drive reported",
+  );
+  const claim = await claimDevice(tc.conn, device, ns);
+  for (const name of PARTS) await parts.create(placedPartition(name, ns, device, claim, 8 * 2 ** 20));
+  await eventually(
+    async () => (await parts.list({ namespace: ns })).items.every((p) => p.status?.state === "Exported"),
+    30_000,
+    "every partition Exported",
+  );
+}, 120_000);
+
+afterAll(async () => {
+  await spdk?.close();
+  await agent?.stop();
+  await tc?.stop();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+async function events(reason: string): Promise<k8s.EventsV1Event[]> {
+  const list = await tc.conn.api(k8s.EventsV1Api).listNamespacedEvent({ namespace: ns });
+  return list.items.filter((e) => e.reason === reason);
+}
+
+/** NQNs the target serves completely (namespace 1 and a listener). */
+async function servedNqns(): Promise<string[]> {
+  const subs = await m.nvmfGetSubsystems(undefined, { timeoutMs: 2000 });
+  return subs
+    .filter((s) => s.namespaces?.some((n) => n.nsid === 1) && s.listen_addresses.length === 1)
+    .map((s) => s.nqn)
+    .sort();
+}
+
+/** The pid of the emulated nvmf_tgt the agent's supervisor spawned for this test. */
+function targetPid(): number {
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${name}/cmdline`, "utf8");
+      if (cmd.includes(EMULATOR) && cmd.includes(dir)) return Number(name);
+    } catch {
+      // exited while looked at
+    }
+  }
+  throw new Error("no nvmf_tgt emulator process for this test");
+}
+
+test("a SIGKILLed target: every export back, one TargetRestarted for the node, no ExportRepaired per partition", async () => {
+  const nqns = (await parts.list({ namespace: ns })).items.map((p) => p.status?.nqn as string).sort();
+  expect(await servedNqns()).toEqual(nqns);
+  process.kill(targetPid(), "SIGKILL");
+  const [summary] = await eventually(
+    async () => {
+      const e = await events("TargetRestarted");
+      return e.length > 0 ? e : undefined;
+    },
+    30_000,
+    "the TargetRestarted Event",
+  );
+  expect(await servedNqns()).toEqual(nqns);
+  expect(summary?.type).toBe("Warning");
+  expect(summary?.regarding).toMatchObject({ kind: "RDMAStorageNode", name: NODE, namespace: ns });
+  expect(summary?.note).toContain(`${PARTS.length} of ${PARTS.length} repaired`);
+  // A few verify periods later: still one summary, and no partition was reported on its own.
+  await Bun.sleep(2500);
+  expect(await events("TargetRestarted")).toHaveLength(1);
+  expect(await events("ExportRepaired")).toEqual([]);
+  const all = (await parts.list({ namespace: ns })).items;
+  expect(all.every((p) => p.status?.state === "Exported")).toBe(true);
+}, 60_000);
+
+test("an export that drifts without a restart is still reported on its partition", async () => {
+  const p = (await parts.get("r1", ns)) as NVMePartition;
+  const nqn = p.status?.nqn as string;
+  await m.nvmfSubsystemRemoveListener({
+    nqn,
+    listen_address: { trtype: "TCP", adrfam: "IPv4", traddr: "127.0.0.1", trsvcid: "4420" },
+  });
+  const [drift] = await eventually(
+    async () => {
+      const e = await events("ExportRepaired");
+      return e.length > 0 ? e : undefined;
+    },
+    15_000,
+    "the ExportRepaired Event",
+  );
+  expect(drift?.type).toBe("Warning");
+  expect(drift?.regarding).toMatchObject({ kind: "NVMePartition", name: "r1" });
+  expect(drift?.note).toContain("listener");
+  expect((await servedNqns()).includes(nqn)).toBe(true);
+  expect(await events("TargetRestarted")).toHaveLength(1);
+}, 30_000);
