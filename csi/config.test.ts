@@ -17,6 +17,8 @@ test("defaults, for a controller", () => {
     hostRoot: "/",
     topologyKeys: [],
     maxVolumesPerNode: 0,
+    orphanGraceMs: 120_000,
+    orphanSweepMs: 30_000,
     nodeTools: ["nvme", "blkid", "mkfs.ext4", "mkfs.xfs", "mount", "umount"],
   });
   expect(
@@ -75,6 +77,13 @@ const refusals: [string, string[], Record<string, string>, string][] = [
   ["relative host root", ["--mode=controller", "--host-root=host"], {}, "--host-root"],
   ["bad topology key", ["--mode=controller", "--topology-keys=zone a"], {}, "--topology-keys"],
   ["negative volume limit", ["--mode=controller", "--max-volumes-per-node=-1"], {}, "--max-volumes-per-node"],
+  ["orphan sweep too frequent", ["--mode=controller", "--orphan-sweep-ms=10"], {}, "--orphan-sweep-ms"],
+  [
+    "negative orphan grace",
+    ["--mode=controller"],
+    { DISTORT_CSI_ORPHAN_GRACE_MS: "-1" },
+    "--orphan-grace-ms",
+  ],
   [
     "volume size off the unit",
     ["--mode=controller", "--default-volume-bytes=5000000"],

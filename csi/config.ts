@@ -31,6 +31,8 @@ const OPTIONS = {
     env: ["DISTORT_CSI_MAX_VOLUMES_PER_NODE"],
     default: "0",
   },
+  orphanGraceMs: { flag: "orphan-grace-ms", env: ["DISTORT_CSI_ORPHAN_GRACE_MS"], default: "120000" },
+  orphanSweepMs: { flag: "orphan-sweep-ms", env: ["DISTORT_CSI_ORPHAN_SWEEP_MS"], default: "30000" },
   nodeTools: {
     flag: "node-tools",
     env: ["DISTORT_CSI_NODE_TOOLS"],
@@ -99,6 +101,8 @@ const RawSchema = v.object({
     ),
   ),
   maxVolumesPerNode: int("max-volumes-per-node", 0, 1_000_000),
+  orphanGraceMs: int("orphan-grace-ms", 0, 86_400_000),
+  orphanSweepMs: int("orphan-sweep-ms", 1000, 3_600_000),
   nodeTools: commaList,
 });
 
@@ -130,6 +134,13 @@ export interface CsiConfig {
   topologyKeys: string[];
   /** NodeGetInfo max_volumes_per_node; 0 leaves the limit to the CO. */
   maxVolumesPerNode: number;
+  /**
+   * How old a claim-annotated partition without claim or PV must be before the controller deletes
+   * it as orphaned: longer than a CreateVolume plus the provisioner's retry, so neither is raced.
+   */
+  orphanGraceMs: number;
+  /** Interval of the controller's orphan sweeps. */
+  orphanSweepMs: number;
   /** Commands a node-mode Probe requires on PATH; empty disables the check. */
   nodeTools: string[];
 }
@@ -205,6 +216,8 @@ export function parseCsiConfig(
     hostRoot: c.hostRoot,
     topologyKeys: c.topologyKeys,
     maxVolumesPerNode: c.maxVolumesPerNode,
+    orphanGraceMs: c.orphanGraceMs,
+    orphanSweepMs: c.orphanSweepMs,
     nodeTools: c.nodeTools,
   };
 }

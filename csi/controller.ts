@@ -5,6 +5,7 @@ import { randomUUID } from "node:crypto";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import * as k8s from "@kubernetes/client-node";
 import {
   API_VERSION,
   type ContentSource,
@@ -46,7 +47,7 @@ import {
   kubeNodeDirectory,
   type NodeDirectory,
 } from "../lib/kube/host-nqn-annotation.ts";
-import { type KubeObject, objectKey, ResourceClient } from "../lib/kube/resource.ts";
+import { type KubeObject, kubeError, objectKey, ResourceClient } from "../lib/kube/resource.ts";
 import type { Logger } from "../lib/log.ts";
 import { ALLOCATION_UNIT } from "../lib/units.ts";
 import { PublishContextKeys } from "../lib/volume-context.ts";
@@ -81,6 +82,13 @@ import {
   type VolumeRecord,
 } from "./controller/fingerprint.ts";
 import { InFlight } from "./controller/in-flight.ts";
+import {
+  type ClaimState,
+  claimOf,
+  decideOrphan,
+  preliminaryVerdict,
+  pvNameOf,
+} from "./controller/orphans.ts";
 import { paginate } from "./controller/pagination.ts";
 import { parseParameters } from "./controller/parameters.ts";
 import { accessibleTopology } from "./controller/topology.ts";
@@ -145,6 +153,11 @@ export interface ControllerOptions {
   /** Attachment lifetime ids; random UUIDs by default. */
   newAttachmentId?: () => string;
   events?: EventRecorder;
+  /**
+   * Periodic collection of partitions whose claim vanished before a PV existed (see
+   * collectOrphans). Absent: no background collection (tests that own their partitions).
+   */
+  orphans?: { graceMs: number; intervalMs: number };
 }
 
 type Impl = Partial<ServiceImpl<typeof Controller>>;
@@ -199,13 +212,119 @@ export class CsiController {
     return [this.partitions, this.attachments, this.devices, this.storageNodes, this.snapshots] as const;
   }
 
-  /** Starts the caches; resolves once all five have listed. */
+  /**
+   * Starts the caches; resolves once all five have listed. With `orphans` configured, then runs
+   * an orphan sweep at once and every `intervalMs` until stop().
+   */
   async start(): Promise<void> {
     await Promise.all(this.caches().map((c) => c.start()));
+    if (this.o.orphans && !this.stopped) this.scheduleSweep(0);
   }
 
+  /** Stops the orphan sweeps (waiting for one in progress) and the caches. Idempotent. */
   async stop(): Promise<void> {
+    this.stopped = true;
+    this.cancelSweep?.();
+    await this.sweeping;
     await Promise.all(this.caches().map((c) => c.stop()));
+  }
+
+  private stopped = false;
+  private cancelSweep: (() => void) | undefined;
+  private sweeping: Promise<unknown> | undefined;
+
+  private scheduleSweep(ms: number): void {
+    const orphans = this.o.orphans;
+    if (!orphans || this.stopped) return;
+    this.cancelSweep = this.o.clock.setTimeout(() => {
+      this.sweeping = this.collectOrphans(orphans.graceMs)
+        .catch((err) => this.log.warn("orphan sweep failed", { err: errorMessage(err) }))
+        .finally(() => this.scheduleSweep(orphans.intervalMs));
+    }, ms);
+  }
+
+  /**
+   * One orphan sweep: deletes every cached partition decideOrphan condemns (claim annotations,
+   * older than `graceMs`, no PV, no attachment, claim gone or replaced) through the normal
+   * deletion path (finalizers let the manager and agent release storage) and records an
+   * "OrphanCollected" Event on it. Returns the names it deleted. Idempotent and safe across
+   * replicas: each deletion re-reads the partition and carries its uid as a precondition, and a
+   * partition with an operation in flight in this process is left for the next sweep. Throws
+   * when the PersistentVolumes cannot be listed; a failed claim lookup or deletion only skips
+   * that partition (logged).
+   */
+  async collectOrphans(graceMs: number): Promise<string[]> {
+    if (!this.synced) return [];
+    const now = this.o.clock.now();
+    const candidates = this.partitions.list().filter((p) => !preliminaryVerdict(p, now, graceMs));
+    if (candidates.length === 0) return [];
+    const core = this.o.conn.api(k8s.CoreV1Api);
+    const pvs = await core.listPersistentVolume().catch((err) => {
+      throw kubeError(err, "list PersistentVolumes");
+    });
+    const pvNames = new Set<string>();
+    const handled = new Set<string>();
+    for (const pv of pvs.items) {
+      if (pv.metadata?.name) pvNames.add(pv.metadata.name);
+      const ref = parseVolumeId(pv.spec?.csi?.volumeHandle ?? "");
+      // Any incarnation of the name counts: doubt keeps the partition.
+      if (ref?.namespace === this.ns) handled.add(ref.name);
+    }
+    const deleted: string[] = [];
+    for (const cached of candidates) {
+      const name = cached.metadata.name;
+      try {
+        const gone = await this.inFlight.run(this.key(name), "orphan collection", async () => {
+          // The cache may lag: judge the partition as the API server has it now.
+          const p = await this.partClient.get(name, this.ns);
+          if (!p || p.metadata.uid !== cached.metadata.uid) return false;
+          const claim = claimOf(p);
+          if (!claim) return false;
+          const pvName = pvNameOf(p);
+          const verdict = decideOrphan(p, {
+            claim: await this.claimState(core, claim.namespace, claim.name),
+            hasPersistentVolume: handled.has(name) || (pvName !== undefined && pvNames.has(pvName)),
+            attached: this.attachments.list().some((a) => a.spec.partitionUID === p.metadata.uid),
+            now: this.o.clock.now(),
+            graceMs,
+          });
+          if (verdict.action === "keep") return false;
+          try {
+            if (!(await this.partClient.delete(name, this.ns, { uid: p.metadata.uid as string })))
+              return false;
+          } catch (err) {
+            // The uid precondition failed: this incarnation is already gone.
+            if (err instanceof StorageError && err.kind === "conflict") return false;
+            throw err;
+          }
+          this.log.info("orphaned volume deleted", { partition: this.key(name), reason: verdict.reason });
+          await this.o.events?.record(
+            p,
+            "Normal",
+            "OrphanCollected",
+            "Delete",
+            `deleted: ${verdict.reason} and no PersistentVolume was ever created for it`,
+          );
+          return true;
+        });
+        if (gone) deleted.push(name);
+      } catch (err) {
+        this.log.warn("orphan check skipped", { partition: this.key(name), err: errorMessage(err) });
+      }
+    }
+    return deleted;
+  }
+
+  /** The claim as the API server has it now; throws (skipping the partition) on anything but 404. */
+  private async claimState(core: k8s.CoreV1Api, namespace: string, name: string): Promise<ClaimState> {
+    try {
+      const c = await core.readNamespacedPersistentVolumeClaim({ name, namespace });
+      return { exists: true, uid: c.metadata?.uid ?? "", deleting: !!c.metadata?.deletionTimestamp };
+    } catch (err) {
+      const e = kubeError(err, `get PersistentVolumeClaim ${namespace}/${name}`);
+      if (e.kind === "not-found") return { exists: false };
+      throw e;
+    }
   }
 
   get synced(): boolean {

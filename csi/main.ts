@@ -100,6 +100,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       defaultTimeoutMs: cfg.defaultTimeoutMs,
       defaultVolumeBytes: cfg.defaultVolumeBytes,
       events: new EventRecorder(conn, { controller: "storage.distort.io/csi", instance: hostname(), logger }),
+      orphans: { graceMs: cfg.orphanGraceMs, intervalMs: cfg.orphanSweepMs },
     });
     controller = c;
     readiness.push(() => c.notReadyReason());

@@ -186,10 +186,10 @@ test("a size no drive can hold fails provisioning with a capacity Event, and the
   }
 }, 300_000);
 
-// Known bug: once the external-provisioner gives up on a deleted claim, nothing deletes the
-// partition CreateVolume made for it; it stays Pending and is retried by placement for ever (and
-// would be provisioned if room appeared). This test fails the day that is fixed: drop `.failing`.
-test.failing("a PVC deleted while its size cannot be placed leaves no NVMePartition behind", async () => {
+// Once its claim is deleted, the external-provisioner forgets a claim it could not provision and never
+// calls DeleteVolume; the CSI controller's orphan sweep deletes the partition instead (the lab runs
+// it with a short grace period) and says so in an Event.
+test("a PVC deleted while its size cannot be placed leaves no NVMePartition behind", async () => {
   const orphan = impossible;
   if (!orphan) throw new Error("the impossible-size test made no partition");
   try {
@@ -198,11 +198,20 @@ test.failing("a PVC deleted while its size cannot be placed leaves no NVMePartit
       async () => (await partitions.get(orphan.name, lab.namespace))?.metadata.uid !== orphan.uid,
       60_000,
     );
+    const event = await waitEvent(lab, lab.namespace, {
+      kind: "NVMePartition",
+      name: orphan.name,
+      uid: orphan.uid,
+      reason: "OrphanCollected",
+    });
+    expect(event.type).toBe("Normal");
+    expect(event.message).toContain("PersistentVolumeClaim");
+    expect(event.message).toContain("/huge");
   } finally {
-    // What an administrator has to do meanwhile; the lab stays clean for the suites after this one.
+    // Only when the assertions failed is it still there; the lab stays clean for the suites after this one.
     await partitions.delete(orphan.name, lab.namespace, { uid: orphan.uid }).catch(() => false);
     await until(
-      `NVMePartition ${orphan.name} deleted by hand`,
+      `NVMePartition ${orphan.name} deleted`,
       async () => (await partitions.get(orphan.name, lab.namespace))?.metadata.uid !== orphan.uid,
     );
   }

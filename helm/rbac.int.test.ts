@@ -127,7 +127,8 @@ function lines(all: Record<string, Grant[]>): string[] {
 }
 
 const flags = (p: Profile) => ({
-  snapshots: p.set.includes("snapshots.enabled=true"),
+  // The lab profile turns snapshots on in its values file.
+  snapshots: p.set.includes("snapshots.enabled=true") || p.name === "examples/lab.yaml",
   dpuCluster: p.name.includes("dpu-cluster"),
   dpu: p.name.includes("dpu-cluster") || p.set.includes("dpu.enabled=true"),
 });

@@ -341,6 +341,9 @@ export async function startLab(o: LabOptions): Promise<Lab> {
         `--namespace=${namespace}`,
         `--health-port=${ctlPort}`,
         `--log-level=${level}`,
+        // Short, so suites see an abandoned claim's partition collected within seconds.
+        "--orphan-grace-ms=5000",
+        "--orphan-sweep-ms=2000",
       ],
       ready: () => httpOk(`http://127.0.0.1:${ctlPort}/readyz`),
     });

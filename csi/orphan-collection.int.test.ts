@@ -1,0 +1,165 @@
+// The controller's orphan sweep against a real kube-apiserver: partitions whose claim vanished
+// before a PV existed are deleted with an Event; claimed, PV-bound and claimless ones are kept.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { randomUUID } from "node:crypto";
+import * as k8s from "@kubernetes/client-node";
+import { API_VERSION, kinds, type NVMePartition } from "../api/index.ts";
+import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { realClock } from "../lib/clock.ts";
+import { EventRecorder } from "../lib/kube/events.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { silentLogger } from "../lib/log.ts";
+import { Annotations } from "./controller/fingerprint.ts";
+import { CsiController } from "./controller.ts";
+
+let tc: TestCluster;
+let core: k8s.CoreV1Api;
+let parts: ResourceClient<NVMePartition>;
+const pvsMade: string[] = [];
+
+beforeAll(async () => {
+  tc = await testCluster();
+  core = tc.conn.api(k8s.CoreV1Api);
+  parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+});
+afterAll(async () => {
+  for (const name of pvsMade) await core.deletePersistentVolume({ name }).catch(() => {});
+  await tc?.stop();
+});
+
+/** A partition as CreateVolume makes it for the provisioner's claim `claimNs/claim`, PV `pv`. */
+function partition(ns: string, pv: string, claim?: { ns: string; name: string }): NVMePartition {
+  return {
+    apiVersion: API_VERSION,
+    kind: "NVMePartition",
+    metadata: {
+      name: pv,
+      namespace: ns,
+      annotations: {
+        [Annotations.requestName]: pv,
+        ...(claim
+          ? {
+              [Annotations.pvcName]: claim.name,
+              [Annotations.pvcNamespace]: claim.ns,
+              [Annotations.pvName]: pv,
+            }
+          : {}),
+      },
+    },
+    spec: { sizeBytes: 4 * 1024 * 1024, backend: "spdk", volumeManager: "spdk-lvol" },
+  };
+}
+
+async function createPv(name: string, volumeHandle: string): Promise<void> {
+  await core.createPersistentVolume({
+    body: {
+      metadata: { name },
+      spec: {
+        capacity: { storage: "4Mi" },
+        accessModes: ["ReadWriteOnce"],
+        persistentVolumeReclaimPolicy: "Delete",
+        csi: { driver: "storage.distort.io", volumeHandle },
+      },
+    },
+  });
+  pvsMade.push(name);
+}
+
+test("the sweep deletes only partitions whose claim is gone and that no PV refers to", async () => {
+  const ns = await tc.namespace("orphan");
+  const app = await tc.namespace("app");
+  const controller = new CsiController({
+    conn: tc.conn,
+    namespace: ns,
+    logger: silentLogger,
+    clock: realClock,
+    defaultTimeoutMs: 5_000,
+    defaultVolumeBytes: 4 * 1024 * 1024,
+    events: new EventRecorder(tc.conn, {
+      controller: "storage.distort.io/csi",
+      instance: "test",
+      logger: silentLogger,
+    }),
+  });
+  await controller.start();
+  try {
+    // A live claim: its partition is named after it (as CreateVolume for the provisioner does).
+    const live = await core.createNamespacedPersistentVolumeClaim({
+      namespace: app,
+      body: {
+        metadata: { name: "live" },
+        spec: { accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "4Mi" } } },
+      },
+    });
+    const liveUid = live.metadata?.uid as string;
+    // The same claim name recreated: the old incarnation's partition encodes another UID.
+    const staleOfLive = `pvc-${randomUUID()}`;
+    const gone = `pvc-${randomUUID()}`;
+    const byPvName = `pvc-${randomUUID()}`;
+    const byHandle = `pvc-${randomUUID()}`;
+    const claimless = `pvc-${randomUUID()}`;
+    const made = new Map<string, NVMePartition>();
+    for (const p of [
+      partition(ns, `pvc-${liveUid}`, { ns: app, name: "live" }),
+      partition(ns, staleOfLive, { ns: app, name: "live" }),
+      partition(ns, gone, { ns: app, name: "deleted" }),
+      partition(ns, byPvName, { ns: app, name: "deleted-bound" }),
+      partition(ns, byHandle, { ns: app, name: "deleted-bound-2" }),
+      partition(ns, claimless),
+    ])
+      made.set(p.metadata.name, await parts.create(p));
+    await createPv(byPvName, `${ns}/${byPvName}/${made.get(byPvName)?.metadata.uid}`);
+    // A PV under another name whose handle names the partition keeps it just as well.
+    await createPv(`other-${randomUUID()}`, `${ns}/${byHandle}/${made.get(byHandle)?.metadata.uid}`);
+    await eventually(() => controller.partitions.list().length === made.size, 10_000, "the cache");
+
+    // A grace period longer than the partitions' age touches nothing.
+    expect(await controller.collectOrphans(3_600_000)).toEqual([]);
+
+    const deleted = await controller.collectOrphans(0);
+    expect(deleted.sort()).toEqual([gone, staleOfLive].sort());
+    for (const name of [gone, staleOfLive]) expect(await parts.get(name, ns)).toBeUndefined();
+    for (const name of [`pvc-${liveUid}`, byPvName, byHandle, claimless])
+      expect((await parts.get(name, ns))?.metadata.uid).toBe(made.get(name)?.metadata.uid);
+
+    const events = tc.conn.api(k8s.EventsV1Api);
+    const collected = await eventually(async () => {
+      const list = await events.listNamespacedEvent({ namespace: ns });
+      const mine = list.items.filter((e) => e.reason === "OrphanCollected");
+      return mine.length === 2 ? mine : undefined;
+    });
+    const about = (name: string) => collected.find((e) => e.regarding?.name === name);
+    expect(about(gone)?.note).toContain(`PersistentVolumeClaim ${app}/deleted`);
+    expect(about(gone)?.note).toContain("no longer exists");
+    expect(about(staleOfLive)?.note).toContain(`now is uid ${liveUid}`);
+    expect(about(gone)?.regarding?.uid).toBe(made.get(gone)?.metadata.uid as string);
+
+    // Idempotent: a second sweep finds nothing more to do.
+    await eventually(() => controller.partitions.list().length === made.size - 2, 10_000, "the cache");
+    expect(await controller.collectOrphans(0)).toEqual([]);
+  } finally {
+    await controller.stop();
+  }
+}, 60_000);
+
+test("started with orphan collection, the controller sweeps on start and then periodically", async () => {
+  const ns = await tc.namespace("orphan");
+  const controller = new CsiController({
+    conn: tc.conn,
+    namespace: ns,
+    logger: silentLogger,
+    clock: realClock,
+    defaultTimeoutMs: 5_000,
+    defaultVolumeBytes: 4 * 1024 * 1024,
+    orphans: { graceMs: 0, intervalMs: 200 },
+  });
+  const first = await parts.create(partition(ns, `pvc-${randomUUID()}`, { ns: "nowhere", name: "gone" }));
+  await controller.start();
+  try {
+    await eventually(async () => !(await parts.get(first.metadata.name, ns)), 10_000, "the first sweep");
+    const later = await parts.create(partition(ns, `pvc-${randomUUID()}`, { ns: "nowhere", name: "gone-2" }));
+    await eventually(async () => !(await parts.get(later.metadata.name, ns)), 10_000, "a later sweep");
+  } finally {
+    await controller.stop();
+  }
+}, 60_000);
