@@ -128,13 +128,15 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
       "verify",
       `--bytes=${bytes}`,
       "--seed=distort-lab",
+      "--then-hold",
     ]),
   });
-  say(`created Pod ${ns}/reader on ${second.name} (reads the data back)`);
+  say(`created Pod ${ns}/reader on ${second.name} (reads the data back, then keeps the volume in use)`);
   const read = await follow("reader", second);
   if (!read.ok || read.sha256 !== written.sha256)
     throw new Error(`reader found different data: ${JSON.stringify(read)} vs ${JSON.stringify(written)}`);
   say(`reader: ${read.bytes} bytes identical byte for byte (sha256 ${read.sha256.slice(0, 16)}...)`);
+  say(`reader keeps running on ${second.name} with the volume mounted`);
   return { written, read };
 
   async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>): Promise<T> {
@@ -208,6 +210,9 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
       if (pod.status?.phase === "Running") step("running", `${podName} running its workload`);
       const report = workloadReport(pod);
       if (pod.status?.phase === "Succeeded" && report) return report;
+      // A workload with --then-hold reports its line in status.message and keeps running.
+      if (pod.status?.phase === "Running" && pod.status.message?.startsWith("{"))
+        return JSON.parse(pod.status.message) as WorkloadReport;
       if (pod.status?.phase === "Failed")
         throw new Error(
           `${podName} failed: ${pod.status.message ?? JSON.stringify(pod.status.containerStatuses)}`,
