@@ -41,7 +41,7 @@ const CRITICAL_WRITES = [
   "csi-controller: POST nvmepartitions (CreateVolume)",
   "manager: PUT nvmedevices/status (ledger entry, resourceVersion-guarded)",
   "manager: PATCH nvmepartitions (spec.nodeName/deviceSerial/claimRef)",
-  "agent: PUT nvmepartitions (cleanup finalizer, before any external state)",
+  "agent: PATCH nvmepartitions (cleanup finalizer, before any external state)",
   "agent: PUT nvmepartitions/status (state Provisioning)",
   "agent: PUT nvmepartitions/status (state Exported, Ready=True) -> CSI replies",
 ];
@@ -416,7 +416,7 @@ try {
       ["created", "call -> partition created (CSI GET+POST, watch)"],
       ["ledger", "created -> ledger entry (manager queue, GET claim+node, PUT device status)"],
       ["assigned", "ledger -> spec assigned (PATCH partition)"],
-      ["finalizer", "assigned -> finalizer (agent watch, queue, PUT partition)"],
+      ["finalizer", "assigned -> finalizer (agent watch, queue, PATCH partition)"],
       ["provisioning", "finalizer -> Provisioning (agent GET+PUT status)"],
       ["exported", "Provisioning -> Exported (SPDK lvol, subsystem, listener, ACL; GET+PUT status)"],
       ["reply", "Exported -> reply (CSI watch, reply)"],

@@ -60,7 +60,7 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
     agent: [
       g(D, "nvmedevices", ["get", "list", "watch", "create", "patch"], "cluster"),
       g(D, "nvmedevices/status", ["update"], "cluster"),
-      g(D, "nvmepartitions", ["get", "list", "watch", "update"], "cluster"),
+      g(D, "nvmepartitions", ["get", "list", "watch", "update", "patch"], "cluster"),
       g(D, "nvmepartitions/status", ["update"], "cluster"),
       g(D, "nvmevolumeattachments", ["get", "list", "watch", "update"], "cluster"),
       g(D, "nvmevolumeattachments/status", ["update"], "cluster"),

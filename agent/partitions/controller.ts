@@ -25,6 +25,8 @@ import type {
   VolumeManagerName,
 } from "../backends/types.ts";
 import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import { deviceChangeMatters } from "./device-change.ts";
+import { addFinalizerOps } from "./finalizer-patch.ts";
 import { hostKeysFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
@@ -128,7 +130,15 @@ export class PartitionController {
     const bySerial = (d: NVMeDevice) => {
       for (const p of this.partitions.list()) if (p.spec.deviceSerial === d.spec.serial) enqueue(p);
     };
-    this.devices.on({ add: bySerial, update: (_o, n) => bySerial(n), delete: bySerial });
+    this.devices.on({
+      add: bySerial,
+      update: (o, n) => {
+        if (!deviceChangeMatters(o, n)) return;
+        if (o.spec.serial !== n.spec.serial) bySerial(o);
+        bySerial(n);
+      },
+      delete: bySerial,
+    });
     const byUid = (a: NVMeVolumeAttachment) => {
       for (const p of this.partitions.list()) if (p.metadata.uid === a.spec.partitionUID) enqueue(p);
     };
@@ -293,11 +303,23 @@ export class PartitionController {
       case "done":
         return;
       case "add-finalizer": {
-        // A full update with the cached resourceVersion: a merge patch would replace other finalizers.
-        await this.partClient.replace({
-          ...p,
-          metadata: { ...p.metadata, finalizers: [...(p.metadata.finalizers ?? []), PARTITION_FINALIZER] },
-        });
+        try {
+          await this.partClient.jsonPatch(
+            p.metadata.name,
+            p.metadata.namespace,
+            addFinalizerOps(p, PARTITION_FINALIZER),
+          );
+        } catch (err) {
+          if (!(err instanceof StorageError && err.kind === "invalid")) throw err;
+          // A failed test op: the cache is behind, most often still missing this very finalizer
+          // (our own patch's watch event not in yet, while an older event requeued the key).
+          const latest = await this.partClient.get(p.metadata.name, p.metadata.namespace);
+          const done =
+            latest !== undefined &&
+            latest.metadata.uid === p.metadata.uid &&
+            (latest.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+          if (!done) throw new StorageError("conflict", err.message, { cause: err });
+        }
         await this.step("finalizer", key);
         return;
       }

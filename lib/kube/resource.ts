@@ -90,6 +90,11 @@ export function kubeError(err: unknown, what: string): StorageError {
   });
 }
 
+/** One RFC 6902 operation; a `test` of a missing member passes with `value: null` on the apiserver. */
+export type JsonPatchOp =
+  | { op: "test" | "add" | "replace"; path: string; value: unknown }
+  | { op: "remove"; path: string };
+
 /** Drops server-side bookkeeping that no controller reads and that dominates object size. */
 export function stripManagedFields<T extends KubeObject>(obj: T): T {
   if (obj.metadata && "managedFields" in obj.metadata) delete obj.metadata.managedFields;
@@ -229,6 +234,24 @@ export class ResourceClient<T extends KubeObject> {
       const raw = this.namespaced
         ? await this.api.patchNamespacedCustomObject({ ...b, name, body: patch }, opts)
         : await this.api.patchClusterCustomObject({ ...b, name, body: patch }, opts);
+      return this.parse(raw);
+    } catch (err) {
+      throw kubeError(err, `patch ${this.kind.kind} ${name}`);
+    }
+  }
+
+  /**
+   * JSON patch (RFC 6902) of the main resource. Its `test` ops are preconditions on exactly the
+   * fields an edit depends on, so unrelated writes (a status update) do not make it conflict the
+   * way a resourceVersion-guarded replace does; a failed `test` is answered 422 ("invalid").
+   */
+  async jsonPatch(name: string, namespace: string | undefined, ops: readonly JsonPatchOp[]): Promise<T> {
+    try {
+      const b = this.base(namespace);
+      const opts = k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.JsonPatch);
+      const raw = this.namespaced
+        ? await this.api.patchNamespacedCustomObject({ ...b, name, body: ops }, opts)
+        : await this.api.patchClusterCustomObject({ ...b, name, body: ops }, opts);
       return this.parse(raw);
     } catch (err) {
       throw kubeError(err, `patch ${this.kind.kind} ${name}`);
