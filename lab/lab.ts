@@ -197,6 +197,17 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       if (!id) throw new Error(`the chart has no ServiceAccount for ${c}`);
       return id.kubeconfigPath;
     };
+    /** The csi binary's command line common to both modes (entry: the binary or the lab's node wrapper). */
+    const csiCommand = (entry: string, mode: string, socket: string, kubeconfig: string, port: number) => [
+      BUN,
+      join(ROOT, entry),
+      `--mode=${mode}`,
+      `--endpoint=unix://${socket}`,
+      `--kubeconfig=${kubeconfig}`,
+      `--namespace=${namespace}`,
+      `--health-port=${port}`,
+      `--log-level=${level}`,
+    ];
     const chart = await render(helm, { name: "lab", files: [LAB_VALUES], set: [] }, LAB_RELEASE, namespace);
     const discovery = new Discovery(conn);
     for (const obj of chart.objects.filter((x) =>
@@ -333,14 +344,13 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     await procs.start({
       name: csiController,
       argv: [
-        BUN,
-        join(ROOT, "csi/main.ts"),
-        "--mode=controller",
-        `--endpoint=unix://${csiControllerSocket}`,
-        `--kubeconfig=${kubeconfigOf("csi-controller")}`,
-        `--namespace=${namespace}`,
-        `--health-port=${ctlPort}`,
-        `--log-level=${level}`,
+        ...csiCommand(
+          "csi/main.ts",
+          "controller",
+          csiControllerSocket,
+          kubeconfigOf("csi-controller"),
+          ctlPort,
+        ),
         // Short, so suites see an abandoned claim's partition collected within seconds.
         "--orphan-grace-ms=5000",
         "--orphan-sweep-ms=2000",
@@ -384,20 +394,13 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       await procs.start({
         name: csi,
         argv: [
-          BUN,
-          join(ROOT, "lab/csi-node.ts"),
-          "--mode=node",
-          `--endpoint=unix://${csiSocket}`,
-          `--kubeconfig=${kubeconfigOf("csi-node")}`,
-          `--namespace=${namespace}`,
+          ...csiCommand("lab/csi-node.ts", "node", csiSocket, kubeconfigOf("csi-node"), port),
           `--node-id=${name}`,
           `--state-dir=${join(root, "var/lib/distort/csi")}`,
           `--host-root=${root}`,
           `--topology-keys=${FABRIC_LABEL}`,
           // The simulated fabric shows namespaces as loop devices: losetup instead of nvme-cli.
           "--node-tools=losetup,blkid,mkfs.ext4,mkfs.xfs,mount,umount",
-          `--health-port=${port}`,
-          `--log-level=${level}`,
           `--sim-fabric-dir=${fabricDir}`,
           ...storage.map((s) => `--sim-spdk-socket=${s.spdkSocket}`),
         ],
