@@ -29,9 +29,9 @@ import {
   e2eLab,
   until,
   type WorkloadReport,
-  waitWorkload,
   workloadPod,
 } from "./support.ts";
+import { waitHeld } from "./user-steps.ts";
 
 const DRIVER = "storage.distort.io";
 const BYTES = 16 * 1024 * 1024;
@@ -236,7 +236,14 @@ describe("single writer", () => {
 
       await lab.core.createNamespacedPod({
         namespace: ns,
-        body: workloadPod("reader", nodeB, "data", ["verify", `--bytes=${BYTES}`, `--seed=${ns}`]),
+        // The reader holds on: a reader that ended would let the volume detach again before the ACL
+        // history is read.
+        body: workloadPod("reader", nodeB, "data", [
+          "verify",
+          `--bytes=${BYTES}`,
+          `--seed=${ns}`,
+          "--then-hold",
+        ]),
       });
       await multiAttachRefused(ns, "reader");
       // The reader's kubelet is waiting for an attachment that does not come.
@@ -259,7 +266,7 @@ describe("single writer", () => {
       expect((await readAttachment(lab, t))?.spec.nodeId).toBe(nodeA);
 
       await deletePod(lab, ns, "writer", 180_000);
-      const read = await waitWorkload(lab, ns, "reader", 240_000);
+      const read = await waitHeld(lab, ns, "reader", 240_000);
       expect(read).toMatchObject({ mode: "verify", bytes: BYTES, ok: true, sha256: written.sha256 });
       expect(await attachmentsOn(pvName, nodeA)).toEqual([]);
       await recorder.stop();
@@ -289,7 +296,14 @@ describe("single writer", () => {
       freeze(nodeA);
       await lab.core.createNamespacedPod({
         namespace: ns,
-        body: workloadPod("reader", nodeB, "data", ["verify", `--bytes=${BYTES}`, `--seed=${ns}`]),
+        // The reader holds on: a reader that ended would let the volume detach again before the ACL
+        // history is read.
+        body: workloadPod("reader", nodeB, "data", [
+          "verify",
+          `--bytes=${BYTES}`,
+          `--seed=${ns}`,
+          "--then-hold",
+        ]),
       });
       await multiAttachRefused(ns, "reader");
 
@@ -303,7 +317,7 @@ describe("single writer", () => {
       await lab.core.deleteNamespacedPod({ name: "writer", namespace: ns, body: { gracePeriodSeconds: 0 } });
       await setOutOfService(nodeA, true);
 
-      const read = await waitWorkload(lab, ns, "reader", 300_000);
+      const read = await waitHeld(lab, ns, "reader", 300_000);
       expect(read).toMatchObject({ mode: "verify", bytes: BYTES, ok: true, sha256: written.sha256 });
       await recorder.stop();
       expectHandOver(recorder.states(), nqnA, nqnB);
@@ -342,7 +356,14 @@ describe("single writer", () => {
       freeze(nodeA);
       await lab.core.createNamespacedPod({
         namespace: ns,
-        body: workloadPod("reader", nodeB, "data", ["verify", `--bytes=${BYTES}`, `--seed=${ns}`]),
+        // The reader holds on: a reader that ended would let the volume detach again before the ACL
+        // history is read.
+        body: workloadPod("reader", nodeB, "data", [
+          "verify",
+          `--bytes=${BYTES}`,
+          `--seed=${ns}`,
+          "--then-hold",
+        ]),
       });
       await multiAttachRefused(ns, "reader");
 
@@ -407,7 +428,7 @@ describe("single writer", () => {
       // worker-b's access alone, and the attach to worker-b finds it in place.
       await lab.core.deleteNamespacedPod({ name: "writer", namespace: ns, body: { gracePeriodSeconds: 0 } });
       await setOutOfService(nodeA, true);
-      const read = await waitWorkload(lab, ns, "reader", 300_000);
+      const read = await waitHeld(lab, ns, "reader", 300_000);
       expect(read).toMatchObject({ mode: "verify", bytes: BYTES, ok: true, sha256: written.sha256 });
       expect(await attachmentsOn(pv.metadata?.name as string, nodeA)).toEqual([]);
       expect((await readAttachment(lab, t))?.spec.attachmentId).toBe(taken?.spec.attachmentId as string);
