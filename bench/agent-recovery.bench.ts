@@ -17,6 +17,7 @@ import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { cpuSeconds, pool } from "./proc-stats.ts";
 import { type Figure, fmt, writeResult } from "./report.ts";
 import { startTargetProcess } from "./spdk-client.bench.ts";
 
@@ -53,19 +54,6 @@ async function until<T>(
   }
 }
 
-async function pool<T>(
-  items: readonly T[],
-  n: number,
-  fn: (x: T, i: number) => Promise<void>,
-): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(n, items.length) }, async () => {
-      for (let i = next++; i < items.length; i = next++) await fn(items[i] as T, i);
-    }),
-  );
-}
-
 /** The pid of the emulated nvmf_tgt serving `socketPath` (spawned by the agent's supervisor). */
 function targetPid(socketPath: string): number | undefined {
   for (const name of readdirSync("/proc")) {
@@ -78,18 +66,6 @@ function targetPid(socketPath: string): number | undefined {
     }
   }
   return undefined;
-}
-
-/** utime+stime of `pid` in seconds; NaN when it cannot be read (gone). */
-function cpuSeconds(pid: number | undefined): number {
-  if (pid === undefined) return Number.NaN;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return (Number(f[11]) + Number(f[12])) / 100; // USER_HZ is 100 on Linux
-  } catch {
-    return Number.NaN;
-  }
 }
 
 /** Median milliseconds of `n` sequential runs of `fn`. */
@@ -239,7 +215,7 @@ async function main(): Promise<void> {
     // --- the kill ---
     const pid = targetPid(socketPath);
     if (pid === undefined) throw new Error("cannot find the nvmf_tgt process the agent spawned");
-    const agentCpu0 = cpuSeconds(agent.pid);
+    const agentCpu0 = cpuSeconds(agent.pid, Number.NaN);
     const killAt = Date.now();
     const k0 = performance.now();
     process.kill(pid, "SIGKILL");
@@ -266,8 +242,8 @@ async function main(): Promise<void> {
       return ready === PARTITIONS ? items : undefined;
     });
     mark("all statuses Ready");
-    const agentCpu = cpuSeconds(agent.pid) - agentCpu0;
-    const newTargetCpu = cpuSeconds(targetPid(socketPath));
+    const agentCpu = cpuSeconds(agent.pid, Number.NaN) - agentCpu0;
+    const newTargetCpu = cpuSeconds(targetPid(socketPath), Number.NaN);
     const recoveryS = marks["all statuses Ready"] as number;
     const statusWrites = after.filter(
       (p) => versions.get(p.metadata.name) !== p.metadata.resourceVersion,

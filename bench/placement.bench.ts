@@ -2,7 +2,6 @@
 // real control plane; yardstick (same run): the bare writes a placement needs, with no decisions. Also
 // the manager's RSS, watch cache bytes per object, and where the time goes. Run: bun bench/placement.bench.ts [n] [devices]
 import { randomBytes } from "node:crypto";
-import { readFileSync } from "node:fs";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
@@ -14,6 +13,7 @@ import { KeyedMutex } from "../manager/device-locks.ts";
 import { claim, device, forCreate, GiB, partition, storageNode } from "../manager/testdata/fixtures.ts";
 import { TEST_LABEL } from "../manager/testdata/harness.ts";
 import { ManagerProcess, metricValue } from "../manager/testdata/manager-process.ts";
+import { cpuSeconds, machineBusySeconds, pool } from "./proc-stats.ts";
 import { type Figure, writeResult } from "./report.ts";
 
 const PARTITIONS = Number(process.argv[2] ?? 10_000);
@@ -25,45 +25,11 @@ const YARDSTICK = Math.min(PARTITIONS, 2000);
 const WIDE = 32;
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
-/** Runs `fn` over `items` with at most `n` in flight. */
-async function pool<T>(items: T[], n: number, fn: (x: T, i: number) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(n, items.length) }, async () => {
-      for (let i = next++; i < items.length; i = next++) await fn(items[i] as T, i);
-    }),
-  );
-}
-
 function sizeOf(i: number): number {
   return (1 + ((i * 7919) % 8)) * GiB + (i % 3); // 1..8 GiB, not unit-aligned
 }
 
 // ---- measurement helpers: where the time and memory go ----
-
-/** CPU seconds (user + system) process `pid` has used so far; 0 when it is gone. */
-function cpuSeconds(pid: number | undefined): number {
-  if (pid === undefined) return 0;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return (Number(f[11]) + Number(f[12])) / 100; // USER_HZ is 100 on Linux
-  } catch {
-    return 0;
-  }
-}
-
-/** Busy CPU seconds of the whole machine so far: every process, other users' included. */
-function machineBusySeconds(): number {
-  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "")
-    .trim()
-    .split(/\s+/)
-    .slice(1)
-    .map(Number);
-  const total = f.slice(0, 8).reduce((a, b) => a + b, 0);
-  return (total - (f[3] ?? 0) - (f[4] ?? 0)) / 100;
-}
 
 /**
  * The API server's own request counters and latency sums, keyed "VERB resource[/subresource]"

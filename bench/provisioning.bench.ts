@@ -2,7 +2,6 @@
 // kube-apiserver, simulated drives): N calls at concurrency 1, then N at 16. Floor (same run): the
 // API writes one volume needs in sequence times the API server's write latency. Run: bun bench/provisioning.bench.ts [n]
 import { randomUUID } from "node:crypto";
-import { readFileSync } from "node:fs";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import * as k8s from "@kubernetes/client-node";
 import { PARTITION_FINALIZER } from "../agent/partitions/decide.ts";
@@ -19,6 +18,7 @@ import { WatchCache } from "../lib/kube/cache.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
 import { forCreate, partition } from "../manager/testdata/fixtures.ts";
+import { cpuSeconds, machineBusySeconds, pool } from "./proc-stats.ts";
 import { type Figure, fmt, median, percentile, svgHistogram, writeResult } from "./report.ts";
 
 const N = Number(process.argv[2] ?? 200);
@@ -55,39 +55,6 @@ const PARAMETERS: Record<string, string> = {
   reconnectDelay: "10",
   fastIoFailTmo: "30",
 };
-
-/** Runs `fn` over `items` with at most `n` in flight. */
-async function pool<T>(items: T[], n: number, fn: (x: T, i: number) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(n, items.length) }, async () => {
-      for (let i = next++; i < items.length; i = next++) await fn(items[i] as T, i);
-    }),
-  );
-}
-
-/** CPU seconds (user + system) process `pid` has used so far; 0 when it is gone. */
-function cpuSeconds(pid: number | undefined): number {
-  if (pid === undefined) return 0;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return (Number(f[11]) + Number(f[12])) / 100; // USER_HZ is 100 on Linux
-  } catch {
-    return 0;
-  }
-}
-
-/** Busy CPU seconds of the whole machine so far: every process, other users' included. */
-function machineBusySeconds(): number {
-  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "")
-    .trim()
-    .split(/\s+/)
-    .slice(1)
-    .map(Number);
-  return (f.slice(0, 8).reduce((a, b) => a + b, 0) - (f[3] ?? 0) - (f[4] ?? 0)) / 100;
-}
 
 const ms = (x: number) => `${x.toFixed(x < 10 ? 1 : 0)} ms`;
 

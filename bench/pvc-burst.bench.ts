@@ -13,6 +13,7 @@ import { WatchCache } from "../lib/kube/cache.ts";
 import type { KubeConnection } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
+import { pool } from "./proc-stats.ts";
 import { type Figure, fmt, median, percentile, writeResult } from "./report.ts";
 
 const N = Number(process.argv[2] ?? 100);
@@ -81,16 +82,6 @@ function watchCollection(
       if (!signal.aborted) throw err;
     }
   })();
-}
-
-/** Runs `fn` over `items` with at most `n` in flight. */
-async function pool<T>(items: T[], n: number, fn: (x: T, i: number) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(n, items.length) }, async () => {
-      for (let i = next++; i < items.length; i = next++) await fn(items[i] as T, i);
-    }),
-  );
 }
 
 /** Resolves once `done()` holds, checking every 50 ms; throws after `timeoutMs`. */

@@ -11,6 +11,7 @@ import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { ALLOCATION_UNIT } from "../lib/units.ts";
+import { pool } from "./proc-stats.ts";
 import { type Figure, fmt, median, percentile, svgBarChart, writeResult } from "./report.ts";
 
 const SEQUENCES = Number(process.argv[2] ?? 2000);
@@ -356,15 +357,6 @@ async function measure(
 }
 
 const pct = (share: number) => `${Math.round(share * 100)}%`;
-
-async function pool<T>(items: readonly T[], n: number, fn: (x: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(n, items.length) }, async () => {
-      for (let i = next++; i < items.length; i = next++) await fn(items[i] as T);
-    }),
-  );
-}
 
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "distort-spdk-bench-"));
