@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
-import { type Lab, startLab } from "../lab/lab.ts";
+import { type Lab, type LabConsumerNode, type LabStorageNode, startLab } from "../lab/lab.ts";
 import { sweepLab } from "../lab/sweep.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { kubeError } from "../lib/kube/resource.ts";
@@ -15,26 +15,16 @@ import { kubeError } from "../lib/kube/resource.ts";
 export { type WorkloadReport, workloadPod, workloadReport };
 
 /** What scripts/e2e.ts publishes in <dir>/e2e.json for the suites. */
-export interface LabInfo {
-  dir: string;
+export type LabInfo = Pick<
+  Lab,
+  "dir" | "namespace" | "managers" | "csiController" | "csiControllerSocket" | "fabricDir" | "dpu"
+> & {
   kubeconfig: string;
-  namespace: string;
-  consumers: { name: string; kubeletRoot: string; csi: string; kubelet: string }[];
-  storage: { name: string; spdkSocket: string; target: string; agent: string; serials: string[] }[];
-  managers: string[];
-  csiController: string;
-  csiControllerSocket: string;
-  fabricDir: string;
-  dpu?: {
-    name: string;
-    hostNqn: string;
-    pluginSocket: string;
-    snapSocket: string;
-    snap: string;
-    plugin: string;
-  };
-}
+  consumers: Pick<LabConsumerNode, "name" | "kubeletRoot" | "csi" | "kubelet">[];
+  storage: (Pick<LabStorageNode, "name" | "spdkSocket" | "target" | "agent"> & { serials: string[] })[];
+};
 
+/** What a suite needs to know of a running lab, as JSON a second process can read. */
 export function labInfo(lab: Lab): LabInfo {
   return {
     dir: lab.dir,

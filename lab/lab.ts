@@ -25,8 +25,8 @@ import {
   writeComponentKubeconfigs,
 } from "./harness/rbac.ts";
 import { FABRIC_LABEL } from "./harness/stack.ts";
+import { buildDriveSysfs, type SimNodeDrive } from "./harness/storage-node.ts";
 import { ProcessTable } from "./procs.ts";
-import { buildSysfs } from "./sim/sysfs/build-sysfs.ts";
 
 export const LAB_NAMESPACE = "distort-system";
 export const LAB_RELEASE = "distort";
@@ -38,11 +38,8 @@ const LAB_TOKEN_SECONDS = 24 * 3600;
 const BUN = process.execPath;
 const ROOT = join(import.meta.dir, "..");
 
-export interface LabDrive {
-  serial: string;
-  pciAddress: string;
-  sizeBytes: number;
-}
+/** A simulated drive of a lab storage node. */
+export type LabDrive = Omit<SimNodeDrive, "model">;
 
 export interface LabOptions {
   /** State directory: logs, sockets, drive files, node roots. Must be absolute. */
@@ -247,35 +244,15 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       );
       const nd = join(dir, "storage", n.name);
       const hostRoot = join(nd, "host");
-      await buildSysfs(hostRoot, {
-        rootDisk: false,
-        controllers: n.drives.map((d, i) => ({
-          name: `nvme${i}`,
-          transport: "pcie" as const,
-          pciAddress: d.pciAddress,
-          serial: d.serial,
-          model: "DISTORT LAB NVMe",
-          numaNode: 0,
-          ns1Bytes: d.sizeBytes,
-        })),
-      });
+      const drives = n.drives.map((d) => ({ ...d, model: "DISTORT LAB NVMe" }));
+      await buildDriveSysfs(hostRoot, drives);
       const drivesFile = join(nd, "drives.json");
-      writeFileSync(drivesFile, JSON.stringify(n.drives.map((d) => ({ ...d, model: "DISTORT LAB NVMe" }))));
+      writeFileSync(drivesFile, JSON.stringify(drives));
       const spdkSocket = join(nd, "spdk.sock");
       const target = `nvmf_tgt/${n.name}`;
       await procs.start({
         name: target,
-        argv: [
-          BUN,
-          join(ROOT, "lab/sim/spdk/nvmf-tgt.ts"),
-          "-m",
-          "0x1",
-          "-r",
-          spdkSocket,
-          `--sim-data-dir=${join(nd, "drives")}`,
-          `--sim-drives=${drivesFile}`,
-          `--sim-fabric-dir=${fabricDir}`,
-        ],
+        argv: emulatorCommand(spdkSocket, join(nd, "drives"), fabricDir, [`--sim-drives=${drivesFile}`]),
         ready: () => spdkAnswers(spdkSocket),
       });
       const agent = `agent/${n.name}`;
@@ -447,17 +424,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       const snap = `snap/${name}`;
       await procs.start({
         name: snap,
-        argv: [
-          BUN,
-          join(ROOT, "lab/sim/spdk/nvmf-tgt.ts"),
-          "-m",
-          "0x1",
-          "-r",
-          snapSocket,
-          `--sim-data-dir=${join(root, "snap-data")}`,
-          `--sim-fabric-dir=${fabricDir}`,
-          `--sim-host-nqn=${hostNqn}`,
-        ],
+        argv: emulatorCommand(snapSocket, join(root, "snap-data"), fabricDir, [`--sim-host-nqn=${hostNqn}`]),
         ready: () => spdkAnswers(snapSocket),
       });
       const pluginSocket = join(root, "plugins", "distort", "dpu.sock");
@@ -507,6 +474,21 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     await stop();
     throw err;
   }
+}
+
+/** The emulated SPDK application (nvmf_tgt, or SNAP on a DPU) on one core, joined to the lab's fabric. */
+function emulatorCommand(socket: string, dataDir: string, fabricDir: string, extra: string[]): string[] {
+  return [
+    BUN,
+    join(ROOT, "lab/sim/spdk/nvmf-tgt.ts"),
+    "-m",
+    "0x1",
+    "-r",
+    socket,
+    `--sim-data-dir=${dataDir}`,
+    `--sim-fabric-dir=${fabricDir}`,
+    ...extra,
+  ];
 }
 
 /** True when an SPDK RPC socket answers spdk_get_version. */

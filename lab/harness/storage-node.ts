@@ -31,17 +31,11 @@ export interface SimStorageNode {
   close(): Promise<void>;
 }
 
-export async function startSimStorageNode(opts: {
-  nodeName: string;
-  drives: SimNodeDrive[];
-  /** The fabric its listeners join, so initiators (the lab's nodes, SNAP) can reach its exports. */
-  fabric?: SimFabric;
-}): Promise<SimStorageNode> {
-  const dir = mkdtempSync(join(tmpdir(), `distort-node-${opts.nodeName}-`));
-  const hostRoot = join(dir, "host");
+/** The sysfs tree of a storage node whose NVMe drives are `drives` (nvme0, nvme1... over PCIe). */
+export async function buildDriveSysfs(hostRoot: string, drives: readonly SimNodeDrive[]): Promise<void> {
   await buildSysfs(hostRoot, {
     rootDisk: false,
-    controllers: opts.drives.map((d, i) => ({
+    controllers: drives.map((d, i) => ({
       name: `nvme${i}`,
       transport: "pcie" as const,
       pciAddress: d.pciAddress,
@@ -51,6 +45,17 @@ export async function startSimStorageNode(opts: {
       ns1Bytes: d.sizeBytes,
     })),
   });
+}
+
+export async function startSimStorageNode(opts: {
+  nodeName: string;
+  drives: SimNodeDrive[];
+  /** The fabric its listeners join, so initiators (the lab's nodes, SNAP) can reach its exports. */
+  fabric?: SimFabric;
+}): Promise<SimStorageNode> {
+  const dir = mkdtempSync(join(tmpdir(), `distort-node-${opts.nodeName}-`));
+  const hostRoot = join(dir, "host");
+  await buildDriveSysfs(hostRoot, opts.drives);
   const spdkSocket = join(dir, "spdk.sock");
   const emulator = await startSpdkEmulator({
     socketPath: spdkSocket,
