@@ -7,6 +7,7 @@ import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { generateDhchapSecret, type HashId } from "../../../lib/nvme/dhchap.ts";
+import { decodeAuthMessage, encodeAuthMessage } from "../../../lib/nvme/dhchap-messages.ts";
 import type { DhGroupId } from "../../../lib/nvme/ffdhe.ts";
 import { type SpdkEmulator, startSpdkEmulator } from "./emulator.ts";
 import {
@@ -16,7 +17,7 @@ import {
   FabricConnectError,
   type SimFabric,
 } from "./fabric.ts";
-import type { HostDhchapOptions } from "./fabric-auth.ts";
+import { type HostDhchapOptions, TargetAuthSession } from "./fabric-auth.ts";
 import { call, rpc } from "./raw-rpc-client.ts";
 
 const NQN = "nqn.2026-02.io.distort:volume-auth";
@@ -284,5 +285,46 @@ describe("a removed key stays listed while a host still uses it", () => {
       { name: "idle", module: "keyring_file", removed: false, probed: false, refcnt: 1, path: idle },
     ]);
     await call(t, "keyring_file_remove_key", { name: "idle" });
+  });
+});
+
+describe("the controller's state machine", () => {
+  const keys = { hostSecret, ctrlSecret: undefined };
+  const negotiate = (hashes: number[], dhgroups: number[], scC = 0) =>
+    encodeAuthMessage({ kind: "negotiate", tid: 3, scC, protocols: [{ hashes, dhgroups }] });
+
+  test("SPDK's choice: the strongest hash and DH group the host offers", () => {
+    const s = new TargetAuthSession(HOST, NQN, keys);
+    s.send(negotiate([1, 2], [0, 1, 2]));
+    const ch = decodeAuthMessage(s.receive());
+    expect(ch).toMatchObject({ kind: "challenge", tid: 3, hashId: 2, dhgroupId: 2 });
+    if (ch.kind === "challenge") expect([ch.challenge.length, ch.dhValue.length]).toEqual([48, 384]);
+  });
+
+  test("out of order, secure channel concatenation or no usable key: AUTH_Failure1 with its explanation", () => {
+    const cases: [TargetAuthSession, Buffer, number][] = [
+      [new TargetAuthSession(HOST, NQN, keys), encodeAuthMessage({ kind: "success2", tid: 3 }), 7],
+      [new TargetAuthSession(HOST, NQN, keys), negotiate([1], [0], 1), 3],
+      [new TargetAuthSession(HOST, NQN, keys), negotiate([9], [0]), 4],
+      [
+        new TargetAuthSession(HOST, NQN, { hostSecret: undefined, ctrlSecret: undefined }),
+        negotiate([1], [0]),
+        1,
+      ],
+      [
+        new TargetAuthSession(HOST, NQN, { hostSecret: "DHHC-1:00:eA==:", ctrlSecret: undefined }),
+        negotiate([1], [0]),
+        1,
+      ],
+    ];
+    for (const [s, msg, explanation] of cases) {
+      // Before a negotiate the controller knows no transaction id and answers with 0.
+      const tid = explanation === 7 ? 0 : 3;
+      s.send(msg);
+      expect(s.authenticated).toBe(false);
+      expect(decodeAuthMessage(s.receive())).toEqual({ kind: "failure1", tid, reason: 1, explanation });
+      expect(s.failed).toBe(true);
+      expect(s.reason).not.toBe("");
+    }
   });
 });
