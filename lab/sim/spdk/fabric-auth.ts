@@ -59,8 +59,6 @@ export class AuthError extends ErrnoError {
 
 type Exchange = (msg: Message, payload?: Uint8Array) => Promise<{ msg: Message; payload: Buffer }>;
 
-let nextTransaction = Math.floor(Math.random() * 0xffff);
-
 /**
  * Runs the host side on a connection whose CONNECT was answered "auth_required": negotiate,
  * challenge, reply (with C2 when a controller secret is given), success1 (checking the
@@ -88,8 +86,8 @@ export async function authenticateHost(
   }
   const hashes = opts.dhchap.hashes ?? [1, 2, 3];
   const dhgroups = opts.dhchap.dhgroups ?? [0, 1, 2, 3, 4, 5];
-  nextTransaction = (nextTransaction + 1) & 0xffff;
-  const tid = nextTransaction;
+  // Linux counts transactions per controller; each connection here is a fresh controller.
+  const tid = randomBytes(2).readUInt16LE(0);
   const send = async (m: AuthMessage) => {
     const f = await exchange({ op: "auth_send", tag: 0 }, encodeAuthMessage(m));
     if (f.msg.op !== "ok") throw new AuthError(Errno.ECONNREFUSED, "authentication send failed");
@@ -160,6 +158,9 @@ export async function authenticateHost(
   });
   const s1 = await receive();
   if (s1.kind !== "success1" || s1.tid !== tid) throw refused(s1);
+  if (s1.hashLength !== dhchapHash(hash).length) {
+    return fail2(FailureExplanation.hashUnusable, EPROTO, `success1 with hash length ${s1.hashLength}`);
+  }
   if (ctrlKey && c2) {
     const expected = controllerResponse({
       ...common,
