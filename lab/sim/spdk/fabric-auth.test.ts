@@ -17,7 +17,7 @@ import {
   FabricConnectError,
   type SimFabric,
 } from "./fabric.ts";
-import { type HostDhchapOptions, TargetAuthSession } from "./fabric-auth.ts";
+import { type HostDhchapOptions, nvmetAuthPolicy, TargetAuthSession } from "./fabric-auth.ts";
 import { call, rpc } from "./raw-rpc-client.ts";
 
 const NQN = "nqn.2026-02.io.distort:volume-auth";
@@ -299,6 +299,18 @@ describe("the controller's state machine", () => {
     const ch = decodeAuthMessage(s.receive());
     expect(ch).toMatchObject({ kind: "challenge", tid: 3, hashId: 2, dhgroupId: 2 });
     if (ch.kind === "challenge") expect([ch.challenge.length, ch.dhValue.length]).toEqual([48, 384]);
+  });
+
+  test("nvmet's choice: the host's configured hash if offered (else the host's first), its configured group", () => {
+    const pick = (offerH: number[], offerG: number[]) => {
+      const s = new TargetAuthSession(HOST, NQN, keys, nvmetAuthPolicy(2, 1));
+      s.send(negotiate(offerH, offerG));
+      return decodeAuthMessage(s.receive());
+    };
+    expect(pick([1, 2, 3], [0, 1, 2])).toMatchObject({ kind: "challenge", hashId: 2, dhgroupId: 1 });
+    expect(pick([3, 1], [0])).toMatchObject({ kind: "challenge", hashId: 3, dhgroupId: 1 });
+    expect(pick([9], [0])).toMatchObject({ kind: "failure1", explanation: 4 });
+    expect(pick([2], [])).toMatchObject({ kind: "failure1", explanation: 5 });
   });
 
   test("out of order, secure channel concatenation or no usable key: AUTH_Failure1 with its explanation", () => {

@@ -183,14 +183,31 @@ export interface TargetKeys {
   readonly ctrlSecret: string | undefined;
 }
 
-/** Target selection: the first id of each list the host offered (SPDK: strongest first). */
+/** How a controller picks the hash and DH group from the host's offer; undefined when none fits. */
 export interface TargetAuthPolicy {
-  readonly hashes: readonly HashId[];
-  readonly dhgroups: readonly DhGroupId[];
+  selectHash(offered: readonly number[]): HashId | undefined;
+  selectDhgroup(offered: readonly number[]): DhGroupId | undefined;
 }
 
 /** SPDK's nvmf target: the strongest hash and DH group both sides support (lib/nvmf/auth.c). */
-export const SPDK_AUTH_POLICY: TargetAuthPolicy = { hashes: [3, 2, 1], dhgroups: [5, 4, 3, 2, 1, 0] };
+export const SPDK_AUTH_POLICY: TargetAuthPolicy = {
+  selectHash: (offered) => ([3, 2, 1] as const).find((h) => offered.includes(h)),
+  selectDhgroup: (offered) => ([5, 4, 3, 2, 1, 0] as const).find((g) => offered.includes(g)),
+};
+
+/**
+ * Linux nvmet with a host's configured dhchap_hash and dhchap_dhgroup (nvmet_auth_negotiate): the
+ * configured hash when offered, else the first defined hash the host offered; the configured DH
+ * group whenever the host offers any group (the kernel's loop keeps it even when it is not among
+ * the offered ones).
+ */
+export function nvmetAuthPolicy(hash: HashId, dhgroup: DhGroupId): TargetAuthPolicy {
+  return {
+    selectHash: (offered) =>
+      offered.includes(hash) ? hash : offered.find((h): h is HashId => h >= 1 && h <= 3),
+    selectDhgroup: (offered) => (offered.some((g) => g >= 0 && g <= 5) ? dhgroup : undefined),
+  };
+}
 
 type State = "negotiate" | "challenge" | "reply" | "success1" | "success2" | "done" | "failure1" | "failed";
 
@@ -308,9 +325,9 @@ export class TargetAuthSession {
     if (m.scC !== 0) return this.#fail(FailureExplanation.concatMismatch, "secure channel concatenation");
     const offer = m.protocols[0];
     if (!offer) return this.#fail(FailureExplanation.incorrectPayload, "no DH-HMAC-CHAP descriptor");
-    const hash = this.policy.hashes.find((h) => offer.hashes.includes(h));
+    const hash = this.policy.selectHash(offer.hashes);
     if (hash === undefined) return this.#fail(FailureExplanation.hashUnusable, "no common hash");
-    const dhgroup = this.policy.dhgroups.find((g) => offer.dhgroups.includes(g));
+    const dhgroup = this.policy.selectDhgroup(offer.dhgroups);
     if (dhgroup === undefined) return this.#fail(FailureExplanation.dhgroupUnusable, "no common DH group");
     if (!this.#hostKey) return this.#fail(FailureExplanation.failed, this.#reason);
     this.#hash = hash;
