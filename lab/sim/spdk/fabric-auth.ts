@@ -176,6 +176,42 @@ export async function authenticateHost(
   }
 }
 
+/**
+ * Sends a CONNECT through `exchange` and, when the target answers "auth_required", authenticates
+ * (authenticateHost) and sends the same CONNECT again. Resolves with the final answer; rejects
+ * with AuthError as authenticateHost does. One call per queue: Linux and SPDK authenticate each.
+ */
+export async function connectWithAuth(
+  exchange: Exchange,
+  connect: Extract<Message, { op: "connect" }>,
+  dhchap: HostDhchapOptions | undefined,
+): Promise<{ msg: Message; payload: Buffer }> {
+  const first = await exchange(connect);
+  if (first.msg.op !== "auth_required") return first;
+  await authenticateHost(exchange, { hostnqn: connect.hostnqn, subnqn: connect.subnqn, dhchap });
+  return exchange(connect);
+}
+
+/**
+ * The target's gate at CONNECT: a new session when `host` has a key and this connection has not
+ * authenticated as that host to that subsystem (the caller answers "auth_required" and keeps the
+ * session for the auth frames); undefined when the connect may proceed.
+ */
+export function authGate<H extends { readonly nqn: string; readonly dhchapKey?: string }>(
+  current: TargetAuthSession | undefined,
+  host: H | undefined,
+  subnqn: string,
+  keys: ((host: H) => TargetKeys) | undefined,
+): TargetAuthSession | undefined {
+  if (!host?.dhchapKey) return undefined;
+  if (current?.authenticated && current.hostnqn === host.nqn && current.subnqn === subnqn) return undefined;
+  return new TargetAuthSession(
+    host.nqn,
+    subnqn,
+    keys?.(host) ?? { hostSecret: undefined, ctrlSecret: undefined },
+  );
+}
+
 /** The controller's keys for one host, read from the keyring when the host connects. */
 export interface TargetKeys {
   /** DHHC-1 text of the host key; undefined when it cannot be read (the host is then refused). */

@@ -5,7 +5,7 @@
 import { mkdirSync } from "node:fs";
 import { createServer, connect as netConnect, type Server, type Socket } from "node:net";
 import { join } from "node:path";
-import { AuthError, authenticateHost, type HostDhchapOptions } from "./fabric-auth.ts";
+import { AuthError, connectWithAuth, type HostDhchapOptions } from "./fabric-auth.ts";
 import {
   type ControllerInfo,
   encodeFrame,
@@ -207,7 +207,7 @@ export class FabricController {
 
   /** @internal Sends CONNECT and waits for the verdict. */
   async handshake(opts: ConnectOptions): Promise<void> {
-    const connect: Message = {
+    const connect: Extract<Message, { op: "connect" }> = {
       op: "connect",
       tag: 0,
       subnqn: opts.subnqn,
@@ -217,15 +217,12 @@ export class FabricController {
       // An ephemeral source port, as the kernel would pick one.
       peerPort: String(32768 + Math.floor(Math.random() * 28000)),
     };
-    let f = await this.#request(connect);
-    if (f.msg.op === "auth_required") {
-      try {
-        await authenticateHost((m, p) => this.#request(m, p), opts);
-      } catch (err) {
-        if (err instanceof AuthError) throw new FabricConnectError(err.errno, err.detail);
-        throw err;
-      }
-      f = await this.#request(connect);
+    let f: { msg: Message; payload: Buffer };
+    try {
+      f = await connectWithAuth((m, p) => this.#request(m, p), connect, opts.dhchap);
+    } catch (err) {
+      if (err instanceof AuthError) throw new FabricConnectError(err.errno, err.detail);
+      throw err;
     }
     if (f.msg.op === "rejected") throw new FabricConnectError(Errno.EIO, f.msg.reason);
     if (f.msg.op !== "connected") throw new FabricConnectError(Errno.EIO, `unexpected ${f.msg.op}`);

@@ -4,7 +4,7 @@
 import type { Logger } from "../../../lib/log.ts";
 import type { Bdev, BdevRegistry } from "./bdev.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "./fabric.ts";
-import { serveAuthFrame, TargetAuthSession, type TargetKeys } from "./fabric-auth.ts";
+import { authGate, serveAuthFrame, type TargetAuthSession, type TargetKeys } from "./fabric-auth.ts";
 import type { Message, NamespaceInfo } from "./fabric-protocol.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
@@ -367,14 +367,10 @@ export class NvmfTarget {
         if (!s.hostAllowed(msg.hostnqn)) return reject(`host ${msg.hostnqn} not allowed`);
         // A host entry with a key must authenticate on this connection before it gets a controller.
         const host = s.hosts.find((h) => h.nqn === msg.hostnqn);
-        if (
-          host?.dhchapKey &&
-          !(auth?.authenticated && auth.hostnqn === msg.hostnqn && auth.subnqn === s.nqn)
-        ) {
-          const keys = this.hostKeys?.(host) ?? { hostSecret: undefined, ctrlSecret: undefined };
-          auth = new TargetAuthSession(msg.hostnqn, s.nqn, keys);
-          conn.send({ op: "auth_required", tag: msg.tag });
-          return;
+        const challenge = authGate(auth, host, s.nqn, this.hostKeys);
+        if (challenge) {
+          auth = challenge;
+          return conn.send({ op: "auth_required", tag: msg.tag });
         }
         const cntlid = s.allocateCntlid();
         if (cntlid === undefined) return reject("no controller ID left");
