@@ -29,6 +29,8 @@ export class MemoryBlockHandler implements BlockFileHandler {
   };
   fail: number | undefined;
   gate: Promise<void> | undefined;
+  /** Requests that arrived and have not been answered yet (waiting at the gate included). */
+  inFlight = 0;
 
   constructor(size: number) {
     if (size % 512 !== 0) throw new RangeError(`size ${size} is not a multiple of 512`);
@@ -44,33 +46,48 @@ export class MemoryBlockHandler implements BlockFileHandler {
     if (this.fail !== undefined) throw new BlockIoError(this.fail);
   }
 
-  async read(offset: number, length: number): Promise<Uint8Array> {
-    await this.#enter();
-    this.counts.reads++;
-    return this.bytes.slice(offset, offset + length);
+  async #serve<T>(f: () => T): Promise<T> {
+    this.inFlight++;
+    try {
+      await this.#enter();
+      return f();
+    } finally {
+      this.inFlight--;
+    }
   }
 
-  async write(offset: number, data: Uint8Array): Promise<void> {
-    await this.#enter();
-    this.counts.writes++;
-    this.bytes.set(data, offset);
+  read(offset: number, length: number): Promise<Uint8Array> {
+    return this.#serve(() => {
+      this.counts.reads++;
+      return this.bytes.slice(offset, offset + length);
+    });
   }
 
-  async flush(): Promise<void> {
-    await this.#enter();
-    this.counts.flushes++;
+  write(offset: number, data: Uint8Array): Promise<void> {
+    return this.#serve(() => {
+      this.counts.writes++;
+      this.bytes.set(data, offset);
+    });
   }
 
-  async discard(offset: number, length: number): Promise<void> {
-    await this.#enter();
-    this.counts.discards++;
-    this.counts.discardedBytes += length;
-    this.bytes.fill(0, offset, offset + length);
+  flush(): Promise<void> {
+    return this.#serve(() => {
+      this.counts.flushes++;
+    });
   }
 
-  async writeZeroes(offset: number, length: number): Promise<void> {
-    await this.#enter();
-    this.counts.writeZeroes++;
-    this.bytes.fill(0, offset, offset + length);
+  discard(offset: number, length: number): Promise<void> {
+    return this.#serve(() => {
+      this.counts.discards++;
+      this.counts.discardedBytes += length;
+      this.bytes.fill(0, offset, offset + length);
+    });
+  }
+
+  writeZeroes(offset: number, length: number): Promise<void> {
+    return this.#serve(() => {
+      this.counts.writeZeroes++;
+      this.bytes.fill(0, offset, offset + length);
+    });
   }
 }
