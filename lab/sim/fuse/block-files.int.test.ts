@@ -251,6 +251,21 @@ describe.skipIf(!canRun)("FUSE block files", () => {
   );
 
   test(
+    "remove() of a name a loop device holds fails that device's I/O with EIO",
+    async () => {
+      server.add("gone", new MemoryBlockHandler(MiB));
+      const dev = await attachLoop(join(server.mountpoint, "gone"));
+      await ok(`dd if=/dev/zero of=${dev} bs=4k count=1 oflag=direct status=none`);
+      server.remove("gone");
+      const r = await sh(`dd if=/dev/zero of=${dev} bs=4k count=1 oflag=direct status=none`);
+      expect(r.code).not.toBe(0);
+      expect(r.err).toContain("Input/output error");
+      await detachLoop(dev);
+    },
+    SLOW,
+  );
+
+  test(
     "close() unmounts, ends the connection and closes /dev/fuse",
     async () => {
       const s = await serve("close");
@@ -342,6 +357,13 @@ describe.skipIf(!canRun)("FUSE block files", () => {
       const c = await sh(`cat ${mp}/disk > /dev/null`);
       expect(c.code).not.toBe(0);
       expect(c.err).toContain("Transport endpoint is not connected");
+      // A new server refuses the dead mount unless told to replace it.
+      await expect(mountBlockFiles({ mountpoint: mp })).rejects.toThrow("already has a block-files mount");
+      const again = await mountBlockFiles({ mountpoint: mp, replaceStale: true });
+      servers.push(again);
+      again.add("disk", new MemoryBlockHandler(MiB));
+      expect(await ok(`stat -c %s ${mp}/disk`)).toBe(String(MiB));
+      await again.close();
       await detachLoop(dev);
       await until(
         "umount of the dead mount",

@@ -3,6 +3,7 @@
 // on such a file gives a real block device whose every read, write, flush and discard reaches the
 // handler. A Worker thread reads /dev/fuse; requests are answered here on the main thread.
 import { closeSync, openSync, realpathSync, writevSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { LibcError } from "../spdk/libc.ts";
 import type { ReaderEnd, ReaderStart } from "./dev-reader-worker.ts";
@@ -46,6 +47,7 @@ import {
   MS_NODEV,
   MS_NOSUID,
   mount,
+  mountTable,
   umount2,
 } from "./mount-syscalls.ts";
 
@@ -66,7 +68,9 @@ export class BlockIoError extends Error {
  * lengths are multiples of 512 within size(): reads are widened to 512-byte sectors (and clamped
  * to the size) by the server, unaligned writes, discards and write-zeroes are refused with EINVAL
  * before they reach the handler. Rejecting with BlockIoError answers its errno; any other
- * rejection answers EIO.
+ * rejection answers EIO. A loop device over the file hands the errno to its own user as the
+ * block layer maps it (errno_to_blk_status): EIO, ENOSPC, ETIMEDOUT, ENOLINK, ENODEV and a few
+ * more come through as themselves, the rest as EIO.
  */
 export interface BlockFileHandler {
   /** Current size in bytes (a multiple of 512); read at every GETATTR/LOOKUP. */
@@ -95,8 +99,8 @@ export interface BlockFileServer {
    */
   add(name: string, h: BlockFileHandler): void;
   /**
-   * Makes `name` disappear; later requests on open handles of it answer ENODEV (which a loop
-   * device reports as EIO). Requests already with the handler complete. No-op for an unknown name.
+   * Makes `name` disappear; later requests on open handles of it (a loop device over it) answer
+   * EIO. Requests already with the handler complete. No-op for an unknown name.
    */
   remove(name: string): void;
   /** Names served now. */
@@ -123,7 +127,15 @@ export interface MountBlockFilesOptions {
   maxWrite?: number;
   /** How long to wait for the kernel's INIT after mounting. Default 10 s. */
   initTimeoutMs?: number;
+  /**
+   * What to do with a block-files mount already on `mountpoint` (one a crashed server left,
+   * "Transport endpoint is not connected"): false (default) rejects; true aborts its connection
+   * and detaches it first, so its remaining users fail instead of waiting.
+   */
+  replaceStale?: boolean;
 }
+
+const FSTYPE = "fuse.distort-block";
 
 interface Node {
   id: number;
@@ -165,8 +177,26 @@ const aligned = (n: number) => n % 512 === 0;
  * it), which would wait for an answer only this thread can give.
  */
 export async function mountBlockFiles(opts: MountBlockFilesOptions): Promise<BlockFileServer> {
-  const mountpoint = realpathSync(opts.mountpoint);
+  // Resolve the parent only: the mount point itself may be a dead or hung mount, which a stat would
+  // fail on or wait on.
+  const mountpoint = join(realpathSync(dirname(opts.mountpoint)), basename(opts.mountpoint));
   const log = (opts.logger ?? silentLogger).with({ component: "fuse-block-files", mountpoint });
+  const stale = mountTable().filter((m) => m.mountpoint === mountpoint && m.fstype === FSTYPE);
+  if (stale.length > 0) {
+    if (!opts.replaceStale) throw new Error(`${mountpoint} already has a block-files mount on it`);
+    for (let i = 0; i < stale.length; i++) {
+      const id = fuseConnectionId(mountpoint);
+      if (id !== undefined) {
+        try {
+          abortFuseConnection(id);
+        } catch (err) {
+          log.debug("stale connection not aborted", { error: (err as Error).message });
+        }
+      }
+      umount2(mountpoint, MNT_DETACH);
+    }
+    log.info("replaced a stale block-files mount", { mounts: stale.length });
+  }
   const maxWrite =
     Math.max(4096, Math.min(MAX_WRITE_LIMIT, Math.ceil((opts.maxWrite ?? MAX_WRITE_LIMIT) / 4096) * 4096)) |
     0;
@@ -176,7 +206,7 @@ export async function mountBlockFiles(opts: MountBlockFilesOptions): Promise<Blo
     mount(
       "distort-block",
       mountpoint,
-      "fuse.distort-block",
+      FSTYPE,
       MS_NOSUID | MS_NODEV,
       `fd=${fd},rootmode=40000,user_id=${process.getuid?.() ?? 0},group_id=${process.getgid?.() ?? 0},allow_other`,
     );
@@ -429,7 +459,9 @@ class FuseBlockServer implements BlockFileServer {
     }
     const node = this.#byId.get(req.nodeid);
     if (!node || node.removed) {
-      this.#reply(req, Errno.ENODEV);
+      // EIO, as I/O to a namespace that went away fails on Linux (ENODEV would reach a loop
+      // device's user as "No such device": the block layer passes it through as BLK_STS_OFFLINE).
+      this.#reply(req, Errno.EIO);
       return undefined;
     }
     return node;
