@@ -4,7 +4,7 @@
 // in /tmp, attached the same way (--direct-io=off). Needs root, /dev/fuse and fio (Debian: fio).
 // Run: bun bench/fuse-block.bench.ts [seconds per job] [rounds] [job id...]
 import { existsSync, mkdirSync, mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { getPriority, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuSeconds } from "./proc-stats.ts";
 import { type Figure, fmt, median, writeResult } from "./report.ts";
@@ -166,6 +166,11 @@ async function main(): Promise<void> {
       figures,
       notes: [
         `fio ${await sh(["fio", "--version"])}, O_DIRECT libaio on the loop devices, ${SECONDS} s per job after 1 s ramp, median of ${ROUNDS} rounds alternating the devices, ${SIZE / 2 ** 20} MiB devices; both loop devices attached with --direct-io=off (loop then sends one request at a time to its file, whatever the queue depth above it).`,
+        `Machine load average ${loadavg()
+          .map((l) => l.toFixed(1))
+          .join(
+            " / ",
+          )} at the end; the FUSE server ran at nice ${getPriority(server.pid)} (inherited), the plain-file loop's I/O in kernel threads at nice 0: on a busy machine every FUSE request waits for two thread wake-ups (reader Worker, main thread), so the FUSE figures fall far more than the yardstick.`,
         "FUSE side: lab/sim/fuse served from an in-memory handler by a Bun child process (Worker reading /dev/fuse, replies from the main thread, FOPEN_DIRECT_IO, max_write 1 MiB). Plain side: a file in the page cache of /tmp.",
         ...notes,
       ],

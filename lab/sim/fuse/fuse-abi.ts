@@ -13,8 +13,10 @@ export const FUSE_MAJOR = 7;
  */
 export const FUSE_MINOR = 31;
 
+/** The node id of the mount's root directory. */
 export const FUSE_ROOT_ID = 1;
 
+/** Opcodes (enum fuse_opcode) of the requests this server answers or refuses by name. */
 export const Op = {
   LOOKUP: 1,
   FORGET: 2,
@@ -62,9 +64,12 @@ export const Init = {
   MAX_PAGES: 1 << 22,
 } as const;
 
+/** fuse_open_out.open_flags: bypass the page cache, so every read and write reaches the server. */
 export const FOPEN_DIRECT_IO = 1 << 0;
+/** fuse_setattr_in.valid: the size field is set (a truncate). */
 export const FATTR_SIZE = 1 << 3;
 
+/** fallocate(2) mode bits as FUSE_FALLOCATE carries them. */
 export const FALLOC_FL_KEEP_SIZE = 0x01;
 export const FALLOC_FL_PUNCH_HOLE = 0x02;
 export const FALLOC_FL_ZERO_RANGE = 0x10;
@@ -84,11 +89,13 @@ export const Errno = {
   EOPNOTSUPP: 95,
 } as const;
 
+/** File type bits of st_mode, and the matching dirent types. */
 export const S_IFDIR = 0o040000;
 export const S_IFREG = 0o100000;
 export const DT_DIR = 4;
 export const DT_REG = 8;
 
+/** sizeof struct fuse_in_header, fuse_out_header and fuse_write_in (the payload of a WRITE follows it). */
 export const IN_HEADER_SIZE = 40;
 export const OUT_HEADER_SIZE = 16;
 export const WRITE_IN_SIZE = 40;
@@ -151,6 +158,7 @@ export interface InitIn {
   flags: number;
 }
 
+/** Decodes struct fuse_init_in (the fields before flags2, which minor 31 does not use). */
 export function parseInitIn(body: DataView): InitIn {
   return {
     major: body.getUint32(0, true),

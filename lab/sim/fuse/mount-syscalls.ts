@@ -37,6 +37,7 @@ function errno(c: Libc): number {
   return p === null ? 0 : read.i32(p, 0);
 }
 
+/** mount(2) flags, umount2(2) flags and the errno values callers test for. */
 export const MS_NOSUID = 2;
 export const MS_NODEV = 4;
 export const MNT_DETACH = 2;
