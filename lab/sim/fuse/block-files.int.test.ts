@@ -266,7 +266,7 @@ describe.skipIf(!canRun)("FUSE block files", () => {
   );
 
   test(
-    "close() unmounts, ends the connection and closes /dev/fuse",
+    "close() unmounts, ends the connection, closes /dev/fuse and ends the reader thread",
     async () => {
       const s = await serve("close");
       s.add("x", new MemoryBlockHandler(MiB));
@@ -280,7 +280,18 @@ describe.skipIf(!canRun)("FUSE block files", () => {
             return false;
           }
         }).length;
+      // Bun names a Worker's thread "Worker".
+      const workers = () =>
+        readdirSync("/proc/self/task").filter((t) => {
+          try {
+            return readFileSync(`/proc/self/task/${t}/comm`, "utf8").trim() === "Worker";
+          } catch {
+            return false;
+          }
+        }).length;
       const fdsBefore = fuseFds();
+      const workersBefore = workers();
+      expect(workersBefore).toBeGreaterThan(0);
       await s.close();
       await s.close();
       expect(mounted(mp)).toBe(false);
@@ -288,6 +299,7 @@ describe.skipIf(!canRun)("FUSE block files", () => {
         "ended",
       );
       expect(fuseFds()).toBe(fdsBefore - 1);
+      await until("the reader thread to end", () => workers() === workersBefore - 1);
       expect(() => s.add("y", new MemoryBlockHandler(MiB))).toThrow();
     },
     SLOW,
