@@ -2,8 +2,9 @@
 // folders (or by a binary and the lab) is a primitive written twice, unless the allow-list below
 // says why the two are different logic that only share a name.
 import { expect, test } from "bun:test";
-import { readdirSync, readFileSync, statSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join, relative } from "node:path";
+import { sourceFiles } from "./source-files.ts";
 
 const root = join(import.meta.dir, "..");
 const FOLDERS = ["manager", "agent", "csi", "dpu", "lab"] as const;
@@ -23,23 +24,6 @@ const ALLOWED: Readonly<Record<string, string>> = {
     "different contracts: the CSI node validates every field (major:minor, root, options) and refuses a malformed line, because it decides on binds and ro flags; the DPU keeps mount point, type and source and skips lines not of mountinfo's shape",
 };
 
-function files(dir: string): string[] {
-  let out: string[] = [];
-  let entries: string[] = [];
-  try {
-    entries = readdirSync(dir);
-  } catch {
-    return out;
-  }
-  for (const e of entries) {
-    if (e === "node_modules" || e.startsWith(".") || e === "testdata") continue;
-    const p = join(dir, e);
-    if (statSync(p).isDirectory()) out = out.concat(files(p));
-    else if (p.endsWith(".ts") && !p.endsWith(".test.ts")) out.push(p);
-  }
-  return out;
-}
-
 // `export [default] [abstract] [async] class|function[*] Name`, and `export const Name = (...) =>`
 // or `= async x =>` for functions written as arrows.
 const EXPORT =
@@ -54,7 +38,8 @@ function exportedNames(src: string): string[] {
 function exportsByName(): Map<string, Map<string, string[]>> {
   const out = new Map<string, Map<string, string[]>>();
   for (const folder of FOLDERS) {
-    for (const f of files(join(root, folder))) {
+    for (const f of sourceFiles(join(root, folder))) {
+      if (f.endsWith(".test.ts") || f.includes("/testdata/")) continue;
       for (const name of exportedNames(readFileSync(f, "utf8"))) {
         const byFolder = out.get(name) ?? new Map<string, string[]>();
         byFolder.set(folder, [...(byFolder.get(folder) ?? []), relative(root, f)]);
