@@ -38,7 +38,9 @@ import {
   type VolumeSchema,
 } from "../gen/csi/v1/csi_pb.ts";
 import type { Clock } from "../lib/clock.ts";
+import { InFlight } from "../lib/concurrency/in-flight.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
+import { paginate } from "../lib/keyset-pagination.ts";
 import { WatchCache } from "../lib/kube/cache.ts";
 import type { KubeConnection } from "../lib/kube/connection.ts";
 import type { EventRecorder } from "../lib/kube/events.ts";
@@ -81,7 +83,6 @@ import {
   readRecord,
   type VolumeRecord,
 } from "./controller/fingerprint.ts";
-import { InFlight } from "./controller/in-flight.ts";
 import {
   type ClaimState,
   claimOf,
@@ -89,7 +90,6 @@ import {
   preliminaryVerdict,
   pvNameOf,
 } from "./controller/orphans.ts";
-import { paginate } from "./controller/pagination.ts";
 import { parseParameters } from "./controller/parameters.ts";
 import { accessibleTopology } from "./controller/topology.ts";
 import {

@@ -9,6 +9,7 @@ import {
   VolumeUsage_Unit,
 } from "../gen/csi/v1/csi_pb.ts";
 import type { Clock } from "../lib/clock.ts";
+import { InFlight } from "../lib/concurrency/in-flight.ts";
 import { StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
@@ -17,7 +18,6 @@ import type { FsType, Mounter } from "./host/mounter.ts";
 import type { MountEntry } from "./host/mountinfo.ts";
 import type { NvmeInitiator } from "./host/nvme-initiator.ts";
 import { assessHealth, type MountObservation } from "./node/health.ts";
-import { InFlight } from "./node/in-flight.ts";
 import type { NodeStateStore, Publication, StagedVolume } from "./node/state-store.ts";
 import {
   parseCapability,

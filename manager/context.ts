@@ -8,10 +8,10 @@ import type {
   RDMAStorageNode,
 } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
+import type { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
 import type { ResourceClient } from "../lib/kube/resource.ts";
 import type { Logger } from "../lib/log.ts";
 import type { ManagerConfig } from "./config.ts";
-import type { KeyedMutex } from "./device-locks.ts";
 import type { EventPort } from "./events.ts";
 import type { Inventory } from "./inventory.ts";
 import type { ManagerMetrics } from "./metrics.ts";

@@ -4,6 +4,7 @@
 import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from "../api/index.ts";
 import { kinds } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
+import { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
 import { StorageError } from "../lib/errors.ts";
 import { type CacheHandlers, WatchCache } from "../lib/kube/cache.ts";
 import type { KubeConnection } from "../lib/kube/connection.ts";
@@ -16,7 +17,6 @@ import { CAPACITY, capacityReconciler, capacityTriggers } from "./capacity/capac
 import { CLAIMS, claimReconciler, claimTriggers } from "./claims/claim-controller.ts";
 import type { ManagerConfig } from "./config.ts";
 import type { Clients, ManagerContext, Triggers } from "./context.ts";
-import { KeyedMutex } from "./device-locks.ts";
 import { EventPort, type EventSink } from "./events.ts";
 import { Inventory } from "./inventory.ts";
 import { managerMetrics } from "./metrics.ts";

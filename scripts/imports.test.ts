@@ -1,29 +1,13 @@
 // Imports run one way: product code (manager, agent, csi, dpu, lib, api, gen) never imports the
 // lab, end-to-end suites or benchmarks; only tests may. Also: nothing reads ../shared.
 import { expect, test } from "bun:test";
-import { readdirSync, readFileSync, statSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join, relative } from "node:path";
+import { sourceFiles } from "./source-files.ts";
 
 const root = join(import.meta.dir, "..");
 const PRODUCT = ["manager", "agent", "csi", "dpu", "cli", "lib", "api", "gen"];
 const FORBIDDEN = ["lab", "e2e", "bench"];
-
-function files(dir: string): string[] {
-  let out: string[] = [];
-  let entries: string[] = [];
-  try {
-    entries = readdirSync(dir);
-  } catch {
-    return out;
-  }
-  for (const e of entries) {
-    if (e === "node_modules" || e.startsWith(".")) continue;
-    const p = join(dir, e);
-    if (statSync(p).isDirectory()) out = out.concat(files(p));
-    else if (p.endsWith(".ts")) out.push(p);
-  }
-  return out;
-}
 
 const IMPORT =
   /(?:^|\n)\s*(?:import|export)\s[^;]*?from\s+["']([^"']+)["']|import\(\s*["']([^"']+)["']\s*\)/g;
@@ -31,7 +15,7 @@ const IMPORT =
 test("product code does not import lab, e2e or bench", () => {
   const offenders: string[] = [];
   for (const top of PRODUCT) {
-    for (const f of files(join(root, top))) {
+    for (const f of sourceFiles(join(root, top))) {
       if (f.endsWith(".test.ts") || f.includes("/testdata/")) continue;
       const src = readFileSync(f, "utf8");
       for (const m of src.matchAll(IMPORT)) {
@@ -49,7 +33,7 @@ test("the four binaries share code only through lib, api and gen", () => {
   const BINARIES = ["manager", "agent", "csi", "dpu"];
   const offenders: string[] = [];
   for (const top of BINARIES) {
-    for (const f of files(join(root, top))) {
+    for (const f of sourceFiles(join(root, top))) {
       if (f.endsWith(".test.ts") || f.includes("/testdata/")) continue;
       for (const m of readFileSync(f, "utf8").matchAll(IMPORT)) {
         const spec = m[1] ?? m[2] ?? "";
@@ -64,7 +48,7 @@ test("the four binaries share code only through lib, api and gen", () => {
 
 test("nothing in the project reads the ../shared folder at run or test time", () => {
   const offenders = ["api", "lib", "lab", "scripts", "gen", "bench", "manager", "agent", "csi", "dpu", "e2e"]
-    .flatMap((d) => files(join(root, d)))
+    .flatMap((d) => sourceFiles(join(root, d)))
     .filter((f) => f !== import.meta.path && /\.\.\/shared\b|\/work\/shared/.test(readFileSync(f, "utf8")))
     .map((f) => relative(root, f));
   expect(offenders).toEqual([]);

@@ -1,6 +1,6 @@
 // Operator lists that narrow which drives the agent may advertise (NVME_ALLOWED_DEVICES and
 // NVME_EXCLUDE_DEVICES in the agent's configuration): each entry is an exact serial or a PCI address.
-import { normalizePciAddress } from "./pci-address.ts";
+import { normalizePciAddress } from "../../lib/pci-address.ts";
 
 /** Allowed: when non-empty, only matching drives are advertised. Excluded: never advertised; wins over allowed. */
 export interface DeviceFilter {

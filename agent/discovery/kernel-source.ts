@@ -5,9 +5,9 @@
 import { errorMessage } from "../../lib/errors.ts";
 import type { Exec } from "../../lib/exec.ts";
 import type { HostFs } from "../../lib/fs.ts";
+import { normalizePciAddress } from "../../lib/pci-address.ts";
 import type { InventoryProblem, SkippedController, SourceController, SourceScan } from "./inventory.ts";
 import { mountedDisks } from "./lsblk.ts";
-import { normalizePciAddress } from "./pci-address.ts";
 import { checkSerial, isProblem, validateController } from "./validate-controller.ts";
 
 export const SYS_CLASS_NVME = "/sys/class/nvme";

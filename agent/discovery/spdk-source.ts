@@ -3,8 +3,8 @@
 // by its explicit NSID; a controller without it is a problem, never a guess.
 import * as v from "valibot";
 import { errorMessage } from "../../lib/errors.ts";
+import { normalizePciAddress } from "../../lib/pci-address.ts";
 import type { InventoryProblem, SkippedController, SourceController, SourceScan } from "./inventory.ts";
-import { normalizePciAddress } from "./pci-address.ts";
 import { checkSerial, isProblem, validateController } from "./validate-controller.ts";
 
 /**

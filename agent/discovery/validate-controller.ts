@@ -1,9 +1,10 @@
 // The gate every controller passes before it may be advertised, whichever source reported it:
 // exact serial, normalized PCI address, namespace 1 present and large enough for a positive
 // capacity. A controller that fails becomes an InventoryProblem and degrades its source.
+
+import { normalizePciAddress } from "../../lib/pci-address.ts";
 import { allocatableBytes } from "./capacity.ts";
 import type { InventoryProblem, SourceController, SourceName } from "./inventory.ts";
-import { normalizePciAddress } from "./pci-address.ts";
 
 /** What a source read about one controller, before any checks. Strings are as read (padding included). */
 export interface ControllerReport {

@@ -11,7 +11,6 @@ import {
   growFsArgv,
   HostMounter,
   mkfsArgv,
-  mountArgv,
   parseDeviceNumber,
   parseStatfs,
   STATFS_FORMAT,
@@ -36,16 +35,6 @@ const mounter = (exec: ScriptedExec) =>
   new HostMounter({ exec, fs, commandTimeoutMs: 111, formatTimeoutMs: 222 });
 
 test.each<[string, string[], string[]]>([
-  [
-    "mount ext4 with flags",
-    mountArgv("/dev/nvme1n1", "/stage", "ext4", ["noatime", "discard"]),
-    ["mount", "-t", "ext4", "-o", "noatime,discard", "/dev/nvme1n1", "/stage"],
-  ],
-  [
-    "mount xfs without flags",
-    mountArgv("/dev/nvme1n1", "/stage", "xfs", []),
-    ["mount", "-t", "xfs", "/dev/nvme1n1", "/stage"],
-  ],
   ["mkfs ext4 never forces", mkfsArgv("ext4", "/dev/nvme1n1"), ["mkfs.ext4", "-m0", "/dev/nvme1n1"]],
   ["mkfs xfs never forces", mkfsArgv("xfs", "/dev/nvme1n1"), ["mkfs.xfs", "/dev/nvme1n1"]],
   ["grow ext4 by device", growFsArgv("ext4", "/dev/nvme1n1", "/stage"), ["resize2fs", "/dev/nvme1n1"]],

@@ -5,7 +5,8 @@ import * as v from "valibot";
 import { StorageError } from "../../lib/errors.ts";
 import { type Exec, type ExecOptions, runChecked } from "../../lib/exec.ts";
 import type { HostFs } from "../../lib/fs.ts";
-import { blkidArgv, type DeviceContent, interpretBlkid } from "./blkid.ts";
+import { blkidArgv, type DeviceContent, interpretBlkid } from "../../lib/host/blkid.ts";
+import { mountArgv } from "../../lib/host/mount-argv.ts";
 import { attachArgv, detachArgv, LOSETUP_LIST_ARGV, parseAttached, parseLosetupList } from "./losetup.ts";
 import { type MountEntry, mountsAt, parseMountinfo } from "./mountinfo.ts";
 
@@ -76,17 +77,6 @@ export function mkfsArgv(fsType: FsType, device: string): string[] {
 /** argv growing a mounted filesystem: resize2fs takes the device, xfs_growfs the mount point. */
 export function growFsArgv(fsType: FsType, device: string, mountPoint: string): string[] {
   return fsType === "ext4" ? ["resize2fs", device] : ["xfs_growfs", "-d", mountPoint];
-}
-
-export function mountArgv(
-  device: string,
-  target: string,
-  fsType: FsType,
-  options: readonly string[],
-): string[] {
-  return options.length > 0
-    ? ["mount", "-t", fsType, "-o", options.join(","), device, target]
-    : ["mount", "-t", fsType, device, target];
 }
 
 /** `stat -f` format: fundamental block size, total, free, available blocks, total and free inodes. */

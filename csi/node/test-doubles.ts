@@ -1,9 +1,10 @@
 // Test support: in-memory stand-ins for the Node service's host ports (initiator, mounter, host
 // filesystem, state store) that keep just enough state to behave like the host and record every
 // call, so unit tests can assert both outcomes and the absence of side effects.
+
 import { StorageError } from "../../lib/errors.ts";
 import type { HostFs } from "../../lib/fs.ts";
-import type { DeviceContent } from "../host/blkid.ts";
+import type { DeviceContent } from "../../lib/host/blkid.ts";
 import type { FsType, FsUsage, Mounter } from "../host/mounter.ts";
 import type { MountEntry } from "../host/mountinfo.ts";
 import type { ConnectedSubsystem, ConnectParams, NvmeInitiator } from "../host/nvme-initiator.ts";

@@ -5,6 +5,7 @@
 
 import { errorMessage, StorageError } from "../../lib/errors.ts";
 import type { KeyFiles } from "../../lib/key-files.ts";
+import { type Page, paginate } from "../../lib/keyset-pagination.ts";
 import type { SecretReader } from "../../lib/kube/secrets.ts";
 import type { Logger } from "../../lib/log.ts";
 import { SpdkError } from "../../lib/spdk/errors.ts";
@@ -14,7 +15,6 @@ import type { SnapRpc } from "../snap/snap-rpc.ts";
 import type { BlockDevices } from "./block-devices.ts";
 import type { HostFilesystem, MountEntry } from "./host-filesystem.ts";
 import { type DeviceNames, mountDirFor, namesFor } from "./names.ts";
-import { type Page, paginate } from "./pagination.ts";
 import {
   type AttachContext,
   attachParamsFor,

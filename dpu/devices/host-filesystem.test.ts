@@ -1,10 +1,10 @@
-// The DPU's filesystem port: mountinfo parsing, blkid verdicts, and the exact argv the host
+// The DPU's filesystem port: mountinfo parsing and the exact argv the host
 // implementation runs (a scripted Exec), including the read check before "blank" is believed.
 import { describe, expect, test } from "bun:test";
 import { StorageError } from "../../lib/errors.ts";
 import type { Exec, ExecResult } from "../../lib/exec.ts";
 import type { HostFs } from "../../lib/fs.ts";
-import { hostFilesystem, interpretBlkid, mkfsArgv, mountArgv, parseMountinfo } from "./host-filesystem.ts";
+import { hostFilesystem, mkfsArgv, parseMountinfo } from "./host-filesystem.ts";
 
 const MOUNTINFO = [
   "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
@@ -26,53 +26,15 @@ describe("parseMountinfo", () => {
   });
 });
 
-describe("interpretBlkid", () => {
-  const cases: [string, number, string, object | string][] = [
-    ["nothing found", 2, "", { kind: "blank" }],
-    [
-      "ext4",
-      0,
-      "DEVNAME=/dev/nbd0\nUUID=x\nTYPE=ext4\nUSAGE=filesystem\n",
-      { kind: "filesystem", fsType: "ext4" },
-    ],
-    ["xfs without USAGE", 0, "TYPE=xfs\n", { kind: "filesystem", fsType: "xfs" }],
-    [
-      "LVM member",
-      0,
-      "TYPE=LVM2_member\nUSAGE=raid\n",
-      { kind: "other", description: "a LVM2_member signature (raid)" },
-    ],
-    ["swap", 0, "TYPE=swap\nUSAGE=other\n", { kind: "other", description: "a swap signature (other)" }],
-    [
-      "a partition table",
-      0,
-      "PTUUID=1\nPTTYPE=gpt\n",
-      { kind: "other", description: "a gpt partition table" },
-    ],
-    ["ambiguous", 8, "", { kind: "other", description: "ambiguous signatures (blkid exit 8)" }],
-    ["failure", 4, "", "blkid exited 4"],
-  ];
-  for (const [name, code, out, want] of cases) {
-    test(name, () => {
-      if (typeof want === "string") expect(() => interpretBlkid(code, out, "boom")).toThrow(want);
-      else expect(interpretBlkid(code, out, "")).toEqual(want as never);
-    });
-  }
-});
-
-test("argv: mkfs without discards, mount read-only only when asked", () => {
+test("argv: mkfs without discards, mount read-only only when asked", async () => {
   expect(mkfsArgv("/dev/nbd0", "ext4")).toEqual(["mkfs.ext4", "-q", "-E", "nodiscard", "/dev/nbd0"]);
   expect(mkfsArgv("/dev/nbd0", "xfs")).toEqual(["mkfs.xfs", "-q", "-K", "/dev/nbd0"]);
-  expect(mountArgv("/dev/nbd0", "/m", "xfs", false)).toEqual(["mount", "-t", "xfs", "/dev/nbd0", "/m"]);
-  expect(mountArgv("/dev/nbd0", "/m", "ext4", true)).toEqual([
-    "mount",
-    "-t",
-    "ext4",
-    "-o",
-    "ro",
-    "/dev/nbd0",
-    "/m",
-  ]);
+  const exec = scripted({});
+  const fs = hostFilesystem({ exec, fs: memFs({}) });
+  await fs.mount("/dev/nbd0", "/m", "xfs", false);
+  await fs.mount("/dev/nbd0", "/m", "ext4", true);
+  expect(exec.argvs[0]).toEqual(["mount", "-t", "xfs", "/dev/nbd0", "/m"]);
+  expect(exec.argvs[1]).toEqual(["mount", "-t", "ext4", "-o", "ro", "/dev/nbd0", "/m"]);
 });
 
 /** An Exec answering from a script keyed by argv[0], recording every argv. */

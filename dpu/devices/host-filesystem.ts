@@ -1,10 +1,12 @@
 // The DPU's filesystem operations for Filesystem volumes, as a port: probe a block device (blkid),
 // format it (mkfs), mount and unmount it, read the mount table. The host implementation runs
 // util-linux, e2fsprogs and xfsprogs through Exec and reads /proc/self/mountinfo through HostFs.
+
 import { StorageError } from "../../lib/errors.ts";
 import { type Exec, runChecked } from "../../lib/exec.ts";
 import type { HostFs } from "../../lib/fs.ts";
-import type { DeviceContent } from "./plan.ts";
+import { blkidArgv, type DeviceContent, interpretBlkid } from "../../lib/host/blkid.ts";
+import { mountArgv } from "../../lib/host/mount-argv.ts";
 import type { FsType } from "./request.ts";
 
 /** One line of the mount table. */
@@ -60,48 +62,11 @@ export function parseMountinfo(text: string): MountEntry[] {
   return out;
 }
 
-/** KEY=value lines of `blkid -o export`. */
-function parseExport(text: string): Map<string, string> {
-  const out = new Map<string, string>();
-  for (const line of text.split("\n")) {
-    const eq = line.indexOf("=");
-    if (eq > 0) out.set(line.slice(0, eq).trim(), line.slice(eq + 1).trim());
-  }
-  return out;
-}
-
-/**
- * Interprets `blkid -p -o export` (low-level probing, no cache). Pure. Exit 2 is "nothing
- * found"; exit 8 means several signatures, never blank; a signature that is not a filesystem
- * (RAID member, LVM, LUKS, swap, a partition table) is "other".
- */
-export function interpretBlkid(code: number, stdout: string, stderr: string): DeviceContent {
-  if (code === 2) return { kind: "blank" };
-  if (code === 8) return { kind: "other", description: "ambiguous signatures (blkid exit 8)" };
-  if (code !== 0)
-    throw new StorageError("internal", `blkid exited ${code}: ${(stderr || stdout).trim().slice(0, 500)}`);
-  const kv = parseExport(stdout);
-  const type = kv.get("TYPE");
-  const usage = kv.get("USAGE");
-  if (type !== undefined && (usage === undefined || usage === "filesystem") && type !== "swap")
-    return { kind: "filesystem", fsType: type };
-  if (type !== undefined)
-    return { kind: "other", description: `a ${type} signature${usage ? ` (${usage})` : ""}` };
-  const pt = kv.get("PTTYPE");
-  if (pt !== undefined) return { kind: "other", description: `a ${pt} partition table` };
-  return { kind: "other", description: `an unrecognised signature (${stdout.trim().slice(0, 100)})` };
-}
-
 /** argv that formats `device`. Discards are skipped: a thin volume is already zero, and discarding a large one over NBD takes minutes. */
 export function mkfsArgv(device: string, fsType: FsType): string[] {
   return fsType === "ext4"
     ? ["mkfs.ext4", "-q", "-E", "nodiscard", device]
     : ["mkfs.xfs", "-q", "-K", device];
-}
-
-/** argv that mounts `device` on `dir`. */
-export function mountArgv(device: string, dir: string, fsType: FsType, readonly: boolean): string[] {
-  return ["mount", "-t", fsType, ...(readonly ? ["-o", "ro"] : []), device, dir];
 }
 
 export interface HostFilesystemOptions {
@@ -133,14 +98,13 @@ export function hostFilesystem(o: HostFilesystemOptions): HostFilesystem {
           `cannot read ${device}: ${(read.stderr || read.stdout).trim().slice(0, 300)}`,
         );
       }
-      const r = await o.exec.run(["blkid", "-p", "-o", "export", device], { timeoutMs });
-      return interpretBlkid(r.code, r.stdout, r.stderr);
+      return interpretBlkid(await o.exec.run(blkidArgv(device), { timeoutMs }));
     },
     async format(device, fsType) {
       await run(mkfsArgv(device, fsType));
     },
     async mount(device, dir, fsType, readonly) {
-      await run(mountArgv(device, dir, fsType, readonly));
+      await run(mountArgv(device, dir, fsType, readonly ? ["ro"] : []));
     },
     async unmount(dir) {
       await run(["umount", dir]);

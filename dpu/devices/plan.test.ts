@@ -3,13 +3,13 @@
 import { describe, expect, test } from "bun:test";
 import { AccessMode } from "../../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { StorageError } from "../../lib/errors.ts";
+import type { DeviceContent } from "../../lib/host/blkid.ts";
 import type { NvmeController } from "../../lib/spdk/schemas.ts";
 import { VolumeContextKeys as K } from "../../lib/volume-context.ts";
 import { mountDirFor, NAME_PREFIX, namesFor } from "./names.ts";
 import {
   attachParamsFor,
   controllerConflict,
-  type DeviceContent,
   missingPortals,
   planFilesystem,
   recordMismatch,

@@ -1,7 +1,9 @@
 // Pure decisions behind CreateDevice: the bdev_nvme_attach_controller params for each portal,
 // which paths an existing controller still lacks, whether a saved device matches a new request,
 // and what to do with the block device's content in Filesystem mode. No I/O here.
+
 import { StorageError } from "../../lib/errors.ts";
+import type { DeviceContent } from "../../lib/host/blkid.ts";
 import type { NvmeAttachParams } from "../../lib/spdk/methods.ts";
 import type { NvmeController } from "../../lib/spdk/schemas.ts";
 import type { DeviceNames } from "./names.ts";
@@ -136,12 +138,6 @@ export function recordMismatch(record: DeviceRecord, spec: DeviceSpec): string |
   if (diffs.length === 0) return undefined;
   return `a device for volume ${spec.volumeId} already exists with ${diffs.join(", ")}; DeleteDevice it first`;
 }
-
-/** What blkid found on a block device. */
-export type DeviceContent =
-  | { readonly kind: "blank" }
-  | { readonly kind: "filesystem"; readonly fsType: string }
-  | { readonly kind: "other"; readonly description: string };
 
 /** What CreateDevice does with a Filesystem volume's block device. */
 export interface FilesystemPlan {

@@ -5,11 +5,11 @@
 import { createConnection, type Socket } from "node:net";
 import * as v from "valibot";
 import { type Clock, realClock } from "../clock.ts";
+import { KeyedMutex } from "../concurrency/keyed-mutex.ts";
 import { StorageError } from "../errors.ts";
 import type { Logger } from "../log.ts";
 import { SpdkError } from "./errors.ts";
 import { JsonObjectStream, StreamFramingError } from "./json-stream.ts";
-import { KeyedMutex } from "./keyed-mutex.ts";
 
 /** Per-call options. */
 export interface CallOptions {

@@ -11,6 +11,7 @@ import {
 } from "../../api/index.ts";
 import type { TestCluster } from "../../lab/cluster/test-support.ts";
 import { realClock } from "../../lib/clock.ts";
+import { KeyedMutex } from "../../lib/concurrency/keyed-mutex.ts";
 import { EventRecorder } from "../../lib/kube/events.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
@@ -18,7 +19,6 @@ import { createLogger, silentLogger } from "../../lib/log.ts";
 import { Registry } from "../../lib/metrics.ts";
 import { type ManagerConfig, parseConfig } from "../config.ts";
 import type { ManagerContext } from "../context.ts";
-import { KeyedMutex } from "../device-locks.ts";
 import { EventPort } from "../events.ts";
 import type { Inventory } from "../inventory.ts";
 import { type RunningManager, startManager } from "../manager.ts";

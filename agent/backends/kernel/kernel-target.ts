@@ -1,12 +1,13 @@
 // The kernel NVMe-oF target backend: exports block devices through Linux nvmet by writing its
 // configfs tree directly, reading every component back and repairing what differs on each call.
+
+import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import type { Exec } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
 import { addressFamily, serviceId } from "./address.ts";
-import { AsyncMutex } from "./async-mutex.ts";
 import { ConfigfsIo, errnoOf } from "./configfs-io.ts";
 import { findKernelDrive } from "./kernel-drive.ts";
 import { validateNqn } from "./nqn.ts";
@@ -74,7 +75,7 @@ export class KernelTarget implements TargetBackend {
   readonly #log: Logger;
   readonly #p: NvmetPaths;
   readonly #transports: readonly Transport[];
-  readonly #mutex = new AsyncMutex();
+  readonly #mutex = new Mutex();
   readonly #loaded = new Set<string>();
 
   constructor(opts: KernelTargetOptions) {

@@ -2,12 +2,12 @@
 // removed with parted, named by their externalId so they are found again after any restart.
 import { basename } from "node:path";
 import { type Clock, realClock } from "../../../lib/clock.ts";
+import { KeyedMutex } from "../../../lib/concurrency/keyed-mutex.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Exec, type ExecResult, runChecked } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import type { DeviceRef, Volume, VolumeManager, VolumeSpec } from "../../backends/types.ts";
-import { KeyedMutex } from "./keyed-mutex.ts";
 import { type PartedPartition, type PartedTable, parsePartedPrint } from "./parted-output.ts";
 import { DEFAULT_ALIGN, MiB, type Placement, placeVolume, roundUp } from "./placement.ts";
 import { parseWipefs } from "./signatures.ts";

@@ -24,10 +24,10 @@ import {
   namespaceIdDigits,
 } from "../../../csi/host/nvme-initiator.ts";
 import { type Clock, realClock } from "../../../lib/clock.ts";
+import { KeyedMutex } from "../../../lib/concurrency/keyed-mutex.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Exec, runChecked } from "../../../lib/exec.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
-import { KeyedMutex } from "../../../lib/spdk/keyed-mutex.ts";
 import { connectController, type FabricController, type SimFabric } from "../spdk/fabric.ts";
 import type { NamespaceInfo } from "../spdk/fabric-protocol.ts";
 import { ConnectionStore, type SimConnection, type SimNamespace } from "./connection-store.ts";

@@ -2,6 +2,7 @@
 // module (bdevs, lvol stores, NVMe controllers, NVMe-oF target, keyring, fsdevs, iobuf options).
 // A crash or restart throws the whole App away and builds a new one.
 import type { Clock } from "../../../lib/clock.ts";
+import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import type { Logger } from "../../../lib/log.ts";
 import { BdevRegistry } from "./bdev.ts";
 import type { SimFabric } from "./fabric.ts";
@@ -9,7 +10,6 @@ import { Fsdevs } from "./fsdev.ts";
 import { Keyring } from "./keyring.ts";
 import { type ExtentInUse, LvolStores } from "./lvol-store.ts";
 import type { RpcState } from "./method-table.ts";
-import { Mutex } from "./mutex.ts";
 import { NvmeControllers } from "./nvme-controllers.ts";
 import { NvmfTarget, type Trtype } from "./nvmf-target.ts";
 import type { PreparedDrive } from "./sim-drive.ts";

@@ -17,6 +17,7 @@ import {
   unlinkSync,
 } from "node:fs";
 import { join } from "node:path";
+import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import type { Logger } from "../../../lib/log.ts";
 import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS, simExtentJson } from "./bdev.ts";
 import {
@@ -40,7 +41,6 @@ import {
   zeroRange,
 } from "./block-io.ts";
 import type { JsonValue } from "./json-stream.ts";
-import { Mutex } from "./mutex.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 const MAGIC = Buffer.from("DSTLVS01", "latin1");

@@ -5,6 +5,7 @@ import { createHash } from "node:crypto";
 import { closeSync, existsSync, fstatSync, ftruncateSync, mkdirSync, openSync } from "node:fs";
 import { join } from "node:path";
 import * as v from "valibot";
+import { normalizePciAddress } from "../../../lib/pci-address.ts";
 
 /** A drive the emulator can attach with bdev_nvme_attach_controller trtype PCIe. */
 export interface SimDrive {
@@ -51,14 +52,6 @@ export interface PreparedDrive {
   readonly path: string;
   readonly blockSize: number;
   readonly namespaces: readonly DriveNamespace[];
-}
-
-/** "3b:00.0" or "0000:3B:00.0" → "0000:3b:00.0"; undefined when it is not a PCI address. */
-export function normalizePciAddress(addr: string): string | undefined {
-  const m = /^(?:([0-9a-fA-F]{1,4}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$/.exec(addr.trim());
-  if (!m) return undefined;
-  const [, dom = "0", bus = "", dev = "", fn = ""] = m;
-  return `${dom.padStart(4, "0")}:${bus.padStart(2, "0")}:${dev.padStart(2, "0")}.${fn}`.toLowerCase();
 }
 
 /** A UUID derived from the drive serial and NSID (name-based, version 5 layout). */

@@ -1,6 +1,7 @@
 // bdev_nvme_* methods: attach a simulated drive over PCIe or a remote subsystem over the fabric
 // (ACL refusals -5, nothing listening -19, same controller twice -114), detach, list.
 import * as v from "valibot";
+import { normalizePciAddress } from "../../../../lib/pci-address.ts";
 import type { App } from "../app.ts";
 import { FabricConnectError } from "../fabric.ts";
 import type { HostDhchapOptions } from "../fabric-auth.ts";
@@ -9,7 +10,6 @@ import { type MethodSpec, RUNTIME } from "../method-table.ts";
 import type { NvmeCtrlr, Trid } from "../nvme-controllers.ts";
 import { bool, DECODE_FAILED_INTERNAL, decode, decodeOptional, i32, str, u32, u64 } from "../params.ts";
 import { Errno, ErrnoError, RpcError } from "../rpc-error.ts";
-import { normalizePciAddress } from "../sim-drive.ts";
 
 const ADRFAM: Readonly<Record<string, string>> = {
   ipv4: "IPv4",

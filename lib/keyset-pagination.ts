@@ -1,19 +1,28 @@
-// Keyset pagination for ListDevices: devices sorted by volume id, a page ends after max_entries,
-// and the next token names the last volume id returned. Devices added or removed between pages
-// never make a page repeat or skip a device that existed throughout. Pure.
-import { StorageError } from "../../lib/errors.ts";
-import { hasControlChar } from "./request.ts";
+// Keyset pagination for the List RPCs (CSI ListVolumes/ListSnapshots, DPF ListDevices): entries
+// sorted by key in byte order, a page ends after max_entries, and the next token names the last key
+// returned. Adding or deleting entries between pages never repeats an entry nor skips one that
+// existed throughout, and a token stays valid when its own entry is gone. Pure.
+import { StorageError } from "./errors.ts";
 
-const PREFIX = "dpu1:";
+const PREFIX = "ks1:";
 
 /** The opaque token that resumes after `lastKey`. */
 export function encodeToken(lastKey: string): string {
   return Buffer.from(`${PREFIX}${lastKey}`, "utf8").toString("base64url");
 }
 
+/** True when `s` holds an ASCII control character (C0 or DEL); no key of ours does. */
+function hasControlChar(s: string): boolean {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x20 || c === 0x7f) return true;
+  }
+  return false;
+}
+
 /**
  * The key a token resumes after. A token this plugin did not issue is StorageError "busy"
- * (ABORTED): the caller restarts the listing from the beginning, as CSI's ListVolumes does.
+ * (ABORTED), as CSI asks for an invalid starting_token: the caller restarts the listing.
  */
 export function decodeToken(token: string): string {
   const bad = () =>
@@ -26,7 +35,7 @@ export function decodeToken(token: string): string {
   if (!text.startsWith(PREFIX) || text.length === PREFIX.length) throw bad();
   const key = text.slice(PREFIX.length);
   // base64url decoding ignores stray bits and bad UTF-8 is replaced: a real token round-trips.
-  // Volume ids never hold control characters, so no issued token names one.
+  // Names and ids never hold control characters, so no issued token names one.
   if (encodeToken(key) !== token || hasControlChar(key)) throw bad();
   return key;
 }
@@ -37,18 +46,22 @@ export interface Page<T> {
   readonly nextToken: string;
 }
 
-/** Byte-wise order (not locale order), so the same ids sort the same on every plugin instance. */
+/** Byte-wise UTF-8 order (not UTF-16 or locale order), the same on every instance and language. */
 function compare(a: string, b: string): number {
   return Buffer.compare(Buffer.from(a, "utf8"), Buffer.from(b, "utf8"));
 }
 
-/** One page of `items` after `startingToken` ("" = from the start); maxEntries 0 = all. */
+/**
+ * One page of `items` (any order; sorted here by `keyOf`) after `startingToken` ("" = from the
+ * start). maxEntries 0 means "all"; a negative one is StorageError "invalid"; a bad token "busy".
+ */
 export function paginate<T>(
   items: readonly T[],
   keyOf: (t: T) => string,
   maxEntries: number,
   startingToken: string,
 ): Page<T> {
+  if (maxEntries < 0) throw new StorageError("invalid", `max_entries must not be negative (${maxEntries})`);
   const after = startingToken === "" ? undefined : decodeToken(startingToken);
   const sorted = [...items].sort((a, b) => compare(keyOf(a), keyOf(b)));
   const rest = after === undefined ? sorted : sorted.filter((t) => compare(keyOf(t), after) > 0);

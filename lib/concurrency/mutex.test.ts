@@ -1,9 +1,9 @@
-// Tests for AsyncMutex: one callback at a time, call order kept, a failure released and isolated.
+// Tests for Mutex: one callback at a time, call order kept, a failure released and isolated.
 import { expect, test } from "bun:test";
-import { AsyncMutex } from "./async-mutex.ts";
+import { Mutex } from "./mutex.ts";
 
 test("callbacks run one at a time in call order, and errors stay with their caller", async () => {
-  const m = new AsyncMutex();
+  const m = new Mutex();
   const events: string[] = [];
   let inside = 0;
   const job = (name: string, fail = false) =>
@@ -24,4 +24,13 @@ test("callbacks run one at a time in call order, and errors stay with their call
     "c",
   ]);
   expect(events).toEqual(["start a", "end a", "start b", "end b", "start c", "end c"]);
+});
+
+test("a callback that throws synchronously is contained like a rejection", async () => {
+  const m = new Mutex();
+  const bad = m.run((() => {
+    throw new Error("sync");
+  }) as () => Promise<void>);
+  await expect(bad).rejects.toThrow("sync");
+  expect(await m.run(async () => 1)).toBe(1);
 });

@@ -1,10 +1,12 @@
 // A keyed FIFO mutex: at most one task per key runs at a time, waiters run in arrival order, and
-// tasks under different keys run concurrently. Used to serialise mutations of one SPDK object.
+// tasks under different keys run concurrently. Serialises mutations of one SPDK object, one disk's
+// partition table, one device's ledger writes.
 
 /**
- * Per-key FIFO mutual exclusion for async tasks. Not reentrant: a task that calls run() again
- * with its own key waits for itself forever. A task that throws or rejects releases the key like
- * one that succeeds. Memory is held only for keys with a running or waiting task.
+ * Per-key FIFO mutual exclusion for async tasks, inside one process. Not reentrant: a task that
+ * calls run() again with its own key waits for itself forever. A task that throws (synchronously
+ * too) or rejects releases the key like one that succeeds, and its error reaches only its own
+ * caller. Memory is held only for keys with a running or waiting task.
  */
 export class KeyedMutex {
   // The promise that settles when the last task queued under the key has finished.
@@ -32,7 +34,7 @@ export class KeyedMutex {
     });
   }
 
-  /** Keys with a running or waiting task; for tests and diagnostics. */
+  /** Keys with a running or waiting task; for tests, metrics and diagnostics. */
   get heldKeys(): number {
     return this.#tails.size;
   }

@@ -1,5 +1,6 @@
 // PCI addresses as DISTORT stores them: lower-case, zero-padded domain:bus:device.function, the
-// form sysfs and SPDK print (0000:3b:00.0), so that both sources compare equal.
+// form sysfs and SPDK print (0000:3b:00.0), so that both sources compare equal. Used by the agent's
+// discovery and by the SPDK emulator for PCIe transport addresses.
 
 // Domain up to 8 hex digits (Intel VMD uses 10000+), bus 8 bits, device 5 bits, function 3 bits.
 const BDF = /^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$/;

@@ -1,9 +1,9 @@
-// KeyedMutex: FIFO order and exclusion per key under contention, concurrency across keys, and
-// release after failure.
+// KeyedMutex: FIFO order and exclusion per key under contention, concurrency across keys, release
+// after failure, and idle keys forgotten.
 
 import { expect, test } from "bun:test";
+import { seededRandom } from "../spdk/testing.ts";
 import { KeyedMutex } from "./keyed-mutex.ts";
-import { seededRandom } from "./testing.ts";
 
 const tick = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -69,4 +69,60 @@ test("a task that throws synchronously is contained like a rejection", async () 
   }) as () => Promise<void>);
   await expect(bad).rejects.toThrow("sync");
   expect(await mutex.run("k", async () => 1)).toBe(1);
+});
+
+test("same key runs in order, one at a time; other keys overlap; keys are forgotten when idle", async () => {
+  const m = new KeyedMutex();
+  const log: string[] = [];
+  const active = new Map<string, number>();
+  const job = (key: string, name: string, fail = false) =>
+    m.run(key, async () => {
+      active.set(key, (active.get(key) ?? 0) + 1);
+      expect(active.get(key)).toBe(1);
+      log.push(`+${name}`);
+      await tick(1);
+      log.push(`-${name}`);
+      active.set(key, (active.get(key) ?? 0) - 1);
+      if (fail) throw new Error(name);
+    });
+  const all = Promise.allSettled([job("a", "a1", true), job("b", "b1"), job("a", "a2")]);
+  expect(m.heldKeys).toBe(2);
+  const results = await all;
+  expect(results.map((r) => r.status)).toEqual(["rejected", "fulfilled", "fulfilled"]);
+  // a2 waited for a1; b1 ran alongside a1.
+  expect(log.indexOf("-a1")).toBeLessThan(log.indexOf("+a2"));
+  expect(log.indexOf("+b1")).toBeLessThan(log.indexOf("-a1"));
+  await tick(1);
+  expect(m.heldKeys).toBe(0);
+});
+
+test("serialises per key, runs keys concurrently, survives failures, forgets idle keys", async () => {
+  const m = new KeyedMutex();
+  const log: string[] = [];
+  let release!: () => void;
+  const gate = new Promise<void>((r) => {
+    release = r;
+  });
+  const a1 = m.run("a", async () => {
+    log.push("a1 start");
+    await gate;
+    log.push("a1 end");
+    throw new Error("boom");
+  });
+  const a2 = m.run("a", async () => {
+    log.push("a2");
+    return 2;
+  });
+  const b1 = m.run("b", async () => {
+    log.push("b1");
+    return 1;
+  });
+  expect(await b1).toBe(1);
+  expect(log).toEqual(["a1 start", "b1"]);
+  release();
+  await expect(a1).rejects.toThrow("boom");
+  expect(await a2).toBe(2);
+  expect(log).toEqual(["a1 start", "b1", "a1 end", "a2"]);
+  await Bun.sleep(0);
+  expect(m.heldKeys).toBe(0);
 });
