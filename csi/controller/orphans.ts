@@ -1,6 +1,6 @@
 // Whether a CSI-made NVMePartition has been orphaned: its claim was deleted before a PV existed, so
 // external-provisioner will never call DeleteVolume for it (kubernetes-csi/external-provisioner
-// #311, #486). Pure: the collector in csi/controller.ts gathers the facts and acts on the verdict.
+// #311, #486). Pure: the collector in orphan-collection.ts gathers the facts and acts on the verdict.
 import type { NVMePartition } from "../../api/index.ts";
 import { Annotations } from "./fingerprint.ts";
 

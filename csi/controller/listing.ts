@@ -1,0 +1,82 @@
+// GetCapacity, ListVolumes and ListSnapshots: answers read from the watch caches alone (never the
+// API server), UNAVAILABLE until they have synced; listings page by object name (pagination.ts).
+import type {
+  GetCapacityRequest,
+  ListSnapshotsRequest,
+  ListVolumesRequest,
+} from "../../gen/csi/v1/csi_pb.ts";
+import { paginate } from "../../lib/keyset-pagination.ts";
+import { ALLOCATION_UNIT } from "../../lib/units.ts";
+import { invalidArgument } from "../errors.ts";
+import { malformedReason, unsupportedReason } from "./capabilities.ts";
+import { availableCapacity } from "./capacity-report.ts";
+import { parseParameters } from "./parameters.ts";
+import { snapshotInfo } from "./snapshots.ts";
+import type { ControllerState } from "./state.ts";
+import { parseVolumeId } from "./volume-id.ts";
+
+/** ListVolumes: every addressable volume with the nodes it is published to, one page at a time. */
+export function listVolumes(c: ControllerState, req: ListVolumesRequest) {
+  c.requireSynced();
+  const published = c.publishedNodes();
+  const page = paginate(c.addressable(), (p) => p.metadata.name, req.maxEntries, req.startingToken);
+  return {
+    entries: page.entries.map((p) => ({
+      volume: c.volumeOf(p),
+      status: { publishedNodeIds: published.get(p.metadata.uid as string) ?? [] },
+    })),
+    nextToken: page.nextToken,
+  };
+}
+
+/**
+ * GetCapacity: the free bytes on devices of the requested backend and topology, with the largest
+ * volume one of them could hold. Zero for capabilities DISTORT cannot provide; INVALID_ARGUMENT
+ * for malformed capabilities or parameters.
+ */
+export function getCapacity(c: ControllerState, req: GetCapacityRequest) {
+  const { params } = parseParameters(req.parameters, c.ns);
+  for (const [i, cap] of req.volumeCapabilities.entries()) {
+    const why = malformedReason(cap);
+    if (why) throw invalidArgument(`volume_capabilities[${i}]: ${why}`);
+    // Capacity for volumes DISTORT cannot make is none at all.
+    if (unsupportedReason(cap)) return { availableCapacity: 0n };
+  }
+  c.requireSynced();
+  const answer = availableCapacity(c.devices.list(), c.storageNodes.list(), {
+    backend: params.backend,
+    ...(req.accessibleTopology ? { segments: req.accessibleTopology.segments } : {}),
+  });
+  return {
+    availableCapacity: BigInt(answer.availableBytes),
+    maximumVolumeSize: BigInt(answer.maximumVolumeBytes),
+    minimumVolumeSize: BigInt(ALLOCATION_UNIT),
+  };
+}
+
+/**
+ * ListSnapshots: snapshots not being deleted, filtered by snapshot id or source volume id when
+ * given (an id that is not ours matches nothing), one page at a time.
+ */
+export function listSnapshots(c: ControllerState, req: ListSnapshotsRequest) {
+  c.requireSynced();
+  let items = c.snapshots.list().filter((s) => {
+    const uid = s.metadata.uid;
+    return (
+      uid !== undefined &&
+      !s.metadata.deletionTimestamp &&
+      parseVolumeId(`${c.ns}/${s.metadata.name}/${uid}`) !== undefined
+    );
+  });
+  if (req.snapshotId) {
+    const ref = c.ref(req.snapshotId);
+    items = ref ? items.filter((s) => s.metadata.name === ref.name && s.metadata.uid === ref.uid) : [];
+  }
+  if (req.sourceVolumeId)
+    items = items.filter((s) => snapshotInfo(s, c.ns).sourceVolumeId === req.sourceVolumeId);
+  const page = paginate(items, (s) => s.metadata.name, req.maxEntries, req.startingToken);
+  return {
+    entries: page.entries.map((s) => ({ snapshot: snapshotInfo(s, c.ns) })),
+    nextToken: page.nextToken,
+  };
+}

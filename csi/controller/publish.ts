@@ -1,0 +1,278 @@
+// ControllerPublishVolume and ControllerUnpublishVolume: a publication is the partition's one
+// NVMeVolumeAttachment, moved between nodes only by the fencing rules in fencing.ts, and done
+// only once the agent reports the target ACL in force (or revoked) for exactly that lifetime.
+import type { HandlerContext } from "@connectrpc/connect";
+import { API_VERSION, type NVMePartition, type NVMeVolumeAttachment } from "../../api/index.ts";
+import type {
+  ControllerPublishVolumeRequest,
+  ControllerUnpublishVolumeRequest,
+} from "../../gen/csi/v1/csi_pb.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { HOST_NQN_ANNOTATION } from "../../lib/kube/host-nqn-annotation.ts";
+import { PublishContextKeys } from "../../lib/volume-context.ts";
+import { aborted, alreadyExists, failedPrecondition, invalidArgument, notFound } from "../errors.ts";
+import { capabilityKey, type NormalizedCapability, requireSupported } from "./capabilities.ts";
+import {
+  ACCESS_ANNOTATION,
+  accessPending,
+  accessReady,
+  decidePublish,
+  decideUnpublish,
+  FENCED_ANNOTATION,
+  PREVIOUS_NODE_ANNOTATION,
+  type PublishIntent,
+  READONLY_ANNOTATION,
+} from "./fencing.ts";
+import { PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./fingerprint.ts";
+import type { ControllerState } from "./state.ts";
+import { attachmentNameFor, type VolumeRef } from "./volume-id.ts";
+
+/**
+ * ControllerPublishVolume: authorizes the node's host NQN on the volume and answers once the
+ * agent enforces it, with the host NQN and attachment id as publish context. Idempotent per
+ * (volume, node, capability, readonly); FAILED_PRECONDITION while another unfenced node holds the
+ * volume, ALREADY_EXISTS for the same node with an incompatible capability, NOT_FOUND for a gone
+ * volume or node.
+ */
+export async function publishVolume(
+  c: ControllerState,
+  req: ControllerPublishVolumeRequest,
+  ctx: HandlerContext,
+) {
+  if (!req.volumeId) throw invalidArgument("volume_id is required");
+  if (!req.nodeId) throw invalidArgument("node_id is required");
+  if (!req.volumeCapability) throw invalidArgument("volume_capability is required");
+  const [cap] = requireSupported([req.volumeCapability], "volume_capability") as [NormalizedCapability];
+  const ref = c.ref(req.volumeId);
+  if (!ref) throw notFound(`volume ${req.volumeId} does not exist`);
+  c.requireSynced();
+  const key = c.key(ref.name);
+  return c.inFlight.run(key, `ControllerPublishVolume ${req.nodeId}`, async () => {
+    const p = await c.partitionOf(ref);
+    if (!p || p.metadata.deletionTimestamp) throw notFound(`volume ${req.volumeId} does not exist`);
+    const node = await c.nodes.get(req.nodeId);
+    if (!node) throw notFound(`node ${req.nodeId} does not exist`);
+    const hostNQN = node.hostNQN;
+    if (!hostNQN) {
+      throw failedPrecondition(
+        `node ${req.nodeId} has not registered its NVMe host NQN (Node annotation ${HOST_NQN_ANNOTATION}); the DISTORT node plugin writes it from /etc/nvme/hostnqn when it starts there`,
+      );
+    }
+    const intent: PublishIntent = {
+      nodeId: req.nodeId,
+      hostNQN,
+      access: capabilityKey(cap),
+      readonly: req.readonly,
+    };
+    let last: NVMeVolumeAttachment | undefined;
+    const a = await c.budget(
+      ctx,
+      (signal) =>
+        authorize(c, p, ref, intent, signal, (o) => {
+          last = o;
+        }),
+      () => `node ${req.nodeId} is not authorized on volume ${key} yet: ${accessPending(last)}`,
+    );
+    return {
+      publishContext: {
+        [PublishContextKeys.hostNQN]: a.spec.hostNQN,
+        [PublishContextKeys.attachmentId]: a.spec.attachmentId,
+      },
+    };
+  });
+}
+
+/** Brings the partition's attachment to `intent` (section 3.8) and waits for AccessReady. */
+async function authorize(
+  c: ControllerState,
+  p: NVMePartition,
+  ref: VolumeRef,
+  intent: PublishIntent,
+  signal: AbortSignal,
+  seen: (a: NVMeVolumeAttachment) => void,
+): Promise<NVMeVolumeAttachment> {
+  const name = attachmentNameFor(ref.name, ref.uid);
+  const annotations = {
+    [READONLY_ANNOTATION]: String(intent.readonly),
+    [ACCESS_ANNOTATION]: intent.access,
+  };
+  for (;;) {
+    const cur = await c.attClient.get(name, c.ns);
+    if (cur) seen(cur);
+    if (cur && cur.spec.partitionUID !== ref.uid)
+      throw new StorageError(
+        "internal",
+        `NVMeVolumeAttachment ${name} belongs to partition UID ${cur.spec.partitionUID}`,
+      );
+    const d = decidePublish(cur, intent);
+    switch (d.action) {
+      case "create": {
+        let created: NVMeVolumeAttachment;
+        try {
+          created = await c.attClient.create({
+            apiVersion: API_VERSION,
+            kind: "NVMeVolumeAttachment",
+            metadata: {
+              name,
+              namespace: c.ns,
+              labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
+              annotations,
+            },
+            spec: {
+              partitionName: ref.name,
+              partitionUID: ref.uid,
+              nodeId: intent.nodeId,
+              hostNQN: intent.hostNQN,
+              attachmentId: c.newAttachmentId(),
+            },
+          });
+        } catch (err) {
+          if (err instanceof StorageError && err.kind === "already-exists") continue;
+          throw err;
+        }
+        c.log.info("volume publication requested", {
+          partition: c.key(ref.name),
+          node: intent.nodeId,
+        });
+        return awaitReady(c, created, signal, seen);
+      }
+      case "wait-gone":
+        await c.waitGone(
+          c.attachmentWaiter,
+          c.attClient,
+          name,
+          (cur as NVMeVolumeAttachment).metadata.uid as string,
+          signal,
+          seen,
+        );
+        continue;
+      case "await-ready":
+        return awaitReady(c, cur as NVMeVolumeAttachment, signal, seen);
+      case "renew":
+      case "takeover": {
+        const held = cur as NVMeVolumeAttachment;
+        const ann: Record<string, string> = { ...(held.metadata.annotations ?? {}), ...annotations };
+        delete ann[FENCED_ANNOTATION];
+        if (d.action === "takeover") ann[PREVIOUS_NODE_ANNOTATION] = d.from;
+        let switched: NVMeVolumeAttachment;
+        try {
+          // resourceVersion-guarded: an unpublish or another takeover in between wins, we re-read.
+          switched = await c.attClient.replace({
+            ...held,
+            metadata: { ...held.metadata, annotations: ann },
+            spec: {
+              ...held.spec,
+              nodeId: intent.nodeId,
+              hostNQN: intent.hostNQN,
+              attachmentId: c.newAttachmentId(),
+            },
+          });
+        } catch (err) {
+          if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) continue;
+          throw err;
+        }
+        const what = d.action === "takeover" ? `taken over from fenced node ${d.from}` : d.reason;
+        c.log.warn("volume publication switched", {
+          partition: c.key(ref.name),
+          node: intent.nodeId,
+          why: what,
+        });
+        void c.o.events?.record(
+          p,
+          "Warning",
+          d.action === "takeover" ? "TakenOver" : "HostNQNChanged",
+          "Publish",
+          `publication for node ${intent.nodeId}: ${what}`,
+        );
+        return awaitReady(c, switched, signal, seen);
+      }
+      case "refuse":
+        throw failedPrecondition(d.message, { holder: d.holder });
+      case "incompatible":
+        throw alreadyExists(d.message);
+    }
+  }
+}
+
+/**
+ * Waits until the agent enforces exactly `a`'s lifetime. A cached copy older than `a` (lower
+ * generation) is "not yet"; a newer one with another lifetime, or being deleted, means someone
+ * else changed the publication meanwhile: ABORTED, and the CO's retry decides afresh.
+ */
+function awaitReady(
+  c: ControllerState,
+  a: NVMeVolumeAttachment,
+  signal: AbortSignal,
+  seen: (a: NVMeVolumeAttachment) => void,
+): Promise<NVMeVolumeAttachment> {
+  const id = a.spec.attachmentId;
+  const generation = a.metadata.generation ?? 0;
+  return c.attachmentWaiter.waitFor(
+    c.key(a.metadata.name),
+    (o) => {
+      // Another incarnation in the cache is either one it has not dropped yet or a replacement
+      // made after ours was removed; either way not ours to judge, and the budget bounds it.
+      if (!o || o.metadata.uid !== a.metadata.uid || (o.metadata.generation ?? 0) < generation)
+        return undefined;
+      seen(o);
+      if (o.metadata.deletionTimestamp)
+        throw aborted(`the publication is being removed by a concurrent unpublish`);
+      if (o.spec.attachmentId !== id)
+        throw aborted(`the publication changed to node ${o.spec.nodeId} meanwhile`);
+      return accessReady(o, id) ? o : undefined;
+    },
+    signal,
+  );
+}
+
+/**
+ * ControllerUnpublishVolume: removes the node's publication (any node's when node_id is empty)
+ * and answers once the agent has revoked the target ACL and released the attachment. OK when
+ * nothing is published there; idempotent.
+ */
+export async function unpublishVolume(
+  c: ControllerState,
+  req: ControllerUnpublishVolumeRequest,
+  ctx: HandlerContext,
+) {
+  if (!req.volumeId) throw invalidArgument("volume_id is required");
+  const ref = c.ref(req.volumeId);
+  if (!ref) return {}; // no such volume: nothing is published
+  c.requireSynced();
+  const key = c.key(ref.name);
+  const name = attachmentNameFor(ref.name, ref.uid);
+  return c.inFlight.run(key, `ControllerUnpublishVolume ${req.nodeId}`, async () => {
+    let last: NVMeVolumeAttachment | undefined;
+    await c
+      .budget(
+        ctx,
+        async (signal) => {
+          const cur = await c.attClient.get(name, c.ns);
+          if (cur) last = cur;
+          const d = decideUnpublish(cur?.spec.partitionUID === ref.uid ? cur : undefined, req.nodeId);
+          if (d.action === "done") return;
+          const held = cur as NVMeVolumeAttachment;
+          if (d.action === "delete") await c.attClient.delete(name, c.ns, { uid: held.metadata.uid });
+          await c.waitGone(
+            c.attachmentWaiter,
+            c.attClient,
+            name,
+            held.metadata.uid as string,
+            signal,
+            (o) => {
+              last = o;
+            },
+          );
+          c.log.info("volume unpublished", { partition: key, node: held.spec.nodeId });
+        },
+        () =>
+          `revoking access of ${last?.spec.nodeId ?? req.nodeId} to volume ${key} is not finished: the agent holds the attachment until the target ACL is revoked`,
+      )
+      .catch((err) => {
+        // The uid precondition failed: the attachment we read is gone already.
+        if (err instanceof StorageError && err.kind === "conflict") return;
+        throw err;
+      });
+    return {};
+  });
+}
