@@ -4,6 +4,13 @@
 // Every method is idempotent and safe to repeat after a crash at any point.
 
 export type BackendName = "spdk" | "kernel";
+
+/**
+ * details.reason of a prepareDevice StorageError meaning the drive is not there for the backend
+ * (missing, or not bound to its driver): nothing but an operator or a hotplug fixes it, so the
+ * partition reports it as a condition and retries slowly instead of backing off as for a fault.
+ */
+export const DRIVE_MISSING = "DriveMissing";
 export type VolumeManagerName = "spdk-lvol" | "parted";
 export type Transport = "rdma" | "tcp";
 

@@ -1,6 +1,6 @@
-// A portal the storage node does not have: real SPDK v25.05.1 refuses the listener with -32602
-// "Invalid parameters" (bind() fails), and SpdkTarget must turn that into a clear "unavailable"
-// condition instead of counting the export as reachable.
+// Node conditions SpdkTarget must name clearly, against the emulator: a portal the storage node
+// does not have (SPDK v25.05.1 refuses the listener with -32602 "Invalid parameters", as bind()
+// fails), and a drive that is not at its PCI address for SPDK (attach -19 over PCIe).
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -14,7 +14,7 @@ import { SpdkError } from "../../../lib/spdk/errors.ts";
 import { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
 import { SpdkLvolVolumeManager } from "../../volumes/spdk-lvol/manager.ts";
-import type { DeviceRef, ExportSpec } from "../types.ts";
+import { type DeviceRef, DRIVE_MISSING, type ExportSpec } from "../types.ts";
 import { SpdkTarget } from "./target.ts";
 
 const DRIVE: DeviceRef = { name: "node-l-siml0001", serial: "SIML0001", pciAddress: "0000:5e:00.0" };
@@ -94,4 +94,16 @@ test("ensureExport on a portal the node does not have fails unavailable, naming 
   expect(subs[0]?.listen_addresses).toEqual([]);
   // Corrected to the node's portal, the same export converges.
   expect(await target.ensureExport({ ...s, address: PORTAL })).toContain("listener");
+});
+
+test("a drive missing at its PCI address is not-found with the DriveMissing reason, not 'nothing listens'", async () => {
+  const gone: DeviceRef = { name: "node-l-siml0002", serial: "SIML0002", pciAddress: "0000:af:00.0" };
+  const err = await target.prepareDevice(gone).catch((e: unknown) => e);
+  expect(err).toBeInstanceOf(StorageError);
+  expect((err as StorageError).kind).toBe("not-found");
+  expect((err as StorageError).transient).toBe(false);
+  expect((err as StorageError).details.reason).toBe(DRIVE_MISSING);
+  expect((err as StorageError).message).toContain("0000:af:00.0");
+  expect((err as StorageError).message).toContain("not bound to a driver SPDK can use");
+  expect((err as StorageError).message).not.toContain("listening");
 });
