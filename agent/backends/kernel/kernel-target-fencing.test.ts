@@ -109,7 +109,7 @@ describe.each([
     );
     expect(late).toStartWith("failed");
     // And it cannot come back: nvmet checks the host at connect.
-    expect(connect(OLD)).rejects.toThrow(/not allowed/);
+    await expect(connect(OLD)).rejects.toThrow(/not allowed/);
 
     const fresh = await connect(NEW);
     expect((await fresh.read(1, 0, 4096)).subarray(0, 25).toString()).toBe("old writer, before revoke");
@@ -148,7 +148,7 @@ describe("with nvmet debugfs", () => {
     await sim.unlink(`${NVMET}/subsystems/${NQN}/allowed_hosts/${OLD}`);
     await old.write(1, 0, block("still connected"));
     expect(await target.reconcileHosts(NQN, [NEW])).toContain("fence:port-1");
-    expect(old.write(1, 0, block("after the repair"))).rejects.toThrow();
+    await expect(old.write(1, 0, block("after the repair"))).rejects.toThrow();
   });
 
   test("controllers that do not go in time leave the call unavailable, so AccessReady is not written", async () => {
