@@ -28,7 +28,9 @@ import { exportOnTarget, loopBlockDevices, mapSecretReader } from "./testing.ts"
 
 const MIB = 1024 * 1024;
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:7c6b5a49-3827-4165-a4b3-c2d1e0f9a8b7";
-const SECRET = "DHHC-1:00:ia6zGodOr7SVbbHTCaVwbRnVlHZxj+whSpGEQDmmE1PA/0ay:";
+// A valid DH-HMAC-CHAP secret (nvme gen-dhchap-key; check-dhchap-key: CRC ff1c9c56): the target now
+// authenticates the initiator with it.
+const SECRET = "DHHC-1:00:9gb8PYK0rmteVJT0wi+Kpv1Z5AXoNQAD0KKp/JiQgzNWnBz/:";
 const NS = "distort-system";
 const canRunFs = process.getuid?.() === 0 && Bun.which("losetup") !== null;
 

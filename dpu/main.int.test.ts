@@ -27,7 +27,9 @@ import { exportOnTarget } from "./testing.ts";
 
 const MAIN = join(import.meta.dir, "main.ts");
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:0a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9";
-const SECRET = "DHHC-1:00:ia6zGodOr7SVbbHTCaVwbRnVlHZxj+whSpGEQDmmE1PA/0ay:";
+// A valid DH-HMAC-CHAP secret (nvme gen-dhchap-key; check-dhchap-key: CRC ff1c9c56): the target now
+// authenticates the initiator with it.
+const SECRET = "DHHC-1:00:9gb8PYK0rmteVJT0wi+Kpv1Z5AXoNQAD0KKp/JiQgzNWnBz/:";
 
 let tc: TestCluster;
 let ns: string;

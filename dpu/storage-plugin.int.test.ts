@@ -31,7 +31,9 @@ import { exportOnTarget, mapSecretReader, RecordingRpc, type TargetListener } fr
 const MIB = 1024 * 1024;
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:3b0c8a52-5d1e-4c7b-9a44-0d2f6e8b1c37";
 const OTHER_HOST = "nqn.2014-08.org.nvmexpress:uuid:9e7d6c5b-4a39-4281-b7f6-e5d4c3b2a190";
-const SECRET = "DHHC-1:00:ia6zGodOr7SVbbHTCaVwbRnVlHZxj+whSpGEQDmmE1PA/0ay:";
+// A valid DH-HMAC-CHAP secret (nvme gen-dhchap-key; check-dhchap-key: CRC ff1c9c56): the target now
+// authenticates the initiator with it.
+const SECRET = "DHHC-1:00:9gb8PYK0rmteVJT0wi+Kpv1Z5AXoNQAD0KKp/JiQgzNWnBz/:";
 const NS = "distort-system";
 
 let root: string;

@@ -105,7 +105,18 @@ export class App {
       config.clock,
       log,
     );
-    this.target = new NvmfTarget(this.registry, config.fabric, config.cores.length, log);
+    this.target = new NvmfTarget(this.registry, config.fabric, config.cores.length, log, (host) => {
+      // The keys the host entry holds, read from their files now (a deleted file fails the host).
+      const secret = (name: string | undefined) => {
+        const key = this.keyring.heldBy(host).find((k) => k.name === name);
+        try {
+          return key ? this.keyring.read(key) : undefined;
+        } catch {
+          return undefined;
+        }
+      };
+      return { hostSecret: secret(host.dhchapKey), ctrlSecret: secret(host.dhchapCtrlrKey) };
+    });
     this.#state = config.waitForRpc ? "startup" : "runtime";
   }
 

@@ -1,6 +1,6 @@
 // The wire protocol of the simulated NVMe-oF fabric: length-prefixed frames, each a JSON header
-// plus optional raw bytes, carrying connect (host NQN against the target's ACL), namespace
-// identity, block reads and writes, and namespace-change notices.
+// plus optional raw bytes, carrying connect (host NQN against the target's ACL, then DH-HMAC-CHAP
+// when the host has a key), namespace identity, block reads and writes, and namespace-change notices.
 import * as v from "valibot";
 
 /** Namespace identity as a controller reports it (Identify Namespace, reduced). */
@@ -55,6 +55,12 @@ export const MessageSchema = v.variant("op", [
   /** CONNECT refused: unknown subsystem, listener not allowed or host not allowed. */
   v.object({ op: v.literal("rejected"), tag: v.number(), reason: v.string() }),
   v.object({ op: v.literal("data"), tag: v.number() }),
+  /** CONNECT accepted, but the host must authenticate first (AUTHREQ.ATR); then it connects again. */
+  v.object({ op: v.literal("auth_required"), tag: v.number() }),
+  /** Authentication Send: the payload is one message (lib/nvme/dhchap-messages.ts); reply ok. */
+  v.object({ op: v.literal("auth_send"), tag: v.number() }),
+  /** Authentication Receive: the reply is "data" carrying one message. */
+  v.object({ op: v.literal("auth_receive"), tag: v.number() }),
   v.object({ op: v.literal("ok"), tag: v.number() }),
   v.object({ op: v.literal("error"), tag: v.number(), errno: v.number() }),
   /** Unsolicited: the namespace list changed (added, removed or resized). */

@@ -1,9 +1,11 @@
 // SimFabric: the simulated NVMe-oF network. A directory shared by emulator instances (in one
 // process or several) where each target listener (trtype, traddr, trsvcid) is a unix socket; an
-// initiator connects to it, presents host and subsystem NQNs, and then reads and writes blocks.
+// initiator connects to it, presents host and subsystem NQNs (authenticating with DH-HMAC-CHAP when
+// the target asks), and then reads and writes blocks.
 import { mkdirSync } from "node:fs";
 import { createServer, connect as netConnect, type Server, type Socket } from "node:net";
 import { join } from "node:path";
+import { AuthError, authenticateHost, type HostDhchapOptions } from "./fabric-auth.ts";
 import {
   type ControllerInfo,
   encodeFrame,
@@ -130,12 +132,15 @@ export interface ConnectOptions extends FabricAddress {
   readonly hostid: string;
   /** Source address reported to the target; defaults to traddr (a loopback-like path). */
   readonly hostaddr?: string;
+  /** DH-HMAC-CHAP secrets, used when the target asks the host to authenticate. */
+  readonly dhchap?: HostDhchapOptions;
 }
 
 /**
  * Connects a controller to the subsystem `opts.subnqn` behind the listener at `opts`. Rejects
- * with FabricConnectError ENODEV when nothing listens there and EIO when the target refuses the
- * connect (unknown subsystem, listener not enabled for it, host not allowed).
+ * with FabricConnectError ENODEV when nothing listens there, EIO when the target refuses the
+ * connect (unknown subsystem, listener not enabled for it, host not allowed), and the errno of
+ * fabric-auth.ts's authenticateHost (ENOKEY, ECONNREFUSED) when DH-HMAC-CHAP fails.
  */
 export async function connectController(fabric: SimFabric, opts: ConnectOptions): Promise<FabricController> {
   const path = fabric.socketPath(opts);
@@ -202,7 +207,7 @@ export class FabricController {
 
   /** @internal Sends CONNECT and waits for the verdict. */
   async handshake(opts: ConnectOptions): Promise<void> {
-    const f = await this.#request({
+    const connect: Message = {
       op: "connect",
       tag: 0,
       subnqn: opts.subnqn,
@@ -211,7 +216,17 @@ export class FabricController {
       peerAddress: opts.hostaddr ?? opts.traddr,
       // An ephemeral source port, as the kernel would pick one.
       peerPort: String(32768 + Math.floor(Math.random() * 28000)),
-    });
+    };
+    let f = await this.#request(connect);
+    if (f.msg.op === "auth_required") {
+      try {
+        await authenticateHost((m, p) => this.#request(m, p), opts);
+      } catch (err) {
+        if (err instanceof AuthError) throw new FabricConnectError(err.errno, err.detail);
+        throw err;
+      }
+      f = await this.#request(connect);
+    }
     if (f.msg.op === "rejected") throw new FabricConnectError(Errno.EIO, f.msg.reason);
     if (f.msg.op !== "connected") throw new FabricConnectError(Errno.EIO, `unexpected ${f.msg.op}`);
     this.#ctrlr = f.msg.ctrlr;

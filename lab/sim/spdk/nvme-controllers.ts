@@ -6,6 +6,7 @@ import type { Logger } from "../../../lib/log.ts";
 import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_DOMAIN } from "./bdev.ts";
 import { type BlockIo, checkRange, FileExtentIo } from "./block-io.ts";
 import { connectController, type FabricController, type SimFabric } from "./fabric.ts";
+import type { HostDhchapOptions } from "./fabric-auth.ts";
 import type { ControllerInfo, NamespaceInfo } from "./fabric-protocol.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
@@ -52,6 +53,8 @@ export interface NvmeCtrlr {
   readonly bdevs: Map<number, Bdev>;
   /** Per-namespace identity, kept current by the target's notices. */
   namespaces: NamespaceInfo[];
+  /** DH-HMAC-CHAP secrets every path (and reconnect) authenticates with. */
+  readonly dhchap?: HostDhchapOptions;
   cancelReconnect?: () => void;
   lostAt?: number;
 }
@@ -67,6 +70,7 @@ export interface FabricAttach {
   readonly hostsvcid: string;
   readonly maxBdevs: number;
   readonly opts: ResiliencyOpts;
+  readonly dhchap?: HostDhchapOptions;
 }
 
 /**
@@ -176,6 +180,7 @@ export class NvmeControllers {
       hostnqn: a.hostnqn,
       hostid: this.hostid,
       hostaddr: a.hostaddr || undefined,
+      dhchap: a.dhchap,
     });
     const path: CtrlrPath = {
       trid: a.trid,
@@ -195,6 +200,7 @@ export class NvmeControllers {
       paths: [path],
       bdevs: new Map(),
       namespaces: [...conn.namespaces],
+      ...(a.dhchap ? { dhchap: a.dhchap } : {}),
     };
     this.#ctrlrs.push(ctrlr);
     this.#watch(ctrlr, path);
@@ -220,6 +226,7 @@ export class NvmeControllers {
       hostnqn: a.hostnqn,
       hostid: this.hostid,
       hostaddr: a.hostaddr || undefined,
+      dhchap: a.dhchap,
     });
     const path: CtrlrPath = {
       trid: a.trid,
@@ -338,6 +345,7 @@ export class NvmeControllers {
         hostnqn: ctrlr.hostnqn,
         hostid: this.hostid,
         hostaddr: path.hostaddr || undefined,
+        dhchap: ctrlr.dhchap,
       });
       if (!this.#ctrlrs.includes(ctrlr) || !ctrlr.paths.includes(path)) {
         conn.close();

@@ -4,6 +4,7 @@
 import type { Logger } from "../../../lib/log.ts";
 import type { Bdev, BdevRegistry } from "./bdev.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "./fabric.ts";
+import { serveAuthFrame, TargetAuthSession, type TargetKeys } from "./fabric-auth.ts";
 import type { Message, NamespaceInfo } from "./fabric-protocol.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
@@ -35,7 +36,7 @@ export interface Namespace {
   readonly eui64: string | undefined;
 }
 
-/** An allowed host, with the DH-HMAC-CHAP key names it must use (not checked by the simulation). */
+/** An allowed host, with the DH-HMAC-CHAP key names it must authenticate with (fabric-auth.ts). */
 export interface Host {
   readonly nqn: string;
   readonly dhchapKey?: string;
@@ -145,6 +146,8 @@ export class NvmfTarget {
     private readonly fabric: SimFabric | undefined,
     pollGroups: number,
     private readonly log: Logger,
+    /** The DH-HMAC-CHAP secrets behind a host entry's key names; without it keyed hosts are refused. */
+    private readonly hostKeys?: (host: Host) => TargetKeys,
   ) {
     this.#pollGroups = Array.from({ length: pollGroups }, () => ({
       adminQpairs: 0,
@@ -348,7 +351,10 @@ export class NvmfTarget {
   #accept(addr: ListenAddress, conn: FabricServerConnection): void {
     let ctrl: TargetController | undefined;
     let sub: Subsystem | undefined;
+    let auth: TargetAuthSession | undefined;
     conn.onFrame((msg, payload) => {
+      if (msg.op === "auth_send" || msg.op === "auth_receive")
+        return serveAuthFrame(auth, conn, msg, payload, this.log);
       if (msg.op === "connect") {
         if (ctrl) return;
         const s = this.#subsystems.get(msg.subnqn);
@@ -359,6 +365,17 @@ export class NvmfTarget {
         if (s?.subtype !== "NVMe") return reject("subsystem not found");
         if (!s.findListener(addr)) return reject("listener not allowed for this subsystem");
         if (!s.hostAllowed(msg.hostnqn)) return reject(`host ${msg.hostnqn} not allowed`);
+        // A host entry with a key must authenticate on this connection before it gets a controller.
+        const host = s.hosts.find((h) => h.nqn === msg.hostnqn);
+        if (
+          host?.dhchapKey &&
+          !(auth?.authenticated && auth.hostnqn === msg.hostnqn && auth.subnqn === s.nqn)
+        ) {
+          const keys = this.hostKeys?.(host) ?? { hostSecret: undefined, ctrlSecret: undefined };
+          auth = new TargetAuthSession(msg.hostnqn, s.nqn, keys);
+          conn.send({ op: "auth_required", tag: msg.tag });
+          return;
+        }
         const cntlid = s.allocateCntlid();
         if (cntlid === undefined) return reject("no controller ID left");
         const pollGroup = this.#nextPollGroup++ % this.#pollGroups.length;

@@ -30,13 +30,15 @@ export function keyringMethods(app: App): MethodSpec[] {
       states: RUNTIME,
       handler: (req) => {
         noParams(req, "keyring_get_keys requires no parameters");
-        return app.keyring.list().map((k) => ({
+        // A removed key has lost the keyring's own reference and, as SPDK skips the module's
+        // dump_info for it, shows no path.
+        return app.keyring.listAll().map((k) => ({
           name: k.name,
           module: "keyring_file",
-          removed: false,
+          removed: k.removed === true,
           probed: false,
-          refcnt: 1 + k.refs,
-          path: k.path,
+          refcnt: k.removed ? k.refs : 1 + k.refs,
+          ...(k.removed ? {} : { path: k.path }),
         }));
       },
     },

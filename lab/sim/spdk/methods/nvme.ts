@@ -2,6 +2,9 @@
 // (ACL refusals -5, nothing listening -19, same controller twice -114), detach, list.
 import * as v from "valibot";
 import type { App } from "../app.ts";
+import { FabricConnectError } from "../fabric.ts";
+import type { HostDhchapOptions } from "../fabric-auth.ts";
+import type { Key } from "../keyring.ts";
 import { type MethodSpec, RUNTIME } from "../method-table.ts";
 import type { NvmeCtrlr, Trid } from "../nvme-controllers.ts";
 import { bool, DECODE_FAILED_INTERNAL, decode, decodeOptional, i32, str, u32, u64 } from "../params.ts";
@@ -55,6 +58,26 @@ function resiliencyValid(loss: number, delay: number, fastFail: number): boolean
   return delay === 0 && fastFail === 0;
 }
 
+/**
+ * The DH-HMAC-CHAP secrets behind an attach's key names, read from the key files now (as SPDK
+ * loads a key when the controller takes it); a file that cannot be read fails the attach -EIO.
+ */
+function dhchapSecrets(
+  app: App,
+  key: string | undefined,
+  ctrlrKey: string | undefined,
+): HostDhchapOptions | undefined {
+  if (key === undefined) return undefined;
+  const read = (name: string) => {
+    try {
+      return app.keyring.read(app.keyring.get(name) as Key);
+    } catch {
+      throw RpcError.errno(Errno.EIO);
+    }
+  };
+  return { secret: read(key), ...(ctrlrKey !== undefined ? { ctrlSecret: read(ctrlrKey) } : {}) };
+}
+
 /** The bdev_nvme methods of `app`. */
 export function nvmeMethods(app: App): MethodSpec[] {
   const { nvme } = app;
@@ -89,6 +112,7 @@ export function nvmeMethods(app: App): MethodSpec[] {
         for (const k of [p.psk, p.dhchap_key, p.dhchap_ctrlr_key]) {
           if (k !== undefined && !app.keyring.get(k)) throw RpcError.errno(Errno.ENOKEY);
         }
+        const dhchap = dhchapSecrets(app, p.dhchap_key, p.dhchap_ctrlr_key);
         const traddr = trtype === "PCIe" ? (normalizePciAddress(p.traddr) ?? p.traddr) : p.traddr;
         const trid: Trid & { trtype: string; traddr: string } = {
           trtype,
@@ -150,6 +174,7 @@ export function nvmeMethods(app: App): MethodSpec[] {
               maxBdevs: p.max_bdevs ?? 128,
               opts,
               transport,
+              ...(dhchap ? { dhchap } : {}),
             };
             // Another attach of this name may have completed meanwhile (pipelined requests).
             const again = nvme.get(p.name);
@@ -161,6 +186,9 @@ export function nvmeMethods(app: App): MethodSpec[] {
               throw new ErrnoError(Errno.ENODEV, `no ${transport} transport`);
             return await nvme.attachFabric(attach);
           } catch (err) {
+            // A refused connect, DH-HMAC-CHAP failures included, fails the attach with -EIO.
+            if (err instanceof FabricConnectError && err.errno !== Errno.ENODEV)
+              throw RpcError.errno(Errno.EIO);
             if (err instanceof ErrnoError) throw RpcError.errno(err.errno);
             throw err;
           }

@@ -226,6 +226,8 @@ export function nvmfMethods(app: App): MethodSpec[] {
           if (find(p.nqn) !== s) throw RpcError.invalidParams();
           await target.deleteSubsystem(s);
         });
+        // The subsystem's host entries let go of their keys.
+        for (const h of s.hosts) app.keyring.release(h);
         return true;
       },
     },
@@ -397,17 +399,22 @@ export function nvmfMethods(app: App): MethodSpec[] {
         // The TCP transport resolves a PSK by key name; an unknown one fails the host add.
         if (p.psk !== undefined && !app.keyring.get(p.psk)) throw RpcError.internal();
         if (!isValidNqn(p.host) || s.subtype !== "NVMe") throw RpcError.internal();
+        const host = {
+          nqn: p.host,
+          ...(p.dhchap_key ? { dhchapKey: p.dhchap_key } : {}),
+          ...(p.dhchap_ctrlr_key ? { dhchapCtrlrKey: p.dhchap_ctrlr_key } : {}),
+        };
         try {
-          target.addHost(s, {
-            nqn: p.host,
-            ...(p.dhchap_key ? { dhchapKey: p.dhchap_key } : {}),
-            ...(p.dhchap_ctrlr_key ? { dhchapCtrlrKey: p.dhchap_ctrlr_key } : {}),
-          });
+          target.addHost(s, host);
         } catch (err) {
           if (err instanceof TargetError) throw RpcError.internal();
           throw err;
         }
-        for (const k of keys) if (k) k.refs++;
+        // The host entry holds its keys (the target reads them at each connect).
+        app.keyring.hold(
+          host,
+          keys.filter((k) => k !== undefined),
+        );
         return true;
       },
     },
@@ -425,10 +432,7 @@ export function nvmfMethods(app: App): MethodSpec[] {
         const host = s.hosts.find((h) => h.nqn === p.host);
         if (!host) throw RpcError.internal();
         target.removeHost(s, p.host);
-        for (const name of [host.dhchapKey, host.dhchapCtrlrKey]) {
-          const k = name === undefined ? undefined : app.keyring.get(name);
-          if (k && k.refs > 0) k.refs--;
-        }
+        app.keyring.release(host);
         // Disconnecting the host's controllers completes asynchronously.
         await ctx.defer();
         return true;
