@@ -1,21 +1,22 @@
 // The simulated nvmet against the simulated configfs, one kernel rule per test: hosts checked at
 // connect only, port unlink ends controllers, a disabled namespace fails I/O, debugfs lists live
-// controllers, the authentication hook, and the backstop rescan for writers that cannot notify.
+// controllers, DH-HMAC-CHAP with the host entry's keys, and the backstop rescan for writers that cannot notify.
 import { afterEach, beforeEach, expect, test } from "bun:test";
 import { mkdir, mkdtemp, open, readdir, readFile, rm, truncate } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { generateDhchapSecret } from "../../../lib/nvme/dhchap.ts";
 import { type SimConfigfs, simConfigfs } from "../configfs/sim-configfs.ts";
 import { connectController, createFabric, type FabricController, type SimFabric } from "../spdk/fabric.ts";
+import type { HostDhchapOptions } from "../spdk/fabric-auth.ts";
 import { Errno } from "../spdk/rpc-error.ts";
-import { type NvmetAuth, type SimNvmet, type SimNvmetOptions, startSimNvmet } from "./sim-nvmet.ts";
+import { type SimNvmet, type SimNvmetOptions, startSimNvmet } from "./sim-nvmet.ts";
 
 const NVMET = "/sys/kernel/config/nvmet";
 const A = "nqn.2026-02.io.distort:volume-vol-aaaa01";
 const B = "nqn.2026-02.io.distort:volume-vol-bbbb02";
 const H1 = "nqn.2014-08.org.nvmexpress:uuid:6b4e0f5c-3f3b-4b0e-9d55-0c8f1d2b7a11";
 const H2 = "nqn.2014-08.org.nvmexpress:uuid:0d9a77e2-51c4-4c61-8d3e-2b2f0b6f9e40";
-const KEY = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
 
 let root: string;
 let fabric: SimFabric;
@@ -161,21 +162,39 @@ test("debugfs lists each live controller with its host and port, and drops it wh
   expect(await readdir(dir)).toEqual(["ctrl2"]);
 });
 
-test("a host with a dhchap_key goes through the authentication hook at connect", async () => {
-  const seen: string[] = [];
-  const auth: NvmetAuth = {
-    authenticate: async (host) => {
-      seen.push(host.dhchapKey);
-      return host.nqn === H1 ? undefined : "wrong key";
-    },
-  };
-  await start({ auth });
-  await exportSub(A, "sda1", [H1, H2]);
-  await sim.writeFile(`${NVMET}/hosts/${H1}/dhchap_key`, KEY);
-  await sim.writeFile(`${NVMET}/hosts/${H2}/dhchap_key`, KEY);
-  await connect(A, H1);
-  await expect(connect(A, H2)).rejects.toThrow("authentication failed: wrong key");
-  expect(seen).toEqual([KEY, KEY]);
+test("a host whose entry has a dhchap_key must pass DH-HMAC-CHAP with that key; none or a wrong one is refused", async () => {
+  await start();
+  await exportSub(A, "sda1", [H1]);
+  const key = generateDhchapSecret();
+  await sim.writeFile(`${NVMET}/hosts/${H1}/dhchap_key`, key);
+  const dial = (dhchap?: HostDhchapOptions) =>
+    connectController(fabric, {
+      trtype: "TCP",
+      traddr: "127.0.0.9",
+      trsvcid: "4420",
+      subnqn: A,
+      hostnqn: H1,
+      hostid: H1.slice(-36),
+      ...(dhchap ? { dhchap } : {}),
+    }).then((c) => {
+      ctrls.push(c);
+      return c;
+    });
+  await expect(dial()).rejects.toMatchObject({ errno: Errno.ENOKEY });
+  await expect(dial({ secret: generateDhchapSecret() })).rejects.toMatchObject({ errno: Errno.ECONNREFUSED });
+  const c = await dial({ secret: key });
+  await c.write(1, 0, bytes("authenticated"));
+  // nvmet offers only the entry's hash: a host that does not offer hmac(sha256) fails negotiation.
+  await expect(dial({ secret: key, hashes: [3] })).rejects.toThrow();
+  // With a controller key the host checks the controller too (bidirectional).
+  const ctrlKey = generateDhchapSecret();
+  await sim.writeFile(`${NVMET}/hosts/${H1}/dhchap_ctrl_key`, ctrlKey);
+  await sim.writeFile(`${NVMET}/hosts/${H1}/dhchap_hash`, "hmac(sha512)");
+  await sim.writeFile(`${NVMET}/hosts/${H1}/dhchap_dhgroup`, "ffdhe2048");
+  await dial({ secret: key, ctrlSecret: ctrlKey });
+  await expect(dial({ secret: key, ctrlSecret: generateDhchapSecret() })).rejects.toMatchObject({
+    errno: Errno.ECONNREFUSED,
+  });
 });
 
 test("without notices, the backstop rescan picks up changes a plain writer made", async () => {

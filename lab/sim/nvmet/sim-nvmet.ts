@@ -8,7 +8,8 @@
 //   nvmet_disable_port after the last); only tcp and rdma ports reach the fabric.
 // - CONNECT looks the subsystem up among those linked to the port it arrived on
 //   (nvmet_find_get_subsys) and checks the host there and then (nvmet_host_allowed); a host
-//   whose entry carries a dhchap_key must authenticate (the NvmetAuth hook).
+//   linked in allowed_hosts whose entry carries a dhchap_key must first pass DH-HMAC-CHAP
+//   (nvmet_setup_auth; fabric-auth.ts), with the one hash and DH group its entry names.
 // - Unlinking a subsystem from a port ends that subsystem's controllers on that port
 //   (nvmet_port_subsys_drop_link -> nvmet_port_del_ctrls); removing a subsystem ends all of its
 //   controllers (nvmet_subsys_release -> nvmet_subsys_del_ctrls).
@@ -28,6 +29,7 @@ import { type FileHandle, mkdir, open, readFile, realpath, rm, stat, writeFile }
 import { basename, join } from "node:path";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "../spdk/fabric.ts";
+import { serveAuthFrame, type TargetAuthPolicy, TargetAuthSession } from "../spdk/fabric-auth.ts";
 import type { Message, NamespaceInfo } from "../spdk/fabric-protocol.ts";
 import { Mutex } from "../spdk/mutex.ts";
 import {
@@ -42,19 +44,6 @@ import {
 /** The CONNECT a host sent. */
 export type ConnectMessage = Extract<Message, { op: "connect" }>;
 
-/**
- * In-band authentication (DH-HMAC-CHAP) at connect, for a host whose hosts/<nqn> entry has a
- * dhchap_key (nvmet_setup_auth). Resolves undefined when the host proved the key, else the
- * reason to refuse it. Without a hook the key is not checked (see SimNvmetOptions.auth).
- */
-export interface NvmetAuth {
-  authenticate(
-    host: HostState,
-    conn: FabricServerConnection,
-    connect: ConnectMessage,
-  ): Promise<string | undefined>;
-}
-
 export interface SimNvmetOptions {
   /** The real directory holding configfs's nvmet tree (<sim root>/sys/kernel/config/nvmet). */
   nvmetDir: string;
@@ -63,11 +52,6 @@ export interface SimNvmetOptions {
   debugfsDir?: string;
   /** Maps a namespace's device_path (a host path) to the file to open. Default: the path itself. */
   resolveDevice?: (devicePath: string) => string;
-  /**
-   * DH-HMAC-CHAP check at connect. Absent: hosts with a dhchap_key are admitted without the
-   * exchange (the fabric has none yet), and a warning is logged once per host.
-   */
-  auth?: NvmetAuth;
   /** Rescan the tree this often as a backstop (ms); 0 or absent: only on rescan(). */
   watchIntervalMs?: number;
   log?: Logger;
@@ -94,6 +78,32 @@ interface OpenNs {
   readonly sizeBytes: number;
 }
 
+/** The authentication state of one connection. */
+interface AuthSlot {
+  session?: TargetAuthSession;
+}
+
+const HASH_IDS: Record<string, 1 | 2 | 3> = { "hmac(sha256)": 1, "hmac(sha384)": 2, "hmac(sha512)": 3 };
+const DHGROUP_IDS: Record<string, 0 | 1 | 2 | 3 | 4 | 5> = {
+  null: 0,
+  ffdhe2048: 1,
+  ffdhe3072: 2,
+  ffdhe4096: 3,
+  ffdhe6144: 4,
+  ffdhe8192: 5,
+};
+
+/**
+ * nvmet offers exactly the hash and DH group the host entry names (dhchap_hash, dhchap_dhgroup;
+ * defaults hmac(sha256) and null): a host that does not offer them fails negotiation.
+ */
+function nvmetAuthPolicy(host: HostState): TargetAuthPolicy {
+  return {
+    hashes: [HASH_IDS[host.dhchapHash] ?? 1],
+    dhgroups: [DHGROUP_IDS[host.dhchapDhgroup] ?? 0],
+  };
+}
+
 const BLOCK = 512;
 const FABRIC_TRTYPE: Record<string, string> = { tcp: "TCP", rdma: "RDMA" };
 
@@ -113,7 +123,6 @@ export class SimNvmet {
   readonly #listeners = new Map<string, FabricListener>();
   readonly #open = new Map<string, Map<number, OpenNs>>();
   readonly #ctrls = new Set<Ctrl>();
-  readonly #warnedKeys = new Set<string>();
   #timer: ReturnType<typeof setInterval> | undefined;
   #closed = false;
 
@@ -315,11 +324,15 @@ export class SimNvmet {
   #accept(portId: string, conn: FabricServerConnection): void {
     let ctrl: Ctrl | undefined;
     let connecting = false;
+    const auth: AuthSlot = {};
     conn.onFrame((msg, payload) => {
+      if (msg.op === "auth_send" || msg.op === "auth_receive") {
+        return serveAuthFrame(auth.session, conn, msg, payload, this.#log);
+      }
       if (msg.op === "connect") {
         if (ctrl || connecting) return;
         connecting = true;
-        void this.#connect(portId, conn, msg).then((c) => {
+        void this.#connect(portId, conn, msg, auth).then((c) => {
           ctrl = c;
           connecting = false;
         });
@@ -341,6 +354,7 @@ export class SimNvmet {
     portId: string,
     conn: FabricServerConnection,
     msg: ConnectMessage,
+    auth: AuthSlot,
   ): Promise<Ctrl | undefined> {
     const reject = (reason: string) => {
       this.#log.info("nvmet connect refused", { nqn: msg.subnqn, host: msg.hostnqn, reason });
@@ -356,16 +370,20 @@ export class SimNvmet {
     if (!hostAllowed(sub, msg.hostnqn)) {
       return reject(`connect by host ${msg.hostnqn} for subsystem ${msg.subnqn} not allowed`);
     }
+    // nvmet_setup_auth: a linked host whose entry has a key authenticates before the controller
+    // is usable; the host then connects again on the same connection.
     const host = state.hosts.get(msg.hostnqn);
-    if (host?.dhchapKey && !sub.allowAnyHost) {
-      if (this.#o.auth) {
-        const why = await this.#o.auth.authenticate(host, conn, msg);
-        if (why !== undefined) return reject(`authentication failed: ${why}`);
-      } else if (!this.#warnedKeys.has(host.nqn)) {
-        this.#warnedKeys.add(host.nqn);
-        this.#log.warn("nvmet host has a dhchap_key but the sim has no authentication hook", {
-          host: host.nqn,
-        });
+    if (host?.dhchapKey && sub.allowedHosts.has(host.nqn)) {
+      const s = auth.session;
+      if (!(s?.authenticated && s.hostnqn === msg.hostnqn && s.subnqn === sub.nqn)) {
+        auth.session = new TargetAuthSession(
+          msg.hostnqn,
+          sub.nqn,
+          { hostSecret: host.dhchapKey, ctrlSecret: host.dhchapCtrlKey || undefined },
+          nvmetAuthPolicy(host),
+        );
+        conn.send({ op: "auth_required", tag: msg.tag });
+        return undefined;
       }
     }
     const cntlid = this.#allocateCntlid(sub);
