@@ -174,7 +174,7 @@ export class SimNvmet {
         else if (!port?.subsystems.has(c.subnqn))
           this.#deleteCtrl(c, `subsystem unlinked from port ${c.portId}`);
       }
-      await this.#syncNamespaces(prev, next);
+      await this.#syncNamespaces(next);
       await this.#syncPorts(next);
       await this.#syncDebugfsSubsystems(prev, next);
     });
@@ -195,7 +195,7 @@ export class SimNvmet {
 
   // --- configfs effects ---
 
-  async #syncNamespaces(prev: NvmetState, next: NvmetState): Promise<void> {
+  async #syncNamespaces(next: NvmetState): Promise<void> {
     const changed = new Set<string>();
     for (const [nqn, open] of this.#open) {
       const sub = next.subsystems.get(nqn);
@@ -233,7 +233,6 @@ export class SimNvmet {
         }
       }
     }
-    void prev;
     for (const nqn of changed) this.#announce(nqn);
   }
 
@@ -397,10 +396,6 @@ export class SimNvmet {
       conn,
       deleted: false,
     };
-    // The tree may have changed while the host authenticated; the connect counts against now.
-    const now = this.#state;
-    if (!now.ports.get(portId)?.subsystems.has(sub.nqn))
-      return reject(`subsystem ${sub.nqn} left port ${portId}`);
     this.#ctrls.add(ctrl);
     await this.#writeDebugfsCtrl(ctrl);
     conn.send({
