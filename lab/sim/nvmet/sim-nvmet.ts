@@ -105,6 +105,7 @@ function nvmetAuthPolicy(host: HostState): TargetAuthPolicy {
 }
 
 const BLOCK = 512;
+const EOPNOTSUPP = 95;
 const FABRIC_TRTYPE: Record<string, string> = { tcp: "TCP", rdma: "RDMA" };
 
 /** Starts a simulated nvmet over the tree at opts.nvmetDir; the first scan is done on return. */
@@ -338,7 +339,9 @@ export class SimNvmet {
         return;
       }
       if (!ctrl) return conn.close();
-      if (msg.op === "read" || msg.op === "write") void this.#io(ctrl, msg, payload);
+      if (msg.op === "read" || msg.op === "write") return void this.#io(ctrl, msg, payload);
+      // Any other command: Invalid Command Opcode, so a host never waits for a reply.
+      if ("tag" in msg) conn.send({ op: "error", tag: msg.tag, errno: EOPNOTSUPP });
     });
     conn.onClose(() => {
       if (!ctrl) return;
