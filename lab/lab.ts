@@ -252,7 +252,11 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       const target = `nvmf_tgt/${n.name}`;
       await procs.start({
         name: target,
-        argv: emulatorCommand(spdkSocket, join(nd, "drives"), fabricDir, [`--sim-drives=${drivesFile}`]),
+        // The node has its portal address only: a listener anywhere else fails as on a real node.
+        argv: emulatorCommand(spdkSocket, join(nd, "drives"), fabricDir, [
+          `--sim-drives=${drivesFile}`,
+          `--sim-host-addresses=${portal}`,
+        ]),
         ready: () => spdkAnswers(spdkSocket),
       });
       const agent = `agent/${n.name}`;

@@ -203,6 +203,14 @@ export class AttachmentController {
             `ACL of ${d.nqn} reads back as [${have.join(", ")}], expected [${d.hosts.join(", ")}]`,
           );
         }
+        // A revoked host that still holds a controller could still write: not ready until it is gone.
+        const lingering = (state.connectedHosts ?? []).filter((h) => !d.hosts.includes(h));
+        if (lingering.length > 0) {
+          throw new StorageError(
+            "unavailable",
+            `revoked host(s) ${lingering.join(", ")} still connected to ${d.nqn}; waiting for their controllers to end`,
+          );
+        }
         await this.setAccess(a, "True", "HostAllowed", `${a.spec.hostNQN} may connect to ${d.nqn}`);
         return;
       }

@@ -4,6 +4,13 @@
 // Every method is idempotent and safe to repeat after a crash at any point.
 
 export type BackendName = "spdk" | "kernel";
+
+/**
+ * details.reason of a prepareDevice StorageError meaning the drive is not there for the backend
+ * (missing, or not bound to its driver): nothing but an operator or a hotplug fixes it, so the
+ * partition reports it as a condition and retries slowly instead of backing off as for a fault.
+ */
+export const DRIVE_MISSING = "DriveMissing";
 export type VolumeManagerName = "spdk-lvol" | "parted";
 export type Transport = "rdma" | "tcp";
 
@@ -76,6 +83,12 @@ export interface ExportState {
   listeners: { transport: Transport; address: string; port: number }[];
   /** Host NQNs allowed; never "any host". */
   hosts: string[];
+  /**
+   * Host NQNs holding a live controller of the subsystem, sorted, when the backend can see them
+   * (nvmet with debugfs); absent when it cannot. A host here that is not in `hosts` has been
+   * revoked but is not yet cut off.
+   */
+  connectedHosts?: string[];
 }
 
 export interface TargetBackend {
@@ -91,7 +104,9 @@ export interface TargetBackend {
    */
   ensureExport(spec: ExportSpec): Promise<string[]>;
   /**
-   * Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first). Never any-host.
+   * Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first) and cuts every
+   * other host off: on return no other host can do I/O through an existing controller either
+   * (SPDK's remove_host disconnects it; nvmet needs its ports bounced). Never any-host.
    * `keys` maps a host NQN to the DH-HMAC-CHAP secret (DHHC-1 form) it must authenticate with;
    * a host whose key changed is revoked and re-admitted with the new one.
    */

@@ -16,13 +16,14 @@ import { type Controller, runController, TerminalError } from "../../lib/kube/ru
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { Registry } from "../../lib/metrics.ts";
-import type {
-  BackendName,
-  DeviceRef,
-  TargetBackend,
-  Transport,
-  VolumeManager,
-  VolumeManagerName,
+import {
+  type BackendName,
+  type DeviceRef,
+  DRIVE_MISSING,
+  type TargetBackend,
+  type Transport,
+  type VolumeManager,
+  type VolumeManagerName,
 } from "../backends/types.ts";
 import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
 import { deviceChangeMatters } from "./device-change.ts";
@@ -30,6 +31,9 @@ import { addFinalizerOps } from "./finalizer-patch.ts";
 import { hostKeysFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
+
+/** How often a partition whose drive is missing for its backend looks again. */
+const DRIVE_MISSING_RETRY_MS = 60_000;
 
 /** Steps after which a crash is meaningful (each one changed external or API state). */
 export const PROVISION_STEPS = [
@@ -381,7 +385,16 @@ export class PartitionController {
         "Unknown",
       );
     }
-    const device: DeviceRef = await backend.prepareDevice(t.volume.device);
+    let device: DeviceRef;
+    try {
+      device = await backend.prepareDevice(t.volume.device);
+    } catch (err) {
+      if (!(err instanceof StorageError && err.details.reason === DRIVE_MISSING)) throw err;
+      // Not a fault that backing off cures: say so on the partition and look again now and then.
+      await this.report(p, "Pending", { reason: DRIVE_MISSING, message: err.message });
+      log.warn("drive missing for its backend; retrying slowly", { error: err.message });
+      return { requeueAfterMs: DRIVE_MISSING_RETRY_MS };
+    }
     await this.step("prepare-device", key);
     await vm.prepareLayout(device);
     await this.step("layout", key);

@@ -210,6 +210,11 @@ describe("SpdkError", () => {
       /nothing is listening/,
     );
     expect(
+      new SpdkError("bdev_nvme_attach_controller", -19, "No such device", {
+        params: { name: "nvme_x", trtype: "tcp", traddr: "10.0.0.1", trsvcid: "4420", subnqn: "nqn.x" },
+      }).message,
+    ).toMatch(/nothing is listening/);
+    expect(
       new SpdkError("nvmf_subsystem_add_host", -32603, "Internal error", {
         params: { host: "nqn.2014-08.org.nvmexpress:uuid:allowed-host-0001" },
       }).message,
@@ -220,5 +225,32 @@ describe("SpdkError", () => {
     expect(new SpdkError("bdev_lvol_create", -17, "File exists").message).toBe(
       'bdev_lvol_create failed: SPDK error -17 "File exists"',
     );
+  });
+});
+
+describe("bdev_nvme_attach_controller -19 over PCIe", () => {
+  const pcie = { name: "nvme_s1", trtype: "PCIe", traddr: "0000:5e:00.0" };
+
+  test("is a missing drive, not a fabric target that is down", () => {
+    expect(classifySpdkError("bdev_nvme_attach_controller", -19, "No such device", pcie)).toBe("not-found");
+    expect(
+      classifySpdkError("bdev_nvme_attach_controller", -19, "No such device", { ...pcie, trtype: "pcie" }),
+    ).toBe("not-found");
+    // Over a fabric it stays what it was: nothing listens there (yet).
+    expect(
+      classifySpdkError("bdev_nvme_attach_controller", -19, "No such device", {
+        trtype: "TCP",
+        traddr: "10.0.0.1",
+      }),
+    ).toBe("unavailable");
+  });
+
+  test("says the drive is missing or not bound to SPDK, names the address, and is not transient", () => {
+    const err = new SpdkError("bdev_nvme_attach_controller", -19, "No such device", { params: pcie });
+    expect(err.message).toMatch(/no NVMe controller was found at PCI address 0000:5e:00\.0/);
+    expect(err.message).toMatch(/missing, or not bound to a driver SPDK can use/);
+    expect(err.message).toMatch(/No controller was found with provided trid/);
+    expect(err.message).not.toMatch(/listening/);
+    expect(err.transient).toBe(false);
   });
 });

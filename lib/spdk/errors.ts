@@ -48,7 +48,8 @@ const NVMF_ADDS = new Set(["nvmf_subsystem_add_ns", "nvmf_subsystem_add_listener
  *   twice) → already-exists; -19, -2, -6, -126 → not-found; -16 → busy; -28/-12 → exhausted;
  *   -22 → invalid, unless the message says "already exists"/"does not exist" (bdev_nvme).
  *   On bdev_nvme_attach_controller, -5 → precondition (the target refused this host NQN) and
- *   -19 → unavailable (nothing listens at that address).
+ *   -19 → unavailable over a fabric (nothing listens at that address) but not-found for trtype
+ *   PCIe (no controller at that PCI address: the drive is missing or not bound to SPDK).
  * - -32602: a strerror text (async lvol failures: "File exists", "No space left on device") →
  *   by errno; "… not found" → not-found; "Invalid transport type" → unimplemented; the generic
  *   "Invalid parameters" from nvmf methods → already-exists for add_ns/add_listener (callers
@@ -84,7 +85,10 @@ export function classifySpdkError(
       return "precondition";
   }
   if (method === ATTACH && c === -5) return "precondition";
-  if (method === ATTACH && c === -19) return "unavailable";
+  // Over PCIe, -19 is spdk_nvme_connect finding no controller at that address (SPDK logs "No
+  // controller was found with provided trid"): the drive is missing or not bound to SPDK's
+  // driver. Nothing short of an operator or a hotplug changes that, so it is not transient.
+  if (method === ATTACH && c === -19) return isPcie(params) ? "not-found" : "unavailable";
   if (c === -22) {
     if (/already exists/i.test(msg)) return "already-exists";
     if (/does not exist/i.test(msg)) return "not-found";
@@ -123,6 +127,20 @@ function internalErrorKind(method: string, msg: string, params: unknown): ErrorK
   return "internal";
 }
 
+/** The request named a local PCIe controller (trtype "PCIe", any case). */
+function isPcie(params: unknown): boolean {
+  if (typeof params !== "object" || params === null) return false;
+  const trtype = (params as { trtype?: unknown }).trtype;
+  return typeof trtype === "string" && trtype.toLowerCase() === "pcie";
+}
+
+/** The traddr of the request, when it is a string. */
+function traddrParam(params: unknown): string | undefined {
+  if (typeof params !== "object" || params === null) return undefined;
+  const a = (params as { traddr?: unknown }).traddr;
+  return typeof a === "string" ? a : undefined;
+}
+
 function hostParam(params: unknown): string | undefined {
   if (typeof params !== "object" || params === null) return undefined;
   const host = (params as { host?: unknown }).host;
@@ -131,18 +149,24 @@ function hostParam(params: unknown): string | undefined {
 
 /**
  * What an operator needs to know that SPDK's message does not say, or undefined. Pure; used in
- * SpdkError's message so logs and conditions explain the ambiguous replies.
+ * SpdkError's message so logs and conditions explain the ambiguous replies. `params` (the
+ * request's) tells a PCIe attach from a fabric one and names the PCI address.
  */
 export function spdkErrorHint(
   method: string,
   code: number,
   message: string,
   kind: ErrorKind,
+  params?: unknown,
 ): string | undefined {
   const msg = message.trim();
   const c = code > 0 && code < 4096 ? -code : code;
   if (method === ATTACH && c === -5) {
     return "the target refused the connection: this host NQN is not allowed on the subsystem (not in its hosts list, allow_any_host false)";
+  }
+  if (method === ATTACH && c === -19 && isPcie(params)) {
+    const at = traddrParam(params);
+    return `no NVMe controller was found at PCI address ${at ?? "(not given)"}: the drive is missing, or not bound to a driver SPDK can use (vfio-pci or uio_pci_generic); SPDK logs "No controller was found with provided trid"`;
   }
   if (method === ATTACH && c === -19) return "nothing is listening at that address and port";
   if (c === -32601) return "this SPDK build does not offer the method (or it is not in --rpcs-allowed)";
@@ -182,7 +206,7 @@ export class SpdkError extends StorageError {
 
   constructor(method: string, code: number, spdkMessage: string, opts: { params?: unknown } = {}) {
     const kind = classifySpdkError(method, code, spdkMessage, opts.params);
-    const hint = spdkErrorHint(method, code, spdkMessage, kind);
+    const hint = spdkErrorHint(method, code, spdkMessage, kind, opts.params);
     const text = `${method} failed: SPDK error ${code} "${spdkMessage.trim()}"${hint ? ` (${hint})` : ""}`;
     super(kind, text, { details: { method, code, spdkMessage } });
     this.code = code;

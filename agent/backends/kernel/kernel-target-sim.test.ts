@@ -94,19 +94,25 @@ describe("order of writes", () => {
     await target.ensureExport(spec);
     await target.setHosts(NQN, [H1, H2]);
     const mark = sim.journal.length;
+    // No nvmet debugfs here, so controllers cannot be seen: every revoke unlinks the subsystem
+    // from its port first (ending its controllers) and links it back after.
     expect(await target.reconcileHosts(NQN, [H2, H3])).toEqual([
+      "fence:port-1",
       `revoke:${H1}`,
       `host:${H3}`,
       `allow:${H3}`,
       `host:${H1}.removed`,
     ]);
     expect(sim.journal.slice(mark)).toEqual([
+      `unlink ports/1/subsystems/${NQN}`,
       `unlink subsystems/${NQN}/allowed_hosts/${H1}`,
+      `symlink ports/1/subsystems/${NQN} -> subsystems/${NQN}`,
       `mkdir hosts/${H3}`,
       `symlink subsystems/${NQN}/allowed_hosts/${H3} -> hosts/${H3}`,
       `rmdir hosts/${H1}`,
     ]);
     expect(await target.reconcileHosts(NQN, [])).toEqual([
+      "fence:port-1",
       `revoke:${H2}`,
       `revoke:${H3}`,
       `host:${H2}.removed`,
@@ -120,9 +126,13 @@ describe("order of writes", () => {
     await target.ensureExport(specB);
     await target.setHosts(NQN, [H1]);
     await target.setHosts(NQN_B, [H1]);
-    expect(await target.reconcileHosts(NQN, [])).toEqual([`revoke:${H1}`]);
+    expect(await target.reconcileHosts(NQN, [])).toEqual(["fence:port-1", `revoke:${H1}`]);
     expect(await sim.isDirectory(`${NVMET}/hosts/${H1}`)).toBe(true);
-    expect(await target.reconcileHosts(NQN_B, [])).toEqual([`revoke:${H1}`, `host:${H1}.removed`]);
+    expect(await target.reconcileHosts(NQN_B, [])).toEqual([
+      "fence:port-1",
+      `revoke:${H1}`,
+      `host:${H1}.removed`,
+    ]);
   });
 });
 
@@ -228,7 +238,7 @@ describe("repair", () => {
         await sim.symlink(`${NVMET}/hosts/${H3}`, `${SUB}/allowed_hosts/${H3}`);
       },
       [],
-      [`revoke:${H3}`, `host:${H3}.removed`],
+      ["fence:port-1", `revoke:${H3}`, `host:${H3}.removed`],
     ],
     [
       "a host allowed under a misleading link name",
@@ -237,7 +247,7 @@ describe("repair", () => {
         await sim.symlink(`${NVMET}/hosts/${H1}`, `${SUB}/allowed_hosts/alias`);
       },
       [],
-      ["revoke:alias", `allow:${H1}`],
+      ["fence:port-1", "revoke:alias", `allow:${H1}`],
     ],
     ["a host directory nobody links", () => sim.mkdir(`${NVMET}/hosts/${H3}`), [], [`host:${H3}.removed`]],
     [

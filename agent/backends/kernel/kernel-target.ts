@@ -24,6 +24,14 @@ export interface KernelTargetOptions {
   nvmetRoot?: string;
   /** Transport modules prepareDevice loads up front (ensureExport loads its own anyway). Default ["rdma"]. */
   transports?: readonly Transport[];
+  /**
+   * nvmet's debugfs directory, where each live controller is <subnqn>/ctrl<cntlid>/hostnqn
+   * (drivers/nvme/target/debugfs.c, CONFIG_NVME_TARGET_DEBUGFS). Default
+   * /sys/kernel/debug/nvmet. When it is absent, controllers cannot be observed (see reconcileHosts).
+   */
+  debugfsRoot?: string;
+  /** How long reconcileHosts waits for a fenced host's controllers to go. Default 10 s. */
+  fenceTimeoutMs?: number;
 }
 
 const TRANSPORT_MODULE: Record<Transport, string> = { rdma: "nvmet-rdma", tcp: "nvmet-tcp" };
@@ -35,6 +43,10 @@ const NSID = "1";
 const DHCHAP_SECRET = /^DHHC-1:0[0-3]:[A-Za-z0-9+/]{44,}={0,2}:$/;
 /** Longest path the kernel accepts (PATH_MAX including the terminating NUL). */
 const PATH_MAX = 4095;
+/** Where nvmet's debugfs lists live controllers, when debugfs is mounted and the kernel has it. */
+export const NVMET_DEBUGFS_ROOT = "/sys/kernel/debug/nvmet";
+/** How often reconcileHosts looks again while a fenced host's controllers are going. */
+const FENCE_POLL_MS = 50;
 
 /** An ExportSpec after validation, in the words configfs uses. */
 interface Desired {
@@ -77,6 +89,8 @@ export class KernelTarget implements TargetBackend {
   readonly #transports: readonly Transport[];
   readonly #mutex = new Mutex();
   readonly #loaded = new Set<string>();
+  readonly #debugfs: string;
+  readonly #fenceTimeoutMs: number;
 
   constructor(opts: KernelTargetOptions) {
     this.#io = new ConfigfsIo(opts.fs);
@@ -84,6 +98,8 @@ export class KernelTarget implements TargetBackend {
     this.#log = (opts.log ?? silentLogger).with({ backend: "kernel" });
     this.#p = new NvmetPaths(opts.nvmetRoot ?? NVMET_ROOT);
     this.#transports = opts.transports ?? ["rdma"];
+    this.#debugfs = (opts.debugfsRoot ?? NVMET_DEBUGFS_ROOT).replace(/\/+$/, "");
+    this.#fenceTimeoutMs = opts.fenceTimeoutMs ?? 10_000;
   }
 
   /**
@@ -117,11 +133,13 @@ export class KernelTarget implements TargetBackend {
         listeners.push({ transport: port.trtype, address: port.traddr, port: Number(port.trsvcid) });
       }
       const hosts = [...(await this.#allowedHosts(nqn)).values()].filter((h): h is string => h !== undefined);
+      const controllers = await this.#controllers(nqn);
       return {
         nqn,
         ...(enabled && path ? { namespace: path } : {}),
         listeners,
         hosts: [...new Set(hosts)].sort(),
+        ...(controllers ? { connectedHosts: [...new Set(controllers.map((c) => c.hostnqn))].sort() } : {}),
       };
     });
   }
@@ -153,12 +171,30 @@ export class KernelTarget implements TargetBackend {
   }
 
   /**
-   * Makes subsystems/<nqn>/allowed_hosts exactly `hostNQNs`: closes allow_any_host if it was open,
-   * revokes every other host first, then links the missing ones (creating hosts/<nqn> as needed),
-   * then removes host directories no subsystem links any more. Returns the changes made
-   * ("subsystem.allow_any_host", "revoke:<h>", "host:<h>", "allow:<h>", "host:<h>.removed"); []
-   * when already exact. StorageError("not-found") when the subsystem does not exist,
-   * StorageError("invalid") for a malformed host NQN (nothing is changed then).
+   * Makes subsystems/<nqn>/allowed_hosts exactly `hostNQNs` and fences every other host: closes
+   * allow_any_host if it was open, revokes every other host first, ends the controllers revoked
+   * hosts still hold, then links the missing ones (creating hosts/<nqn> as needed), then removes
+   * host directories no subsystem links any more.
+   *
+   * Fencing. nvmet checks a host only at connect (nvmet_host_allowed): removing its allowed_hosts
+   * link leaves its live controllers doing I/O (nvmet_allowed_hosts_drop_link touches none). What
+   * ends them is unlinking the subsystem from a port (nvmet_port_subsys_drop_link ->
+   * nvmet_port_del_ctrls), so the subsystem is unlinked from each of its ports and linked back;
+   * hosts still allowed reconnect, the revoked ones are refused. Disabling the namespace instead
+   * would not do: the controllers stay, and see the namespace again once it is re-enabled.
+   * - With nvmet's debugfs (controllers listed as <subnqn>/ctrl<id>/hostnqn), the links are
+   *   revoked first, the ports are bounced only when a controller of a host outside `hostNQNs` is
+   *   listed, and the call returns only once none is listed any more (controller teardown is
+   *   asynchronous in the kernel): StorageError("unavailable") past fenceTimeoutMs. A crash at
+   *   any point is repaired by the next call, which sees the controller again.
+   * - Without it the kernel shows no controllers at all, so whenever a host is revoked the ports
+   *   are unlinked BEFORE the allowed_hosts links and relinked after: a crash in between leaves
+   *   the subsystem unreachable (ensureExport relinks it) rather than a revoked host connected.
+   *
+   * Returns the changes made ("subsystem.allow_any_host", "revoke:<h>", "fence:port-<id>",
+   * "host:<h>", "key:<h>", "allow:<h>", "host:<h>.removed"); [] when already exact.
+   * StorageError("not-found") when the subsystem does not exist, StorageError("invalid") for a
+   * malformed host NQN (nothing is changed then).
    */
   async reconcileHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<string[]> {
     for (const k of keys?.values() ?? []) {
@@ -167,12 +203,12 @@ export class KernelTarget implements TargetBackend {
     }
     validateNqn(nqn, "subsystem");
     const want = new Set(hostNQNs.map((h) => validateNqn(h, "host")));
-    return this.#mutex.run(async () => {
+    const done: string[] = [];
+    await this.#mutex.run(async () => {
       const sub = this.#p.subsystem(nqn);
       if (!(await this.#io.isDir(sub))) {
         throw new StorageError("not-found", `nvmet subsystem ${nqn} does not exist`, { details: { nqn } });
       }
-      const done: string[] = [];
       if ((await this.#io.readAttr(`${sub}/attr_allow_any_host`)) !== "0") {
         await this.#io.writeVerified(`${sub}/attr_allow_any_host`, "0");
         done.push("subsystem.allow_any_host");
@@ -180,14 +216,22 @@ export class KernelTarget implements TargetBackend {
       await this.#io.mkdirIfMissing(this.#p.allowedHosts(nqn));
       const current = await this.#allowedHosts(nqn);
       const kept = new Set<string>();
+      const revoke: string[] = [];
       for (const [link, host] of current) {
         // A link is right only when its name and its target are the wanted host; anything else goes.
-        if (host !== undefined && host === link && want.has(host)) {
-          kept.add(host);
-          continue;
-        }
+        if (host !== undefined && host === link && want.has(host)) kept.add(host);
+        else revoke.push(link);
+      }
+      const observable = await this.#io.isDir(this.#debugfs);
+      const unlinked = !observable && revoke.length > 0 ? await this.#unlinkPorts(nqn, sub, done) : [];
+      for (const link of revoke) {
         await this.#io.unlinkIfPresent(this.#p.allowedHost(nqn, link));
         done.push(`revoke:${link}`);
+      }
+      if (observable && (await this.#strangers(nqn, want)).length > 0) {
+        await this.#relinkPorts(await this.#unlinkPorts(nqn, sub, done));
+      } else {
+        await this.#relinkPorts(unlinked);
       }
       for (const host of [...want].sort()) {
         // nvmet keeps the key on the host entry (shared by every subsystem that host may reach),
@@ -207,8 +251,79 @@ export class KernelTarget implements TargetBackend {
       }
       done.push(...(await this.#collectHosts()));
       if (done.length > 0) this.#log.info("kernel host ACL reconciled", { nqn, changed: done });
-      return done;
     });
+    // Outside the mutex: waiting for a teardown must not hold up the node's other exports.
+    await this.#awaitFenced(nqn, want);
+    return done;
+  }
+
+  /**
+   * Controllers of `nqn` as debugfs lists them; undefined when nvmet's debugfs is not there (no
+   * way to see controllers). A controller directory whose hostnqn vanished while being read has
+   * just been freed and is skipped.
+   */
+  async #controllers(nqn: string): Promise<{ cntlid: string; hostnqn: string }[] | undefined> {
+    if (!(await this.#io.isDir(this.#debugfs))) return undefined;
+    const out: { cntlid: string; hostnqn: string }[] = [];
+    const dir = `${this.#debugfs}/${nqn}`;
+    for (const name of await this.#io.list(dir)) {
+      if (!/^ctrl\d+$/.test(name)) continue;
+      const hostnqn = await this.#io.readAttr(`${dir}/${name}/hostnqn`);
+      if (hostnqn) out.push({ cntlid: name.slice(4), hostnqn });
+    }
+    return out;
+  }
+
+  /** Host NQNs outside `want` that still hold a controller of `nqn` (debugfs present). */
+  async #strangers(nqn: string, want: ReadonlySet<string>): Promise<string[]> {
+    const ctrls = (await this.#controllers(nqn)) ?? [];
+    return [...new Set(ctrls.map((c) => c.hostnqn).filter((h) => !want.has(h)))].sort();
+  }
+
+  /** Waits until no host outside `want` holds a controller; a no-op when debugfs is absent. */
+  async #awaitFenced(nqn: string, want: ReadonlySet<string>): Promise<void> {
+    const deadline = Date.now() + this.#fenceTimeoutMs;
+    for (;;) {
+      const left = await this.#mutex.run(async () =>
+        (await this.#io.isDir(this.#debugfs)) ? this.#strangers(nqn, want) : [],
+      );
+      if (left.length === 0) return;
+      if (Date.now() >= deadline) {
+        throw new StorageError(
+          "unavailable",
+          `nvmet still lists controllers of revoked host(s) ${left.join(", ")} on ${nqn} after ${this.#fenceTimeoutMs} ms`,
+          { details: { nqn, hosts: left } },
+        );
+      }
+      await new Promise((r) => setTimeout(r, FENCE_POLL_MS));
+    }
+  }
+
+  /**
+   * Unlinks the subsystem from every port that links it, which ends its controllers there
+   * (nvmet_port_del_ctrls). Returns the links to restore. A port left without subsystems is
+   * disabled by the kernel but kept here, so the relink finds its attributes.
+   */
+  async #unlinkPorts(nqn: string, sub: string, done: string[]): Promise<string[]> {
+    const links: string[] = [];
+    for (const port of await this.#observePorts()) {
+      for (const [name, target] of port.targets) {
+        if (name !== nqn || target !== sub) continue;
+        const link = this.#p.portLink(port.id, name);
+        if (await this.#io.unlinkIfPresent(link)) {
+          links.push(link);
+          done.push(`fence:port-${port.id}`);
+        }
+      }
+    }
+    return links;
+  }
+
+  async #relinkPorts(links: readonly string[]): Promise<void> {
+    for (const link of links) {
+      const nqn = link.slice(link.lastIndexOf("/") + 1);
+      await this.#io.symlink(this.#p.subsystem(nqn), link);
+    }
   }
 
   /**

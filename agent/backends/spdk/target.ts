@@ -10,7 +10,15 @@ import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
 import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
 import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
-import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
+import {
+  type DeviceRef,
+  DRIVE_MISSING,
+  type ExportSpec,
+  type ExportState,
+  type HostKeys,
+  type TargetBackend,
+  type Transport,
+} from "../types.ts";
 
 /** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
 export interface DriverBinder {
@@ -113,6 +121,16 @@ export class SpdkTarget implements TargetBackend {
       try {
         await this.m.bdevNvmeAttachController({ name, trtype: "PCIe", traddr: device.pciAddress });
       } catch (err) {
+        if (isKind(err, "not-found")) {
+          throw new StorageError(
+            "not-found",
+            `drive ${device.serial} cannot be attached at ${device.pciAddress}: ${(err as Error).message}`,
+            {
+              cause: err,
+              details: { reason: DRIVE_MISSING, serial: device.serial, pciAddress: device.pciAddress },
+            },
+          );
+        }
         if (!isKind(err, "already-exists")) throw err;
         name = (await this.findController(device.pciAddress)) ?? name;
       }

@@ -341,6 +341,41 @@ test("the journal records successful mutations in order, and only those", async 
   ]);
 });
 
+test("onChange sees every successful mutation before the call returns, and its failure is not the caller's", async () => {
+  const seen: string[] = [];
+  let release: () => void = () => {};
+  // Its own tree: two instances loading nvmet into one directory at once would race.
+  await mkdir(join(root, "hooked"));
+  const hooked = simConfigfs(join(root, "hooked"), {
+    onChange: async (entry) => {
+      seen.push(entry);
+      if (entry.startsWith("symlink")) await new Promise<void>((r) => (release = r));
+      if (entry.startsWith("unlink")) throw new Error("nvmet is gone");
+    },
+  });
+  await hooked.mkdir(sub);
+  await errno(hooked.mkdir(sub));
+  const port = `${N}/ports/4`;
+  await hooked.mkdir(port);
+  for (const [a, v] of [
+    ["addr_trtype", "tcp"],
+    ["addr_adrfam", "ipv4"],
+    ["addr_traddr", "10.0.0.6"],
+    ["addr_trsvcid", "4420"],
+  ] as const)
+    await hooked.writeFile(`${port}/${a}`, v);
+  let linked = false;
+  const link = hooked.symlink(sub, `${port}/subsystems/${NQN}`).then(() => (linked = true));
+  while (!seen.some((e) => e.startsWith("symlink"))) await Bun.sleep(1);
+  // The "syscall" is still inside nvmet's callback.
+  expect(linked).toBe(false);
+  release();
+  await link;
+  await hooked.unlink(`${port}/subsystems/${NQN}`);
+  expect(seen).toEqual([...hooked.journal]);
+  expect(seen.at(-1)).toBe(`unlink ports/4/subsystems/${NQN}`);
+});
+
 test("operations are atomic with respect to each other", async () => {
   // Many concurrent mkdirs of one name: exactly one wins, the rest see EEXIST, never a half-made item.
   const results = await Promise.allSettled(Array.from({ length: 8 }, () => fs.mkdir(sub)));

@@ -27,8 +27,11 @@
 // - rmdir: an item a symlink points to is EBUSY; an item with user-made children (namespaces,
 //   links, referrals, ANA groups) is ENOTEMPTY; default groups and the nvmet root are EPERM;
 //   otherwise the item goes with its attributes and default groups.
-// Not reproduced: the transports themselves (nothing listens), subsystem discovery (attr_serial
-// and friends stay writable), passthru, p2pmem, TLS keyrings, CONFIG_* variations.
+// - Every mutation is reported to the onChange hook before the call returns, so a simulated nvmet
+//   (lab/sim/nvmet) acts inside the "syscall" as the kernel's callbacks do.
+// Not reproduced here: the transports and controllers (lab/sim/nvmet serves them from this tree),
+// subsystem discovery (attr_serial and friends stay writable), passthru, p2pmem, TLS keyrings,
+// CONFIG_* variations.
 import * as fsp from "node:fs/promises";
 import { dirname, join, posix } from "node:path";
 import { type HostFs, hostFs } from "../../../lib/fs.ts";
@@ -63,6 +66,13 @@ export interface SimConfigfsOptions {
   deviceExists?: (path: string) => Promise<boolean>;
   /** Initial attr_firmware of new subsystems. Default "6.12.0". */
   kernelRelease?: string;
+  /**
+   * Called after every successful mutation below nvmet, with its journal entry, before the call
+   * returns: the kernel runs nvmet's callbacks (port enable, nvmet_port_del_ctrls, ...) inside the
+   * configfs syscall, so a simulated nvmet hooked here has acted when the write returns. A
+   * rejection is logged nowhere and ignored: the tree already holds the change.
+   */
+  onChange?: (entry: string) => Promise<void>;
 }
 
 /** The simulated configfs: a HostFs plus what tests need to look behind it. */
@@ -91,6 +101,7 @@ class Sim implements SimConfigfs {
   readonly #nvmet: string;
   readonly #env: AttrEnv;
   readonly #deviceExists: (path: string) => Promise<boolean>;
+  readonly #onChange: ((entry: string) => Promise<void>) | undefined;
   #tail: Promise<unknown>;
 
   constructor(root: string, opts: SimConfigfsOptions) {
@@ -100,6 +111,7 @@ class Sim implements SimConfigfs {
     this.#nvmet = `${this.#configfs}/nvmet`;
     this.#env = { kernelRelease: opts.kernelRelease ?? "6.12.0" };
     this.#deviceExists = opts.deviceExists ?? ((p) => this.#plain.exists(p));
+    this.#onChange = opts.onChange;
     const configfs = this.#configfs;
     this.#tail = (async () => {
       await fsp.mkdir(join(root, configfs), { recursive: true });
@@ -144,7 +156,7 @@ class Sim implements SimConfigfs {
       await fsp.writeFile(this.#real(path), value);
       for (const [name, v] of Object.entries(siblings))
         await fsp.writeFile(this.#real(`${dirname(path)}/${name}`), v);
-      this.journal.push(`write ${segs.join("/")} ${JSON.stringify(data)}`);
+      await this.#record(`write ${segs.join("/")} ${JSON.stringify(data)}`);
     });
   }
 
@@ -184,7 +196,7 @@ class Sim implements SimConfigfs {
         throw this.#refused(err, "mkdir", path);
       }
       await this.#populate(path, kind, name);
-      this.journal.push(`mkdir ${w.segs.join("/")}`);
+      await this.#record(`mkdir ${w.segs.join("/")}`);
     });
   }
 
@@ -203,7 +215,7 @@ class Sim implements SimConfigfs {
         throw errnoError("EBUSY", "rmdir", path, "a symlink points here");
       if (await this.#hasUserChildren(path, kind)) throw errnoError("ENOTEMPTY", "rmdir", path);
       await fsp.rm(this.#real(path), { recursive: true });
-      this.journal.push(`rmdir ${w.segs.join("/")}`);
+      await this.#record(`rmdir ${w.segs.join("/")}`);
     });
   }
 
@@ -217,7 +229,7 @@ class Sim implements SimConfigfs {
         throw errnoError("EPERM", "unlink", path, "configfs attributes cannot be removed");
       }
       await fsp.unlink(this.#real(path));
-      this.journal.push(`unlink ${w.at === "nvmet" ? w.segs.join("/") : path}`);
+      await this.#record(`unlink ${w.at === "nvmet" ? w.segs.join("/") : path}`);
     });
   }
 
@@ -259,7 +271,7 @@ class Sim implements SimConfigfs {
       // Stored as configfs shows it: up to the configfs root, then down to the target item.
       const relative = `${"../".repeat(parent.length + 1)}nvmet/${t.segs.join("/")}`;
       await fsp.symlink(relative, this.#real(path));
-      this.journal.push(`symlink ${w.segs.join("/")} -> ${t.segs.join("/")}`);
+      await this.#record(`symlink ${w.segs.join("/")} -> ${t.segs.join("/")}`);
     });
   }
 
@@ -274,6 +286,11 @@ class Sim implements SimConfigfs {
     const run = this.#tail.then(fn);
     this.#tail = run.catch(() => undefined);
     return run;
+  }
+
+  async #record(entry: string): Promise<void> {
+    this.journal.push(entry);
+    await this.#onChange?.(entry).catch(() => undefined);
   }
 
   #real(path: string): string {

@@ -1,12 +1,14 @@
 // One incarnation of the emulated nvmf_tgt process: the framework state and every runtime
 // module (bdevs, lvol stores, NVMe controllers, NVMe-oF target, keyring, fsdevs, iobuf options).
 // A crash or restart throws the whole App away and builds a new one.
+
 import type { Clock } from "../../../lib/clock.ts";
 import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import type { Logger } from "../../../lib/log.ts";
 import { BdevRegistry } from "./bdev.ts";
 import type { SimFabric } from "./fabric.ts";
 import { Fsdevs } from "./fsdev.ts";
+import type { HasAddress } from "./host-addresses.ts";
 import { Keyring } from "./keyring.ts";
 import { type ExtentInUse, LvolStores } from "./lvol-store.ts";
 import type { RpcState } from "./method-table.ts";
@@ -36,6 +38,8 @@ export interface AppConfig {
   readonly extentInUse: ExtentInUse;
   /** Where lvols keep bytes outside their store's base (see LvolStoresOptions.lvolDir). */
   readonly lvolDir: string | undefined;
+  /** Whether the host has an IP address a listener may bind (see hostAddressCheck). */
+  readonly hasAddress: HasAddress;
 }
 
 /** Process-level actions methods may ask for. */

@@ -1,6 +1,7 @@
 // The SPDK nvmf_tgt emulator: one simulated target process on a unix RPC socket, faithful to
 // v25.05.1 for the methods DISTORT uses, with simulated drives backed by sparse files, lvol
 // metadata that survives crash() like metadata on a real drive, and a SimFabric data path.
+
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
@@ -11,6 +12,7 @@ import { App, type AppConfig } from "./app.ts";
 import { checkRange } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
+import { hostAddressCheck } from "./host-addresses.ts";
 import { sysfsLoopProbe } from "./loop-probe.ts";
 import type { ExtentInUse } from "./lvol-store.ts";
 import type { MethodSpec } from "./method-table.ts";
@@ -65,6 +67,12 @@ export interface SpdkEmulatorOptions {
    * /sys/block). A thick lvol whose extent is mapped only grows in place; moving it is EBUSY.
    */
   readonly extentInUse?: ExtentInUse;
+  /**
+   * The IP addresses of the host the target runs on; a listener elsewhere is refused (-32602), as
+   * bind() refuses an address the host does not have. The lab gives each storage node its portal.
+   * Default: every address is the host's (see hostAddressCheck).
+   */
+  readonly hostAddresses?: readonly string[];
 }
 
 /** Where the emulated process is in its life. */
@@ -198,6 +206,7 @@ export async function startSpdkEmulator(opts: SpdkEmulatorOptions): Promise<Spdk
     initDelayMs: opts.initDelayMs ?? 10,
     extentInUse: opts.extentInUse ?? sysfsLoopProbe(),
     lvolDir: join(opts.dataDir, "lvols"),
+    hasAddress: hostAddressCheck(opts.hostAddresses),
   });
   await emu.boot();
   return emu;

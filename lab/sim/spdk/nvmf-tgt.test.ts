@@ -47,6 +47,9 @@ test("parses nvmf_tgt's flags, accepts and ignores the memory and tracing ones",
     "unsupported option --json",
   );
   expect(() => parseArgs(["--sim-data-dir", "/d", "-m"])).toThrow("needs a value");
+  const node = parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=127.0.0.2,fd00::2"]);
+  expect(node !== "help" && node.hostAddresses).toEqual(["127.0.0.2", "fd00::2"]);
+  expect(() => parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=node-2"])).toThrow(UsageError);
 });
 
 /** Spawns the CLI and waits until an RPC round trip works (the readiness test supervisors use). */

@@ -1,7 +1,9 @@
 // `nvmf_tgt` stand-in for the lab: accepts nvmf_tgt's command line (plus --sim-* options for the
 // simulation), runs the emulator until SIGTERM/SIGINT or spdk_kill_instance, so a supervisor can
 // spawn, probe and kill it like the real process.
+
 import { readFileSync } from "node:fs";
+import { isIP } from "node:net";
 import * as v from "valibot";
 import { createLogger, type Logger } from "../../../lib/log.ts";
 import { startSpdkEmulator } from "./emulator.ts";
@@ -19,6 +21,8 @@ export interface NvmfTgtArgs {
   readonly fabricDir: string | undefined;
   readonly hostNqn: string | undefined;
   readonly transports: readonly Trtype[];
+  /** --sim-host-addresses: the IP addresses the node has; undefined = any. */
+  readonly hostAddresses?: readonly string[];
   /** Real nvmf_tgt options accepted and ignored (memory, tracing, PCI filters...). */
   readonly ignored: readonly string[];
 }
@@ -34,6 +38,8 @@ export const USAGE = `usage: nvmf-tgt.ts [options]
       --sim-fabric-dir <dir> shared SimFabric directory (listeners and remote attaches)
       --sim-host-nqn <nqn>   default host NQN of the initiator side
       --sim-transports <l>   comma list of built-in transports; default tcp,rdma
+      --sim-host-addresses <l> comma list of the node's IP addresses; listeners elsewhere are
+                             refused like a failed bind(); default: any address
   accepted and ignored: -s/--mem-size, -i/--shm-id, -e/--tpoint-group, -L/--logflag,
       -p/--main-core, -n/--mem-channels, --huge-dir, --iova-mode, --num-trace-entries,
       -A/--pci-allowed, -B/--pci-blocked, --no-huge, -R/--huge-unlink, -g/--single-file-segments,
@@ -86,6 +92,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
   let fabricDir: string | undefined;
   let hostNqn: string | undefined;
   let transports: Trtype[] = ["TCP", "RDMA"];
+  let hostAddresses: string[] | undefined;
   const ignored: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     let arg = argv[i] as string;
@@ -137,6 +144,15 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
             return t;
           });
         break;
+      case "--sim-host-addresses":
+        hostAddresses = value()
+          .split(",")
+          .map((a) => a.trim())
+          .filter((a) => a !== "");
+        if (hostAddresses.some((a) => isIP(a.replace(/^\[|\]$/g, "")) === 0)) {
+          throw new UsageError(`--sim-host-addresses takes IP addresses, got ${hostAddresses.join(",")}`);
+        }
+        break;
       default:
         if (IGNORED_WITH_VALUE.has(arg)) ignored.push(`${arg} ${value()}`);
         else if (IGNORED_FLAGS.has(arg)) ignored.push(arg);
@@ -144,7 +160,18 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
     }
   }
   if (dataDir === undefined) throw new UsageError("--sim-data-dir is required");
-  return { coreMask, socketPath, waitForRpc, dataDir, drivesFile, fabricDir, hostNqn, transports, ignored };
+  return {
+    coreMask,
+    socketPath,
+    waitForRpc,
+    dataDir,
+    drivesFile,
+    fabricDir,
+    hostNqn,
+    transports,
+    ...(hostAddresses ? { hostAddresses } : {}),
+    ignored,
+  };
 }
 
 /** Reads and validates the drives file. */
@@ -173,6 +200,7 @@ export async function run(
     fabric: args.fabricDir ? createFabric(args.fabricDir) : undefined,
     hostNqn: args.hostNqn,
     transports: args.transports,
+    ...(args.hostAddresses ? { hostAddresses: args.hostAddresses } : {}),
     logger: log,
   });
   return new Promise<number>((resolve) => {

@@ -335,6 +335,10 @@ export function nvmfMethods(app: App): MethodSpec[] {
             if (!target.transports.has(addr.trtype)) throw new TargetError(`no ${addr.trtype} transport`);
             const port = Number(addr.trsvcid);
             if (!/^\d+$/.test(addr.trsvcid) || port < 1 || port > 65535) throw new TargetError("bad trsvcid");
+            // spdk_nvmf_tgt_listen_ext: the transport's bind() fails with EADDRNOTAVAIL.
+            if (!app.config.hasAddress(addr.traddr)) {
+              throw new TargetError(`Cannot assign requested address ${addr.traddr}`);
+            }
             await target.addListener(s, addr);
           }),
         );
