@@ -184,8 +184,14 @@ test("a host whose entry has a dhchap_key must pass DH-HMAC-CHAP with that key; 
   await expect(dial({ secret: generateDhchapSecret() })).rejects.toMatchObject({ errno: Errno.ECONNREFUSED });
   const c = await dial({ secret: key });
   await c.write(1, 0, bytes("authenticated"));
-  // nvmet offers only the entry's hash: a host that does not offer hmac(sha256) fails negotiation.
-  await expect(dial({ secret: key, hashes: [3] })).rejects.toThrow();
+  // nvmet_auth_negotiate falls back to the host's first usable hash when the entry's is not
+  // offered: a host offering only hmac(sha512) still authenticates with the right key, and not
+  // with a wrong one.
+  const fallback = await dial({ secret: key, hashes: [3] });
+  await fallback.write(1, 4096, bytes("fallback hash"));
+  await expect(dial({ secret: generateDhchapSecret(), hashes: [3] })).rejects.toMatchObject({
+    errno: Errno.ECONNREFUSED,
+  });
   // With a controller key the host checks the controller too (bidirectional).
   const ctrlKey = generateDhchapSecret();
   await sim.writeFile(`${NVMET}/hosts/${H1}/dhchap_ctrl_key`, ctrlKey);

@@ -27,11 +27,16 @@
 // the whole tree and applies the difference, so a missed or repeated notice is harmless.
 import { type FileHandle, mkdir, open, readFile, realpath, rm, stat, writeFile } from "node:fs/promises";
 import { basename, join } from "node:path";
+import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "../spdk/fabric.ts";
-import { serveAuthFrame, type TargetAuthPolicy, TargetAuthSession } from "../spdk/fabric-auth.ts";
+import {
+  nvmetAuthPolicy,
+  serveAuthFrame,
+  type TargetAuthPolicy,
+  TargetAuthSession,
+} from "../spdk/fabric-auth.ts";
 import type { Message, NamespaceInfo } from "../spdk/fabric-protocol.ts";
-import { Mutex } from "../spdk/mutex.ts";
 import {
   type HostState,
   hostAllowed,
@@ -93,15 +98,9 @@ const DHGROUP_IDS: Record<string, 0 | 1 | 2 | 3 | 4 | 5> = {
   ffdhe8192: 5,
 };
 
-/**
- * nvmet offers exactly the hash and DH group the host entry names (dhchap_hash, dhchap_dhgroup;
- * defaults hmac(sha256) and null): a host that does not offer them fails negotiation.
- */
-function nvmetAuthPolicy(host: HostState): TargetAuthPolicy {
-  return {
-    hashes: [HASH_IDS[host.dhchapHash] ?? 1],
-    dhgroups: [DHGROUP_IDS[host.dhchapDhgroup] ?? 0],
-  };
+/** nvmet's choice for a host entry's dhchap_hash and dhchap_dhgroup (defaults hmac(sha256), null). */
+function hostAuthPolicy(host: HostState): TargetAuthPolicy {
+  return nvmetAuthPolicy(HASH_IDS[host.dhchapHash] ?? 1, DHGROUP_IDS[host.dhchapDhgroup] ?? 0);
 }
 
 const BLOCK = 512;
@@ -382,7 +381,7 @@ export class SimNvmet {
           msg.hostnqn,
           sub.nqn,
           { hostSecret: host.dhchapKey, ctrlSecret: host.dhchapCtrlKey || undefined },
-          nvmetAuthPolicy(host),
+          hostAuthPolicy(host),
         );
         conn.send({ op: "auth_required", tag: msg.tag });
         return undefined;
