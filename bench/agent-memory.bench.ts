@@ -2,7 +2,7 @@
 // plane serves N placed partitions, each with an attachment; its RSS, live JS heap and the watches it
 // holds open are measured once all are Exported and AccessReady. Yardstick: the objects' JSON size.
 // Run: bun bench/agent-memory.bench.ts [partitions] [--agent path/to/agent/main.ts]
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
@@ -11,13 +11,13 @@ import { kinds, type NVMeDevice, type NVMePartition, type NVMeVolumeAttachment }
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { installCrds } from "../lab/cluster/crds.ts";
 import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
-import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { apiServerSamples, type Sample, sumBy, total } from "./apiserver-metrics.ts";
 import type { HeapSample } from "./heap-probe.ts";
 import { pool } from "./proc-stats.ts";
 import { type Figure, fmt, writeResult } from "./report.ts";
+import { simAgentEnv } from "./sim-agent-env.ts";
 
 const args = process.argv.slice(2);
 const agentFlag = args.indexOf("--agent");
@@ -29,7 +29,6 @@ const RSS_TARGET_MIB = 120;
 const MiB = 2 ** 20;
 const GROUP = "storage.distort.io";
 const DRIVE = { pciAddress: "0000:5e:00.0", serial: "SIMM0001", sizeBytes: 64 * 2 ** 30 };
-const EMULATOR = join(ROOT, "lab", "sim", "spdk", "nvmf-tgt.ts");
 const PROBE = join(import.meta.dir, "heap-probe.ts");
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b";
 const say = (s: string) => process.stdout.write(`${s}\n`);
@@ -99,44 +98,16 @@ async function main(): Promise<void> {
     await installCrds(conn);
     const ns = `agent-mem-${Date.now().toString(36)}`;
     await conn.api(k8s.CoreV1Api).createNamespace({ body: { metadata: { name: ns } } });
-    const hostRoot = join(dir, "host");
-    await buildSysfs(hostRoot, {
-      rootDisk: false,
-      controllers: [
-        {
-          name: "nvme0",
-          transport: "pcie",
-          pciAddress: DRIVE.pciAddress,
-          serial: DRIVE.serial,
-          model: "DISTORT SIM NVMe",
-          numaNode: 0,
-          ns1Bytes: DRIVE.sizeBytes,
-        },
-      ],
-    });
-    const dataDir = join(dir, "data");
-    mkdirSync(dataDir, { recursive: true });
-    const drivesFile = join(dataDir, "drives.json");
-    writeFileSync(drivesFile, JSON.stringify([{ ...DRIVE, model: "DISTORT SIM NVMe" }]));
     const heapFile = join(dir, "heap.json");
+    const { env } = await simAgentEnv({
+      dir,
+      kubeconfigPath: cp.kubeconfigPath,
+      namespace: ns,
+      drive: DRIVE,
+      logLevel: "warn",
+    });
     agent = Bun.spawn([process.execPath, "--preload", PROBE, AGENT], {
-      env: {
-        PATH: process.env.PATH ?? "/usr/bin:/bin",
-        HOME: process.env.HOME ?? "/root",
-        NODE_NAME: "bench-node",
-        KUBECONFIG: cp.kubeconfigPath,
-        DISTORT_NAMESPACE: ns,
-        DISTORT_BACKENDS: "spdk",
-        DISTORT_SPDK_SOCKET: join(dir, "spdk.sock"),
-        DISTORT_NVMF_TGT: `${process.execPath} ${EMULATOR} --sim-data-dir ${dataDir} --sim-drives ${drivesFile}`,
-        DISTORT_HOST_ROOT: hostRoot,
-        DISTORT_KEY_DIR: join(dir, "keys"),
-        DISTORT_PORTAL_ADDRESS: "127.0.0.1",
-        DISTORT_PORTAL_PORT: "4420",
-        DISTORT_HEALTH_PORT: "0",
-        DISTORT_LOG_LEVEL: "warn",
-        HEAP_PROBE_FILE: heapFile,
-      },
+      env: { ...env, HEAP_PROBE_FILE: heapFile },
       stdin: "ignore",
       stdout: "ignore",
       stderr: "inherit",
