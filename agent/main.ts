@@ -1,6 +1,7 @@
 // The storage-node agent process: wires configuration, the Kubernetes connection, the SPDK client
-// and the kernel target into discovery + reporter, the partition reconciler and the attachment
-// reconciler, and serves /healthz, /readyz and /metrics. Stops cleanly on SIGTERM.
+// and the kernel target into discovery + reporter and the partition, attachment and snapshot
+// reconcilers (one ControllerManager over one cache per kind), and serves /healthz, /readyz and
+// /metrics. Stops cleanly on SIGTERM.
 import { hostname } from "node:os";
 import { kinds } from "../api/index.ts";
 import { realClock } from "../lib/clock.ts";
@@ -9,7 +10,9 @@ import { hostExec, runChecked } from "../lib/exec.ts";
 import { hostFs } from "../lib/fs.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { dirKeyFiles } from "../lib/key-files.ts";
+import { CacheSet } from "../lib/kube/cache-set.ts";
 import { connect } from "../lib/kube/connection.ts";
+import { ControllerManager } from "../lib/kube/controller-manager.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { kubeSecretReader } from "../lib/kube/secrets.ts";
@@ -25,6 +28,7 @@ import { AttachmentController } from "./attachments/controller.ts";
 import { KernelTarget } from "./backends/kernel/kernel-target.ts";
 import { SpdkTarget } from "./backends/spdk/target.ts";
 import type { BackendName, TargetBackend, VolumeManager, VolumeManagerName } from "./backends/types.ts";
+import { agentTransform } from "./caches.ts";
 import { type AgentConfig, parseAgentConfig } from "./config.ts";
 import { discoverDevices } from "./discovery/discover.ts";
 import { hostNetworkSource } from "./discovery/network-source.ts";
@@ -127,8 +131,16 @@ export async function runAgent(
     }
   };
   const storageNodes = new ResourceClient(conn, kinds.RDMAStorageNode);
+  // One cache per kind for all three controllers (and the reporter's device list).
+  const controllers = new ControllerManager({
+    caches: new CacheSet(conn, { logger, transform: agentTransform }),
+    logger,
+    clock,
+    registry,
+  });
   const partitions = new PartitionController({
     conn,
+    manager: controllers,
     nodeName: cfg.nodeName,
     backends,
     volumeManagers,
@@ -138,30 +150,29 @@ export async function runAgent(
     },
     logger: logger.with({ controller: "partitions" }),
     clock,
-    registry,
     events,
     verifyPeriodMs: cfg.verifyPeriodMs,
     secrets,
     afterStep: crash,
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
   });
-  const attachments = new AttachmentController({
+  new AttachmentController({
     conn,
+    manager: controllers,
     nodeName: cfg.nodeName,
     backends,
     logger: logger.with({ controller: "attachments" }),
     clock,
-    registry,
     events,
     secrets,
   });
-  const snapshots = new SnapshotController({
+  new SnapshotController({
     conn,
+    manager: controllers,
     nodeName: cfg.nodeName,
     lvols: volumeManagers["spdk-lvol"] as SpdkLvolVolumeManager | undefined,
     logger: logger.with({ controller: "snapshots" }),
     clock,
-    registry,
     events,
   });
   const spdkSource = spdk
@@ -212,9 +223,7 @@ export async function runAgent(
     supervisor.start();
   }
 
-  await partitions.start();
-  await attachments.start();
-  await snapshots.start();
+  await controllers.start();
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
   const health = await serveHealth({
@@ -223,8 +232,7 @@ export async function runAgent(
     registry,
     logger,
     healthz: () => true,
-    readyz: () =>
-      partitions.partitions.hasSynced && attachments.attachments.hasSynced && snapshots.snapshots.hasSynced,
+    readyz: () => controllers.ready,
   });
   logger.info("agent running", { node: cfg.nodeName, backends: Object.keys(backends), health: health.port });
 
@@ -233,7 +241,7 @@ export async function runAgent(
     async stop() {
       stopReporter.abort();
       await reporting.catch(() => {});
-      await Promise.all([partitions.stop(), attachments.stop(), snapshots.stop()]);
+      await controllers.stop();
       // A managed target runs under the agent's parent-death signal, so it ends with the agent
       // in any case; stopping it here makes that orderly.
       await supervisor?.stop();

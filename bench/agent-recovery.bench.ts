@@ -2,7 +2,7 @@
 // 1000 placed partitions on a real control plane; the target is SIGKILLed and the time until every
 // export is back and verified is measured. Yardstick (same run): the bare RPCs that re-create them.
 // Run: bun bench/agent-recovery.bench.ts [partitions]
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
@@ -11,7 +11,6 @@ import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { installCrds } from "../lab/cluster/crds.ts";
 import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
-import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
@@ -19,6 +18,7 @@ import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { cpuSeconds, pool } from "./proc-stats.ts";
 import { type Figure, fmt, writeResult } from "./report.ts";
+import { EMULATOR_PATH as EMULATOR, simAgentEnv } from "./sim-agent-env.ts";
 import { startTargetProcess } from "./spdk-client.bench.ts";
 
 const PARTITIONS = Number(process.argv[2] ?? 1000);
@@ -28,7 +28,6 @@ const POLL_MS = 250;
 const MiB = 2 ** 20;
 const DRIVE = { pciAddress: "0000:5e:00.0", serial: "SIMR0001", sizeBytes: 64 * 2 ** 30 };
 const ROOT = join(import.meta.dir, "..");
-const EMULATOR = join(ROOT, "lab", "sim", "spdk", "nvmf-tgt.ts");
 const AGENT = join(ROOT, "agent", "main.ts");
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
@@ -128,49 +127,16 @@ async function main(): Promise<void> {
     await installCrds(conn);
     const ns = `recovery-${Date.now().toString(36)}`;
     await conn.api(k8s.CoreV1Api).createNamespace({ body: { metadata: { name: ns } } });
-    const hostRoot = join(dir, "host");
-    await buildSysfs(hostRoot, {
-      rootDisk: false,
-      controllers: [
-        {
-          name: "nvme0",
-          transport: "pcie",
-          pciAddress: DRIVE.pciAddress,
-          serial: DRIVE.serial,
-          model: "DISTORT SIM NVMe",
-          numaNode: 0,
-          ns1Bytes: DRIVE.sizeBytes,
-        },
-      ],
+    const { env, socketPath, dataDir } = await simAgentEnv({
+      dir,
+      kubeconfigPath: cp.kubeconfigPath,
+      namespace: ns,
+      drive: DRIVE,
+      logLevel: "info",
     });
-    const dataDir = join(dir, "data");
-    mkdirSync(dataDir, { recursive: true });
-    const drivesFile = join(dataDir, "drives.json");
-    writeFileSync(drivesFile, JSON.stringify([{ ...DRIVE, model: "DISTORT SIM NVMe" }]));
-    const socketPath = join(dir, "spdk.sock");
     const logs: LogLine[] = [];
     // Production defaults for workers and periods; the agent supervises nvmf_tgt itself.
-    agent = Bun.spawn([process.execPath, AGENT], {
-      env: {
-        PATH: process.env.PATH ?? "/usr/bin:/bin",
-        HOME: process.env.HOME ?? "/root",
-        NODE_NAME: "bench-node",
-        KUBECONFIG: cp.kubeconfigPath,
-        DISTORT_NAMESPACE: ns,
-        DISTORT_BACKENDS: "spdk",
-        DISTORT_SPDK_SOCKET: socketPath,
-        DISTORT_NVMF_TGT: `${process.execPath} ${EMULATOR} --sim-data-dir ${dataDir} --sim-drives ${drivesFile}`,
-        DISTORT_HOST_ROOT: hostRoot,
-        DISTORT_KEY_DIR: join(dir, "keys"),
-        DISTORT_PORTAL_ADDRESS: "127.0.0.1",
-        DISTORT_PORTAL_PORT: "4420",
-        DISTORT_HEALTH_PORT: "0",
-        DISTORT_LOG_LEVEL: "info",
-      },
-      stdin: "ignore",
-      stdout: "pipe",
-      stderr: "pipe",
-    });
+    agent = Bun.spawn([process.execPath, AGENT], { env, stdin: "ignore", stdout: "pipe", stderr: "pipe" });
     pump(agent.stdout, logs);
     pump(agent.stderr, logs);
     const devices = new ResourceClient(conn, kinds.NVMeDevice);

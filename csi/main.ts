@@ -11,6 +11,7 @@ import { callMetrics } from "../lib/grpc/call-metrics.ts";
 import { register, type ServiceRegistration, serveGrpc } from "../lib/grpc/server.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { readHostNqn } from "../lib/host-nqn.ts";
+import { CacheSet } from "../lib/kube/cache-set.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
 import { registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
@@ -18,6 +19,7 @@ import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { stopOnSignals } from "../lib/signals.ts";
 import pkg from "../package.json" with { type: "json" };
+import { csiTransform } from "./caches.ts";
 import { type CsiConfig, parseCsiConfig, USAGE } from "./config.ts";
 import { CsiController } from "./controller.ts";
 import { HostMounter } from "./host/mounter.ts";
@@ -92,10 +94,12 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
 
   let controller: CsiController | undefined;
   if (serveController) {
+    const controllerLog = logger.with({ service: "controller" });
     const c = new CsiController({
       conn,
+      caches: new CacheSet(conn, { logger: controllerLog, transform: csiTransform }),
       namespace: cfg.namespace,
-      logger: logger.with({ service: "controller" }),
+      logger: controllerLog,
       clock: realClock,
       defaultTimeoutMs: cfg.defaultTimeoutMs,
       defaultVolumeBytes: cfg.defaultVolumeBytes,

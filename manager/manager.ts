@@ -5,12 +5,13 @@ import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from
 import { kinds } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
 import { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
-import { StorageError } from "../lib/errors.ts";
-import { type CacheHandlers, WatchCache } from "../lib/kube/cache.ts";
+import type { CacheHandlers, WatchCache } from "../lib/kube/cache.ts";
+import { CacheSet, type ObjectTransform } from "../lib/kube/cache-set.ts";
 import type { KubeConnection } from "../lib/kube/connection.ts";
+import { ControllerManager } from "../lib/kube/controller-manager.ts";
 import { WorkQueue } from "../lib/kube/queue.ts";
 import { type KubeObject, ResourceClient } from "../lib/kube/resource.ts";
-import { type Controller, type Reconcile, runController } from "../lib/kube/runner.ts";
+import type { Reconcile } from "../lib/kube/runner.ts";
 import type { Logger } from "../lib/log.ts";
 import type { Registry } from "../lib/metrics.ts";
 import { CAPACITY, capacityReconciler, capacityTriggers } from "./capacity/capacity-controller.ts";
@@ -46,6 +47,17 @@ export interface RunningManager {
   /** Stops the controllers (waiting for in-flight reconciles), the caches, and pending Events. Idempotent. */
   stop(): Promise<void>;
 }
+
+/**
+ * What the manager drops before caching (managedFields are gone already): the annotations of
+ * NVMePartitions (the CSI controller's request records, the bulk of a partition's metadata),
+ * which no manager controller reads; every manager write of a partition is a patch or a status
+ * write, never a whole-object replace from the cache. Other kinds are kept whole.
+ */
+export const managerTransform: ObjectTransform = (kind, obj) => {
+  if (kind.kind === kinds.NVMePartition.kind) delete obj.metadata.annotations;
+  return obj;
+};
 
 interface Spec {
   name: string;
@@ -106,13 +118,28 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
   ];
   const queues = new Map(specs.map((s) => [s.name, new WorkQueue({ name: s.name, clock })]));
 
-  const common = { labelSelector: config.labelSelector, resyncMs: config.resyncMs, logger: log };
+  // One cache per kind for all four controllers, made anew for every leadership term.
+  const cacheSet = new CacheSet(conn, {
+    logger: log,
+    resyncMs: config.resyncMs,
+    transform: managerTransform,
+  });
+  const scope = { labelSelector: config.labelSelector };
   const caches = {
-    devices: new WatchCache(clients.devices, common),
-    claims: new WatchCache(clients.claims, common),
-    partitions: new WatchCache(clients.partitions, common),
-    nodes: new WatchCache(clients.nodes, { ...common, namespace: config.namespace }),
+    devices: cacheSet.cache(kinds.NVMeDevice, scope),
+    claims: cacheSet.cache(kinds.NVMeDeviceClaim, scope),
+    partitions: cacheSet.cache(kinds.NVMePartition, scope),
+    nodes: cacheSet.cache(kinds.RDMAStorageNode, { ...scope, namespace: config.namespace }),
   };
+  const controllers = new ControllerManager({ caches: cacheSet, logger: log, clock, registry });
+  for (const s of specs) {
+    controllers.add({
+      name: s.name,
+      queue: queues.get(s.name) as WorkQueue,
+      workers: s.workers,
+      reconcile: s.reconcile,
+    });
+  }
 
   /** Inventory first (triggers read it), then every controller's mapping of the change to keys. */
   function wire<T extends KubeObject>(
@@ -174,71 +201,25 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
     () => metrics.pendingPartitions.set({}, inventory.pendingCount),
   );
 
-  const all = Object.values(caches) as WatchCache<KubeObject>[];
-  const stopCaches = () => Promise.all(all.map((c) => stopCache(c, clock)));
-  const started = Promise.all(all.map((c) => c.start()));
-  if (opts.signal) {
-    const signal = opts.signal;
-    const aborted = new Promise<never>((_, reject) => {
-      const fail = () => reject(signal.reason ?? new StorageError("unavailable", "manager start aborted"));
-      if (signal.aborted) fail();
-      else signal.addEventListener("abort", fail, { once: true });
-    });
-    try {
-      await Promise.race([started, aborted]);
-    } catch (err) {
-      for (const q of queues.values()) q.shutDown();
-      await stopCaches();
-      throw err;
-    }
-  } else {
-    await started;
-  }
+  // Caches sync first (an abort of opts.signal meanwhile stops them and rejects), then the
+  // controllers run.
+  await controllers.start(opts.signal);
   log.info("caches synced", {
     devices: inventory.deviceCount(),
     partitions: caches.partitions.keys().length,
     pending: inventory.pendingCount,
   });
 
-  const controllers: Controller[] = specs.map((s) =>
-    runController({
-      name: s.name,
-      queue: queues.get(s.name) as WorkQueue,
-      workers: s.workers,
-      reconcile: s.reconcile,
-      logger: log,
-      registry,
-      clock,
-    }),
-  );
   let stopping: Promise<void> | undefined;
   return {
     inventory,
     queues,
     stop() {
       stopping ??= (async () => {
-        await Promise.all(controllers.map((c) => c.stop()));
-        await stopCaches();
+        await controllers.stop();
         await events.drain();
       })();
       return stopping;
     },
   };
-}
-
-/**
- * Stops a watch cache for sure. WatchCache.stop() aborts the watch open at the time of the call,
- * but a stop during a (re)list lets the loop open one more watch afterwards, which would then run
- * until the server ends it (minutes) and hold up leadership handover. Aborting whatever watch is
- * current until the loop has exited closes that window.
- */
-async function stopCache(cache: WatchCache<KubeObject>, clock: Clock): Promise<void> {
-  let stopped = false;
-  const done = cache.stop().then(() => {
-    stopped = true;
-  });
-  while (!stopped) {
-    cache.restartWatch();
-    await Promise.race([done, clock.sleep(50)]);
-  }
 }

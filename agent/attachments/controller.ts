@@ -6,17 +6,17 @@ import type { NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { WatchCache } from "../../lib/kube/cache.ts";
+import type { WatchCache } from "../../lib/kube/cache.ts";
 import { setCondition } from "../../lib/kube/conditions.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
+import type { ControllerManager } from "../../lib/kube/controller-manager.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
 import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
-import { type Controller, runController } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
-import type { Registry } from "../../lib/metrics.ts";
 import type { BackendName, TargetBackend } from "../backends/types.ts";
+import { onNode } from "../caches.ts";
 import { desiredHosts } from "../partitions/controller.ts";
 import { hostKeysFor, type SecretReader } from "../partitions/host-keys.ts";
 
@@ -24,11 +24,12 @@ export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
 
 export interface AttachmentControllerOptions {
   conn: KubeConnection;
+  /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
+  manager: ControllerManager;
   nodeName: string;
   backends: Partial<Record<BackendName, TargetBackend>>;
   logger: Logger;
   clock: Clock;
-  registry?: Registry;
   events?: EventRecorder;
   workers?: number;
   /** Reads DH-HMAC-CHAP secrets referenced by partitions. */
@@ -94,16 +95,13 @@ export class AttachmentController {
   private readonly client: ResourceClient<NVMeVolumeAttachment>;
   private readonly partClient: ResourceClient<NVMePartition>;
   private readonly queue: WorkQueue;
-  private controller: Controller | undefined;
 
+  /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: AttachmentControllerOptions) {
     this.client = new ResourceClient(o.conn, kinds.NVMeVolumeAttachment);
-    this.attachments = new WatchCache(this.client, { logger: o.logger });
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
-    this.partitions = new WatchCache(this.partClient, {
-      fieldSelector: `spec.nodeName=${o.nodeName}`,
-      logger: o.logger,
-    });
+    this.attachments = o.manager.caches.cache(kinds.NVMeVolumeAttachment);
+    this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName));
     this.queue = new WorkQueue({ name: "attachments", clock: o.clock });
     const enqueue = (a: NVMeVolumeAttachment) => this.queue.add(objectKey(a.metadata));
     this.attachments.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
@@ -112,24 +110,12 @@ export class AttachmentController {
       for (const a of this.attachments.list()) if (a.spec.partitionUID === p.metadata.uid) enqueue(a);
     };
     this.partitions.on({ add: byPartition, update: (_o, n) => byPartition(n), delete: byPartition });
-  }
-
-  async start(): Promise<void> {
-    await Promise.all([this.partitions.start(), this.attachments.start()]);
-    this.controller = runController({
+    o.manager.add({
       name: "attachments",
       queue: this.queue,
-      workers: this.o.workers ?? 2,
-      logger: this.o.logger,
-      registry: this.o.registry,
-      clock: this.o.clock,
+      workers: o.workers ?? 2,
       reconcile: (key) => this.reconcile(key),
     });
-  }
-
-  async stop(): Promise<void> {
-    await this.controller?.stop();
-    await Promise.all([this.partitions.stop(), this.attachments.stop()]);
   }
 
   /** From the cache of this node's partitions, else from the API server (it may be another node's). */

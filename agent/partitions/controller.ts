@@ -1,21 +1,21 @@
-// The node-local partition reconciler (the imperative shell around decide.ts): watches the
-// partitions assigned to this node, the node's drives and the attachments, and drives the
+// The node-local partition reconciler (the imperative shell around decide.ts): reads the agent's
+// shared caches of this node's partitions and drives and of the attachments, and drives the
 // backend and volume-manager ports through provisioning (13 steps) and deletion (reverse).
 // Every step is idempotent; `afterStep` lets tests crash the process between any two of them.
 import type { NVMeDevice, NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { WatchCache } from "../../lib/kube/cache.ts";
+import type { WatchCache } from "../../lib/kube/cache.ts";
 import { type Condition, setCondition } from "../../lib/kube/conditions.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
+import type { ControllerManager } from "../../lib/kube/controller-manager.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
-import { type Controller, runController, TerminalError } from "../../lib/kube/runner.ts";
+import { TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
-import type { Registry } from "../../lib/metrics.ts";
 import {
   type BackendName,
   type DeviceRef,
@@ -25,6 +25,7 @@ import {
   type VolumeManager,
   type VolumeManagerName,
 } from "../backends/types.ts";
+import { onNode } from "../caches.ts";
 import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
 import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
@@ -56,6 +57,8 @@ export interface Portal {
 
 export interface PartitionControllerOptions {
   conn: KubeConnection;
+  /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
+  manager: ControllerManager;
   nodeName: string;
   backends: Partial<Record<BackendName, TargetBackend>>;
   volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>>;
@@ -63,7 +66,6 @@ export interface PartitionControllerOptions {
   portal(transport: Transport): Promise<Portal | undefined>;
   logger: Logger;
   clock: Clock;
-  registry?: Registry;
   events?: EventRecorder;
   workers?: number;
   /** How often an Exported partition is re-verified against the target (default 60 s). */
@@ -105,23 +107,15 @@ export class PartitionController {
   private readonly restarts: RestartRepairs;
   /** A restart reported before the partition cache synced: its window opens once it has. */
   private restartBeforeSync: BackendName | undefined;
-  private controller: Controller | undefined;
 
+  /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
-    const log = o.logger;
-    this.partitions = new WatchCache(this.partClient, {
-      fieldSelector: `spec.nodeName=${o.nodeName}`,
-      logger: log,
-    });
-    this.devices = new WatchCache(this.devClient, {
-      fieldSelector: `spec.nodeName=${o.nodeName}`,
-      logger: log,
-    });
-    this.attachments = new WatchCache(new ResourceClient(o.conn, kinds.NVMeVolumeAttachment), {
-      logger: log,
-    });
+    const caches = o.manager.caches;
+    this.partitions = caches.cache(kinds.NVMePartition, onNode(o.nodeName));
+    this.devices = caches.cache(kinds.NVMeDevice, onNode(o.nodeName));
+    this.attachments = caches.cache(kinds.NVMeVolumeAttachment);
     this.queue = new WorkQueue({ name: "partitions", clock: o.clock });
     this.restarts = new RestartRepairs({
       clock: o.clock,
@@ -147,24 +141,18 @@ export class PartitionController {
       for (const p of this.partitions.list()) if (p.metadata.uid === a.spec.partitionUID) enqueue(p);
     };
     this.attachments.on({ add: byUid, update: (_o, n) => byUid(n), delete: byUid });
-  }
-
-  async start(): Promise<void> {
-    await Promise.all([this.devices.start(), this.attachments.start()]);
-    await this.partitions.start();
-    if (this.restartBeforeSync) {
-      // The initial list queued every partition already.
-      this.restarts.begin(this.restartBeforeSync, this.exportedOn(this.restartBeforeSync));
-      this.restartBeforeSync = undefined;
-    }
-    this.controller = runController({
+    o.manager.add({
       name: "partitions",
       queue: this.queue,
-      workers: this.o.workers ?? 4,
-      logger: this.o.logger,
-      registry: this.o.registry,
-      clock: this.o.clock,
+      workers: o.workers ?? 4,
       reconcile: (key) => this.reconcile(key),
+      onSynced: () => {
+        if (!this.restartBeforeSync) return;
+        // The initial list queued every partition already.
+        this.restarts.begin(this.restartBeforeSync, this.exportedOn(this.restartBeforeSync));
+        this.restartBeforeSync = undefined;
+      },
+      onStop: () => this.restarts.close(),
     });
   }
 
@@ -178,7 +166,7 @@ export class PartitionController {
    * and the repairs their next passes make are expected. They are reported once for the restart
    * (one log line, one Event on nodeObject) instead of an ExportRepaired Warning per partition;
    * a repair no known restart explains is drift and is still reported per partition. Callable
-   * before start(): a target started with the agent counts from the first list on.
+   * before the manager starts: a target started with the agent counts from the first list on.
    */
   targetRestarted(backend: BackendName): void {
     if (!this.partitions.hasSynced) {
@@ -210,12 +198,6 @@ export class PartitionController {
     } catch (err) {
       this.o.logger.warn("target restart summary not recorded as an Event", { err });
     }
-  }
-
-  async stop(): Promise<void> {
-    this.restarts.close();
-    await this.controller?.stop();
-    await Promise.all([this.partitions.stop(), this.devices.stop(), this.attachments.stop()]);
   }
 
   private async step(step: Step, key: string): Promise<void> {

@@ -1,21 +1,21 @@
-// The node-local snapshot reconciler's shell: watches NVMeSnapshots (and this node's partitions, so
-// a source becoming Exported wakes its snapshots), runs decideSnapshot, and carries the decision out
+// The node-local snapshot reconciler's shell: reads the agent's shared caches of NVMeSnapshots and
+// of this node's partitions (a source becoming Exported wakes its snapshots), runs decideSnapshot, and carries the decision out
 // through the SnapshotLvols port (SpdkLvolVolumeManager in production) and the API server.
 import type { NVMePartition, NVMeSnapshot, NVMeSnapshotStatus } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { WatchCache } from "../../lib/kube/cache.ts";
+import type { WatchCache } from "../../lib/kube/cache.ts";
 import { type ConditionStatus, formatConditionTime, setCondition } from "../../lib/kube/conditions.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
+import type { ControllerManager } from "../../lib/kube/controller-manager.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
 import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
-import { type Controller, runController } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
-import type { Registry } from "../../lib/metrics.ts";
 import type { DeviceRef } from "../backends/types.ts";
+import { onNode } from "../caches.ts";
 import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotPlace, type SnapshotWhy } from "./decide.ts";
 
 /** The SPDK operations snapshots need; both idempotent (looked up by alias before acting). */
@@ -28,12 +28,13 @@ export interface SnapshotLvols {
 
 export interface SnapshotControllerOptions {
   conn: KubeConnection;
+  /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
+  manager: ControllerManager;
   nodeName: string;
   /** Undefined when this agent serves no spdk backend: its snapshots are refused. */
   lvols: SnapshotLvols | undefined;
   logger: Logger;
   clock: Clock;
-  registry?: Registry;
   events?: EventRecorder;
   workers?: number;
   /** Retry period while deletion is blocked by clones. Default 5 s. */
@@ -45,7 +46,7 @@ function deviceOf(place: SnapshotPlace): DeviceRef {
 }
 
 /**
- * One per agent. start() syncs the caches and runs the workers; stop() ends both. Safe to run on
+ * One per agent, registered with its ControllerManager, which starts and stops it. Safe to run on
  * every storage node: each acts only on snapshots whose source lives on its node.
  */
 export class SnapshotController {
@@ -54,16 +55,12 @@ export class SnapshotController {
   private readonly client: ResourceClient<NVMeSnapshot>;
   private readonly partClient: ResourceClient<NVMePartition>;
   private readonly queue: WorkQueue;
-  private controller: Controller | undefined;
 
   constructor(private readonly o: SnapshotControllerOptions) {
     this.client = new ResourceClient(o.conn, kinds.NVMeSnapshot);
-    this.snapshots = new WatchCache(this.client, { logger: o.logger });
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
-    this.partitions = new WatchCache(this.partClient, {
-      fieldSelector: `spec.nodeName=${o.nodeName}`,
-      logger: o.logger,
-    });
+    this.snapshots = o.manager.caches.cache(kinds.NVMeSnapshot);
+    this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName));
     this.queue = new WorkQueue({ name: "snapshots", clock: o.clock });
     const enqueue = (s: NVMeSnapshot) => this.queue.add(objectKey(s.metadata));
     this.snapshots.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
@@ -71,24 +68,12 @@ export class SnapshotController {
       for (const s of this.snapshots.list()) if (s.spec.sourcePartitionUID === p.metadata.uid) enqueue(s);
     };
     this.partitions.on({ add: bySource, update: (_o, n) => bySource(n), delete: bySource });
-  }
-
-  async start(): Promise<void> {
-    await Promise.all([this.partitions.start(), this.snapshots.start()]);
-    this.controller = runController({
+    o.manager.add({
       name: "snapshots",
       queue: this.queue,
-      workers: this.o.workers ?? 2,
-      logger: this.o.logger,
-      registry: this.o.registry,
-      clock: this.o.clock,
+      workers: o.workers ?? 2,
       reconcile: (key) => this.reconcile(key),
     });
-  }
-
-  async stop(): Promise<void> {
-    await this.controller?.stop();
-    await Promise.all([this.partitions.stop(), this.snapshots.stop()]);
   }
 
   private async sourceOf(s: NVMeSnapshot): Promise<NVMePartition | undefined> {

@@ -14,7 +14,8 @@ import type { VolumeSchema } from "../../gen/csi/v1/csi_pb.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { InFlight } from "../../lib/concurrency/in-flight.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { WatchCache } from "../../lib/kube/cache.ts";
+import type { WatchCache } from "../../lib/kube/cache.ts";
+import { CacheSet } from "../../lib/kube/cache-set.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { kubeNodeDirectory, type NodeDirectory } from "../../lib/kube/host-nqn-annotation.ts";
@@ -28,6 +29,8 @@ import { CacheWaiter, type CallContext, withBudget } from "./waiter.ts";
 
 export interface ControllerOptions {
   conn: KubeConnection;
+  /** The process's watch caches, one per kind (csi/main.ts); a private set when omitted. */
+  caches?: CacheSet;
   /** Where NVMePartitions and NVMeVolumeAttachments live (csi/config.ts keeps it short enough for ids). */
   namespace: string;
   logger: Logger;
@@ -78,15 +81,14 @@ export class ControllerState {
     this.log = o.logger;
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.attClient = new ResourceClient(o.conn, kinds.NVMeVolumeAttachment);
-    this.partitions = new WatchCache(this.partClient, { namespace: o.namespace, logger: o.logger });
-    this.attachments = new WatchCache(this.attClient, { namespace: o.namespace, logger: o.logger });
-    this.devices = new WatchCache(new ResourceClient(o.conn, kinds.NVMeDevice), { logger: o.logger });
+    const caches = o.caches ?? new CacheSet(o.conn, { logger: o.logger });
+    this.partitions = caches.cache(kinds.NVMePartition, { namespace: o.namespace });
+    this.attachments = caches.cache(kinds.NVMeVolumeAttachment, { namespace: o.namespace });
+    this.devices = caches.cache(kinds.NVMeDevice);
     // Placement considers storage nodes in every namespace; so does GetCapacity.
-    this.storageNodes = new WatchCache(new ResourceClient(o.conn, kinds.RDMAStorageNode), {
-      logger: o.logger,
-    });
+    this.storageNodes = caches.cache(kinds.RDMAStorageNode);
     this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
-    this.snapshots = new WatchCache(this.snapClient, { namespace: o.namespace, logger: o.logger });
+    this.snapshots = caches.cache(kinds.NVMeSnapshot, { namespace: o.namespace });
     this.snapshotWaiter = new CacheWaiter(this.snapshots);
     this.partitionWaiter = new CacheWaiter(this.partitions);
     this.attachmentWaiter = new CacheWaiter(this.attachments);

@@ -1,6 +1,7 @@
 // A list+watch cache of one kind: lists, then watches from the list's resourceVersion with
 // bookmarks; re-watches when the server ends a watch; relists on 410 Gone; resyncs periodically.
-// Objects are parsed with the kind's schema and stored without managedFields.
+// Objects are parsed with the kind's schema, stored without managedFields, and through the
+// caller's transform, so a process keeps only the fields it reads.
 import { errorMessage } from "../errors.ts";
 import type { Logger } from "../log.ts";
 import { type KubeObject, objectKey, type ResourceClient } from "./resource.ts";
@@ -13,7 +14,7 @@ export interface CacheHandlers<T> {
   resync?(obj: T): void;
 }
 
-export interface WatchCacheOptions {
+export interface WatchCacheOptions<T extends KubeObject = KubeObject> {
   /** Watch one namespace; all namespaces when omitted. */
   namespace?: string;
   labelSelector?: string;
@@ -25,6 +26,14 @@ export interface WatchCacheOptions {
   watchTimeoutSeconds?: number;
   /** First and maximum delay between failed list/watch attempts. */
   backoffMs?: { initial: number; max: number };
+  /**
+   * Applied to every object after the schema parse, before it is stored or handed to handlers
+   * (deleted objects included). It may drop fields the process never reads, to bound memory; it
+   * must keep metadata.name, namespace, uid and resourceVersion, and must not throw (an object it
+   * throws on is rejected like a schema failure). Whoever writes an object back from the cache
+   * (a whole-object replace) must not have its fields dropped here.
+   */
+  transform?(obj: T): T;
   logger: Logger;
 }
 
@@ -65,8 +74,19 @@ export class WatchCache<T extends KubeObject> {
 
   constructor(
     private readonly client: ResourceClient<T>,
-    private readonly opts: WatchCacheOptions,
+    private readonly opts: WatchCacheOptions<T>,
   ) {}
+
+  /** The kind this cache holds. */
+  get kind(): ResourceClient<T>["kind"] {
+    return this.client.kind;
+  }
+
+  /** Where and what it watches (namespace, selectors), as given. */
+  get scope(): { namespace?: string; labelSelector?: string; fieldSelector?: string } {
+    const { namespace, labelSelector, fieldSelector } = this.opts;
+    return { namespace, labelSelector, fieldSelector };
+  }
 
   on(handlers: CacheHandlers<T>): this {
     this.handlers.push(handlers);
@@ -144,7 +164,8 @@ export class WatchCache<T extends KubeObject> {
 
   private parse(raw: unknown): T | undefined {
     try {
-      return this.client.parse(raw);
+      const obj = this.client.parse(raw);
+      return this.opts.transform ? this.opts.transform(obj) : obj;
     } catch (err) {
       this.stats.rejected++;
       this.opts.logger.error("object rejected by schema", {
