@@ -124,8 +124,8 @@ test("controller mode serves CSI and probes, and drains on SIGTERM", async () =>
       expect(await inFlight).toBe(14); // UNAVAILABLE "server shutting down": the CO retries
       expect(await proc.exited).toBe(0);
       const took = performance.now() - t0;
-      expect(took).toBeGreaterThan(1_500);
-      expect(took).toBeLessThan(10_000);
+      expect(took).toBeGreaterThan(1_500); // it gave the call its grace period
+      expect(took).toBeLessThan(30_000); // ...and did not wait for the call's own 30 s deadline
       expect(lines.some((l) => l.includes('"grpc stopped"'))).toBe(true);
     } finally {
       client.close();
