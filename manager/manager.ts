@@ -219,6 +219,7 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
       stopping ??= (async () => {
         await Promise.all(controllers.map((c) => c.stop()));
         await stopCaches();
+        placement.digest?.flush();
         await events.drain();
       })();
       return stopping;
