@@ -119,7 +119,8 @@ test("controller mode serves CSI and probes, and drains on SIGTERM", async () =>
           () => 0,
           (e: unknown) => (e instanceof GrpcCallError ? e.code : -1),
         );
-      await Bun.sleep(300);
+      // In flight for sure once it has created its partition (and is waiting for the export).
+      await eventually(() => lines.some((l) => l.includes('"volume requested"')), 60_000, "call in flight");
       proc.kill("SIGTERM");
       expect(await inFlight).toBe(14); // UNAVAILABLE "server shutting down": the CO retries
       expect(await proc.exited).toBe(0);
