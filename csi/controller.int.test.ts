@@ -530,7 +530,13 @@ describe("identity and input validation", () => {
       expect(parts.items.length + atts.items.length).toBe(0);
       expect(writes).toEqual([]);
       // Control: a valid request does write, so the counter above could have seen one.
-      await code(c.unary(M.createVolume, createReq("control"), { timeoutMs: 300 }));
+      // (It then waits for an export nobody makes; its deadline ends it after the test.)
+      void code(c.unary(M.createVolume, createReq("control"), { timeoutMs: 30_000 }));
+      await eventually(
+        () => writes.some((w) => w.startsWith("POST ") && w.includes("/nvmepartitions")),
+        60_000,
+        "the control request's write",
+      );
       control = [...writes];
     } finally {
       globalThis.fetch = realFetch;
