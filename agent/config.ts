@@ -43,6 +43,11 @@ const EnvSchema = v.object({
   /** argv of nvmf_tgt, space separated; empty: adopt an nvmf_tgt started by someone else. */
   DISTORT_NVMF_TGT: v.optional(v.string(), ""),
   DISTORT_SPDK_MEM_SIZE_MB: v.optional(int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)),
+  /**
+   * Subsystems the supervised nvmf_tgt may hold (nvmf_set_max_subsystems at start): one per
+   * exported volume plus discovery. SPDK's own default, 1024, would cap a node at 1023 volumes.
+   */
+  DISTORT_SPDK_MAX_SUBSYSTEMS: v.optional(int(2, 65535), "4096"),
   DISTORT_SPDK_CORE_MASK: v.optional(
     v.pipe(v.string(), v.regex(/^0x[0-9a-fA-F]+$/, "must be hex like 0x3")),
     "0x1",
@@ -86,6 +91,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     nvmfTgtCommand: c.DISTORT_NVMF_TGT.split(" ").filter(Boolean),
     coreMask: c.DISTORT_SPDK_CORE_MASK,
     spdkMemSizeMb: c.DISTORT_SPDK_MEM_SIZE_MB,
+    spdkMaxSubsystems: c.DISTORT_SPDK_MAX_SUBSYSTEMS,
     spdkSetup: c.DISTORT_SPDK_SETUP,
     hostRoot: c.DISTORT_HOST_ROOT,
     keyDir: c.DISTORT_KEY_DIR,

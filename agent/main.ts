@@ -207,6 +207,7 @@ export async function runAgent(
       socketPath: cfg.spdkSocket,
       coreMask: cfg.coreMask,
       extraArgs: cfg.spdkMemSizeMb === undefined ? [] : ["-s", String(cfg.spdkMemSizeMb)],
+      startupOptions: { maxSubsystems: cfg.spdkMaxSubsystems },
       openClient: () => new SpdkClient({ socketPath: cfg.spdkSocket, logger, clock }),
       runner: bunProcessRunner({ setprivPath: findSetpriv() }),
       inspector: procInspector(hostFs("/")),

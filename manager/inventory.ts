@@ -116,28 +116,6 @@ export class Inventory implements PlacementView {
     if (ck) addTo(this.#devicesByClaimKey, ck, name);
   }
 
-  /** Takes a claim just read from the API server, if newer than the cached copy. */
-  noteFreshClaim(c: NVMeDeviceClaim): void {
-    const cached = this.#claims.get(objectKey(c.metadata));
-    if (
-      cached &&
-      (compareResourceVersions(c.metadata.resourceVersion, cached.metadata.resourceVersion) ?? 0) > 0
-    ) {
-      this.setClaim(c);
-    }
-  }
-
-  /** Takes a storage-node record just read from the API server, if newer than the cached copy. */
-  noteFreshNode(n: RDMAStorageNode): void {
-    const cached = this.#nodes.get(objectKey(n.metadata));
-    if (
-      cached &&
-      (compareResourceVersions(n.metadata.resourceVersion, cached.metadata.resourceVersion) ?? 0) > 0
-    ) {
-      this.setNode(n);
-    }
-  }
-
   #unindexDevice(d: NVMeDevice): void {
     const name = d.metadata.name;
     removeFrom(this.#devicesBySerial, d.spec.serial, name);

@@ -9,6 +9,7 @@ import { serveHealth } from "../lib/health-server.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
 import { type LeaderTerms, runLeaderTerms } from "../lib/kube/leader-terms.ts";
+import { kubeRequestCounter } from "../lib/kube/request-metrics.ts";
 import { createLogger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { type ManagerConfig, parseConfig } from "./config.ts";
@@ -28,8 +29,8 @@ const logger = createLogger({
   level: config.logLevel,
   fields: { component: "manager", identity: config.identity },
 });
-const conn = connect(config.kubeconfig);
 const registry = new Registry();
+const conn = connect(config.kubeconfig, { onRequest: kubeRequestCounter(registry) });
 const metrics = managerMetrics(registry);
 metrics.leader.set({}, 0);
 const recorder = new EventRecorder(conn, {

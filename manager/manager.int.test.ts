@@ -19,6 +19,13 @@ afterAll(async () => {
 });
 
 const noEvents = { record: async () => {} };
+/**
+ * A watch left open would hold a stop up until the server ends it: at least 300 s (the caches
+ * ask for a random timeout between 300 and 600 s). Stopping in under a fifth of that proves the
+ * watch was closed, however busy the machine is.
+ */
+const LEAKED_WATCH_MS = 300_000;
+const PROMPT_MS = LEAKED_WATCH_MS / 5;
 
 test("a start abandoned during the first list rejects and winds down promptly", async () => {
   const h = await harness(tc, "abandon");
@@ -45,9 +52,9 @@ test("a start abandoned during the first list rejects and winds down promptly", 
       (err: Error) => err.message,
     );
     expect(["leadership lost", "started"]).toContain(outcome);
-    expect(Date.now() - t0).toBeLessThan(3000);
+    expect(Date.now() - t0).toBeLessThan(PROMPT_MS);
   }
-}, 20_000);
+}, 200_000);
 
 test("a running manager stops promptly", async () => {
   const h = await harness(tc, "stop");
@@ -55,5 +62,5 @@ test("a running manager stops promptly", async () => {
   const m = await h.start();
   const t0 = Date.now();
   await m.stop();
-  expect(Date.now() - t0).toBeLessThan(2000);
-}, 30_000);
+  expect(Date.now() - t0).toBeLessThan(PROMPT_MS);
+}, 200_000);

@@ -217,6 +217,7 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
     stop() {
       stopping ??= (async () => {
         await controllers.stop();
+        placement.digest?.flush();
         await events.drain();
       })();
       return stopping;

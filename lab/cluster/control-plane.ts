@@ -252,7 +252,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
       "--unsafe-no-fsync=true",
       "--log-level=warn",
     ]);
-    await waitFor("etcd", 30_000, etcd.proc, etcd.logPath, async () => {
+    await waitFor("etcd", 120_000, etcd.proc, etcd.logPath, async () => {
       const r = await fetch(`${etcdUrl}/health`);
       return r.ok && ((await r.json()) as { health?: string }).health === "true";
     });
@@ -280,7 +280,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
       "--v=1",
     ]);
     const auth = { headers: { authorization: `Bearer ${token}` }, tls: { ca: caPem } };
-    await waitFor("kube-apiserver", 90_000, api.proc, api.logPath, async () => {
+    await waitFor("kube-apiserver", 300_000, api.proc, api.logPath, async () => {
       const r = await fetch(`${server}/readyz`, auth);
       return r.status === 200;
     });
@@ -303,7 +303,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
         `--service-account-private-key-file=${join(dir, "sa.key")}`,
         "--v=1",
       ]);
-      await waitFor("kube-controller-manager", 60_000, kcm.proc, kcm.logPath, async () => {
+      await waitFor("kube-controller-manager", 180_000, kcm.proc, kcm.logPath, async () => {
         const r = await fetch(`https://127.0.0.1:${kcmPort}/healthz`, { tls: { rejectUnauthorized: false } });
         return r.status === 200;
       });
@@ -322,7 +322,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
         "--bind-address=127.0.0.1",
         "--v=1",
       ]);
-      await waitFor("kube-scheduler", 60_000, sched.proc, sched.logPath, async () => {
+      await waitFor("kube-scheduler", 180_000, sched.proc, sched.logPath, async () => {
         const r = await fetch(`https://127.0.0.1:${schedPort}/healthz`, {
           tls: { rejectUnauthorized: false },
         });

@@ -60,3 +60,39 @@ export async function eventually<T>(
     await Bun.sleep(25);
   }
 }
+
+/**
+ * Polls `fn` until it reports done, for work whose speed depends on the machine's load: fails
+ * only when `progress` has not grown for `stallMs` (the work is stuck, not slow), or after
+ * `maxMs` in all. Returns the last value; a throw from `fn` counts as no progress.
+ */
+export async function untilDone<T>(
+  fn: () => Promise<{ done: boolean; progress: number; value: T }>,
+  opts: { stallMs: number; maxMs: number; what: string; describe?: (v: T) => string },
+): Promise<T> {
+  const start = Date.now();
+  let best = Number.NEGATIVE_INFINITY;
+  let movedAt = start;
+  let last: { value: T } | undefined;
+  let lastErr: unknown;
+  for (;;) {
+    try {
+      const r = await fn();
+      last = r;
+      if (r.done) return r.value;
+      if (r.progress > best) {
+        best = r.progress;
+        movedAt = Date.now();
+      }
+    } catch (err) {
+      lastErr = err;
+    }
+    const now = Date.now();
+    if (now - movedAt > opts.stallMs || now - start > opts.maxMs) {
+      const why = now - start > opts.maxMs ? `after ${opts.maxMs} ms` : `no progress for ${opts.stallMs} ms`;
+      const seen = last && opts.describe ? `; last: ${opts.describe(last.value)}` : "";
+      throw new Error(`${opts.what}: ${why}${seen}${lastErr ? `; ${String(lastErr)}` : ""}`);
+    }
+    await Bun.sleep(100);
+  }
+}

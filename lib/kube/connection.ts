@@ -3,6 +3,7 @@
 // streaming watches. Every Kubernetes call in DISTORT goes through a KubeConnection.
 import * as k8s from "@kubernetes/client-node";
 import { StorageError } from "../errors.ts";
+import type { RequestObserver } from "./request-metrics.ts";
 
 /** TLS material for Bun's fetch, taken from the kubeconfig's current cluster and user. */
 interface TlsOptions {
@@ -36,17 +37,24 @@ function text(v: unknown): string | undefined {
  * certificate. Authentication headers are already set on the request by client-node.
  */
 class BunFetchLibrary implements k8s.PromiseHttpLibrary {
-  constructor(private readonly tls: () => Promise<TlsOptions>) {}
+  constructor(
+    private readonly tls: () => Promise<TlsOptions>,
+    private readonly observe: RequestObserver,
+  ) {}
 
   async send(req: k8s.RequestContext): Promise<k8s.ResponseContext> {
     const body = req.getBody() as RequestInit["body"];
-    const res = await fetch(req.getUrl(), {
-      method: req.getHttpMethod().toString(),
-      headers: req.getHeaders(),
-      body,
-      signal: req.getSignal() as AbortSignal | undefined,
-      tls: await this.tls(),
-    });
+    const method = req.getHttpMethod().toString();
+    const tls = await this.tls();
+    const res = await observed(this.observe, method, req.getUrl(), () =>
+      fetch(req.getUrl(), {
+        method,
+        headers: req.getHeaders(),
+        body,
+        signal: req.getSignal() as AbortSignal | undefined,
+        tls,
+      }),
+    );
     const headers: Record<string, string> = {};
     res.headers.forEach((value, name) => {
       headers[name] = value;
@@ -60,18 +68,45 @@ class BunFetchLibrary implements k8s.PromiseHttpLibrary {
   }
 }
 
+/** Runs `send`, reporting its method, URL and status (0 when it threw) to `observe`. */
+async function observed(
+  observe: RequestObserver,
+  method: string,
+  url: string,
+  send: () => Promise<Response>,
+): Promise<Response> {
+  let code = 0;
+  try {
+    const res = await send();
+    code = res.status;
+    return res;
+  } finally {
+    try {
+      observe(method, url, code);
+    } catch {
+      // an observer must not break requests
+    }
+  }
+}
+
+export interface ConnectOptions {
+  /** Told about every request sent (see request-metrics.ts); none by default. */
+  onRequest?: RequestObserver;
+}
+
 /**
  * Connects with a kubeconfig file, or with the in-cluster service account when `kubeconfigPath`
  * is undefined and the process runs in a Pod. Does not contact the server.
  */
-export function connect(kubeconfigPath?: string): KubeConnection {
+export function connect(kubeconfigPath?: string, opts: ConnectOptions = {}): KubeConnection {
   const kc = new k8s.KubeConfig();
   if (kubeconfigPath) kc.loadFromFile(kubeconfigPath);
   else kc.loadFromCluster();
-  return fromKubeConfig(kc);
+  return fromKubeConfig(kc, opts);
 }
 
-export function fromKubeConfig(kc: k8s.KubeConfig): KubeConnection {
+export function fromKubeConfig(kc: k8s.KubeConfig, opts: ConnectOptions = {}): KubeConnection {
+  const observe: RequestObserver = opts.onRequest ?? (() => {});
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new StorageError("invalid", "kubeconfig has no current cluster");
   const server = cluster.server.replace(/\/+$/, "");
@@ -89,7 +124,7 @@ export function fromKubeConfig(kc: k8s.KubeConfig): KubeConnection {
     })();
     return tlsCache;
   };
-  const httpApi = k8s.wrapHttpLibrary(new BunFetchLibrary(tls));
+  const httpApi = k8s.wrapHttpLibrary(new BunFetchLibrary(tls, observe));
   const config = k8s.createConfiguration({
     baseServer: new k8s.ServerConfiguration(server, {}),
     authMethods: { default: kc },
@@ -105,13 +140,11 @@ export function fromKubeConfig(kc: k8s.KubeConfig): KubeConnection {
       await kc.applyToHTTPSOptions(opts as never);
       const headers: Record<string, string> = { accept: "application/json", ...(opts.headers ?? {}) };
       if (init.contentType) headers["content-type"] = init.contentType;
-      return fetch(`${server}${path}`, {
-        method: init.method ?? "GET",
-        headers,
-        body: init.body,
-        signal: init.signal,
-        tls: await tls(),
-      });
+      const method = init.method ?? "GET";
+      const t = await tls();
+      return observed(observe, method, path, () =>
+        fetch(`${server}${path}`, { method, headers, body: init.body, signal: init.signal, tls: t }),
+      );
     },
   };
 }

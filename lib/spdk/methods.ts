@@ -123,6 +123,18 @@ export class SpdkMethods {
     await this.#call("framework_wait_init", undefined, S.TrueResultSchema, opts);
   }
 
+  /**
+   * nvmf_set_max_subsystems: before framework_start_init only ("precondition" after); SPDK
+   * refuses a second call once a limit is set. Without it a target holds 1024 subsystems,
+   * discovery included.
+   */
+  async nvmfSetMaxSubsystems(maxSubsystems: number, opts?: CallOptions): Promise<void> {
+    const p = checkParams("nvmf_set_max_subsystems", P.NvmfSetMaxSubsystemsParams, {
+      max_subsystems: maxSubsystems,
+    });
+    await this.#call("nvmf_set_max_subsystems", p, S.TrueResultSchema, opts);
+  }
+
   /** iobuf_set_options: before framework_start_init only ("precondition" after). */
   async iobufSetOptions(params: IobufSetOptionsParams, opts?: CallOptions): Promise<void> {
     const p = checkParams("iobuf_set_options", P.IobufSetOptionsParams, params);

@@ -68,6 +68,11 @@ export const RpcGetMethodsParams = v.strictObject({
   include_aliases: v.optional(v.boolean()),
 });
 
+/** STARTUP-only: the subsystems the target can hold (SPDK's default is 1024, discovery included). */
+export const NvmfSetMaxSubsystemsParams = v.strictObject({
+  max_subsystems: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(0xffffffff)),
+});
+
 /** STARTUP-only (before framework_start_init). */
 export const IobufSetOptionsParams = v.strictObject({
   small_pool_count: v.optional(Positive),

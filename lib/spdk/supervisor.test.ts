@@ -260,6 +260,7 @@ class World {
         if (t.phase !== "runtime") throw new SpdkError(method, -1, PHASE_ERR);
         return { tick_rate: 2_450_000_000, pid: t.pid, reactors: t.cores.map((lcore) => ({ lcore })) };
       case "iobuf_set_options":
+      case "nvmf_set_max_subsystems":
         if (t.phase !== "startup") throw new SpdkError(method, -1, START_ERR);
         return true;
       case "framework_start_init":
@@ -417,7 +418,7 @@ describe("adopting a target already on the socket", () => {
     w.foreign([0, 1], "startup");
     let hooks = 0;
     const s = w.supervisor({
-      startupOptions: { iobuf: { small_pool_count: 8192, large_pool_count: 1024 } },
+      startupOptions: { iobuf: { small_pool_count: 8192, large_pool_count: 1024 }, maxSubsystems: 4096 },
       onRestart: () => void hooks++,
     });
     await w.drive(s.ensureRunning());
@@ -425,11 +426,13 @@ describe("adopting a target already on the socket", () => {
       "spdk_get_version",
       "framework_get_reactors",
       "iobuf_set_options",
+      "nvmf_set_max_subsystems",
       "framework_start_init",
       "framework_wait_init",
       "framework_get_reactors",
     ]);
     expect(w.calls[2]?.params).toEqual({ small_pool_count: 8192, large_pool_count: 1024 });
+    expect(w.calls[3]?.params).toEqual({ max_subsystems: 4096 });
     expect(s.state).toBe("adopted");
     await w.drive(s.stop());
     expect(hooks).toBe(1);

@@ -40,6 +40,8 @@ export interface SupervisorRpc extends SpdkRpc {
 /** Options applied only to a process in the --wait-for-rpc phase, before framework_start_init. */
 export interface StartupOptions {
   iobuf?: IobufSetOptionsParams;
+  /** nvmf_set_max_subsystems: one subsystem per exported volume, plus discovery. */
+  maxSubsystems?: number;
 }
 
 export interface NvmfTgtSupervisorOptions {
@@ -101,7 +103,13 @@ const OptionsSchema = v.object({
   command: v.pipe(v.array(NonEmpty), v.minLength(1, "command must name the nvmf_tgt executable")),
   socketPath: v.pipe(NonEmpty, v.startsWith("/", "socketPath must be absolute")),
   extraArgs: v.optional(v.array(v.string()), []),
-  startupOptions: v.optional(v.strictObject({ iobuf: v.optional(IobufSchema) }), {}),
+  startupOptions: v.optional(
+    v.strictObject({
+      iobuf: v.optional(IobufSchema),
+      maxSubsystems: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1))),
+    }),
+    {},
+  ),
   livenessPeriodMs: v.optional(Ms(10), 5000),
   pingTimeoutMs: v.optional(Ms(1), 2000),
   unresponsiveLimit: v.optional(Ms(1), 3),
@@ -532,7 +540,7 @@ export class NvmfTgtSupervisor {
       };
       this.#setState("adopted");
       this.#log.info("adopted running nvmf_tgt", { pid: reactors.pid, initialised });
-      if (!initialised && this.#startup.iobuf) {
+      if (!initialised && (this.#startup.iobuf || this.#startup.maxSubsystems)) {
         this.#log.info("startup options not applied: the adopted target was already initialised");
       }
       return initialised;
@@ -548,6 +556,10 @@ export class NvmfTgtSupervisor {
     if (this.#startup.iobuf) {
       step?.("iobuf_set_options");
       await methods.iobufSetOptions(this.#startup.iobuf, this.#callOpts(deadline));
+    }
+    if (this.#startup.maxSubsystems) {
+      step?.("nvmf_set_max_subsystems");
+      await methods.nvmfSetMaxSubsystems(this.#startup.maxSubsystems, this.#callOpts(deadline));
     }
     step?.("framework_start_init");
     try {

@@ -7,10 +7,12 @@ import { objectKey } from "../../lib/kube/resource.ts";
 import type { Reconcile } from "../../lib/kube/runner.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { ManagerContext, Triggers } from "../context.ts";
+import { compareResourceVersions } from "../inventory.ts";
 import { type PartitionUse, partitionUse } from "../ledger.ts";
 import { nodeHealth } from "../node-health.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";
+import { PlacedDigest } from "./placed-digest.ts";
 import {
   decidePlacement,
   INITIAL_PARTITION_STATUS,
@@ -27,6 +29,16 @@ export const PLACEMENT = "placement";
 const ROUNDS = 4;
 /** Ledger write attempts per reservation (each conflict re-reads the device). */
 const WRITE_ATTEMPTS = 8;
+/**
+ * A refusal that rests on devices whose claim the caches have not caught up with is held back
+ * this many times (requeued, nothing written) before it is reported anyway; the delays double
+ * from SETTLE_FIRST_MS up to SETTLE_MAX_MS, about 12 s in all.
+ */
+export const SETTLE_DEFERRALS = 8;
+/** Placements on one device within this window share one Placed event. */
+export const PLACED_DIGEST_MS = 5000;
+const SETTLE_FIRST_MS = 250;
+const SETTLE_MAX_MS = 2000;
 
 /** State the placement controller keeps between reconciles (all of it rebuildable). */
 export class PlacementState {
@@ -34,6 +46,18 @@ export class PlacementState {
   readonly firstSeen = new Map<string, number>();
   /** Partitions last found unschedulable: requeued at once when capacity may have appeared. */
   readonly unschedulable = new Set<string>();
+  /** Refusals held back while the claim view settles: partition key -> deferrals so far. */
+  readonly settling = new Map<string, number>();
+  /** resourceVersion of the last partition object this process stored, until the cache has it. */
+  readonly written = new Map<string, string>();
+  /** Placed events waiting to be written as one per device; flush() it before stopping. */
+  digest: PlacedDigest | undefined;
+
+  /** Records that this process stored `p` (a spec or status write). */
+  noteWritten(key: string, p: NVMePartition): void {
+    const rv = p.metadata.resourceVersion;
+    if (rv) this.written.set(key, rv);
+  }
 
   /** Notes when an unplaced partition was first seen (the start of its placement latency). */
   observe(key: string, p: NVMePartition, nowMs: number): void {
@@ -81,14 +105,26 @@ export async function sourcePin(ctx: ManagerContext, p: NVMePartition): Promise<
 export function placementReconciler(ctx: ManagerContext, state: PlacementState): Reconcile {
   const cfg = placementConfig(ctx);
   const { inventory, metrics } = ctx;
+  const digest = new PlacedDigest(ctx.events, ctx.clock, PLACED_DIGEST_MS);
+  state.digest = digest;
   return async (key, rctx) => {
     let p = inventory.partition(key);
     if (!p) {
       state.firstSeen.delete(key);
       state.unschedulable.delete(key);
+      state.settling.delete(key);
+      state.written.delete(key);
       return;
     }
     state.observe(key, p, ctx.clock.now());
+    // This process wrote the partition more recently than the cache shows: deciding on the older
+    // copy would only repeat (or conflict with) that write. The watch event of the write enqueues
+    // the key again, and that reconcile decides on the stored object.
+    const wrote = state.written.get(key);
+    if (wrote !== undefined) {
+      if ((compareResourceVersions(wrote, p.metadata.resourceVersion) ?? 0) > 0) return;
+      state.written.delete(key);
+    }
     const pin = p.spec.nodeName ? undefined : await sourcePin(ctx, p);
     for (let round = 0; round < ROUNDS; round++) {
       const out = decidePlacement(p, inventory, ctx.clock.now(), cfg, pin);
@@ -111,10 +147,13 @@ export function placementReconciler(ctx: ManagerContext, state: PlacementState):
       const placed = await assign(ctx, p, reserve);
       if (placed === undefined) return; // deleted meanwhile: the capacity reconciler drops the entry
       p = placed;
+      state.noteWritten(key, p);
       const onOurs = p.spec.nodeName === reserve.nodeName && p.spec.deviceSerial === reserve.serial;
       if (onOurs) {
-        const note = out.actions.find((a) => a.type === "event");
-        if (note?.type === "event") ctx.events.emit(p, note.eventType, note.reason, "Place", note.note);
+        // The decision's Placed event goes into the device's digest: one Event per device and
+        // window, not one write per placement (the partition's Scheduled condition says it too).
+        const dev = inventory.latestDevice(reserve.device);
+        if (dev) digest.add(dev, key, reserve.bytes);
         metrics.placements.inc({ result: "placed" });
         const seen = state.firstSeen.get(key);
         if (seen !== undefined) metrics.placementLatency.observe({}, (ctx.clock.now() - seen) / 1000);
@@ -143,6 +182,19 @@ async function finish(
   p: NVMePartition,
   out: PlacementOutcome,
 ): Promise<{ requeueAfterMs?: number }> {
+  if (out.result === "unschedulable" && out.settling) {
+    // Devices claimed by claims this view does not show bound yet: after a leader change the
+    // claim cache may lag the device cache, and a bind is two writes. Not a reason to show the
+    // user until it persists: retry soon (and at once when a claim or device changes).
+    const n = state.settling.get(key) ?? 0;
+    if (n < SETTLE_DEFERRALS) {
+      state.settling.set(key, n + 1);
+      state.unschedulable.add(key);
+      ctx.metrics.placements.inc({ result: "deferred" });
+      return { requeueAfterMs: Math.min(SETTLE_MAX_MS, SETTLE_FIRST_MS * 2 ** n) };
+    }
+  }
+  state.settling.delete(key);
   if (out.result === "unschedulable") {
     state.unschedulable.add(key);
     ctx.metrics.placements.inc({ result: "unschedulable" });
@@ -157,11 +209,15 @@ async function finish(
   if (patch) {
     const uid = p.metadata.uid;
     const now = new Date(ctx.clock.now());
-    await writeStatus<NVMePartitionStatus, NVMePartition>(ctx.clients.partitions, p, (latest) =>
-      latest.metadata.uid !== uid
-        ? undefined
-        : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, patch, now),
+    const stored = await writeStatus<NVMePartitionStatus, NVMePartition>(
+      ctx.clients.partitions,
+      p,
+      (latest) =>
+        latest.metadata.uid !== uid
+          ? undefined
+          : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, patch, now),
     );
+    if (stored && stored !== p) state.noteWritten(key, stored);
   }
   return out.requeueAfterMs === undefined ? {} : { requeueAfterMs: out.requeueAfterMs };
 }
@@ -179,11 +235,12 @@ async function reserveOn(
   log: Logger,
 ): Promise<boolean> {
   const { clients, inventory } = ctx;
-  const nodeRecord = inventory.node(r.nodeName);
-  const [claim, node] = await Promise.all([
-    clients.claims.get(r.claimRef.name, r.claimRef.namespace),
-    nodeRecord ? clients.nodes.get(nodeRecord.metadata.name, nodeRecord.metadata.namespace) : undefined,
-  ]);
+  // Claim and node come from the watch cache: neither needs to be fresh for safety. Room is
+  // arbitrated by the guarded device write below; a claim released meanwhile is a guarded write
+  // to the same device (refused while its ledger is not empty, or making this one conflict);
+  // node health a moment old is what any decision works with anyway.
+  const claim = inventory.claim(`${r.claimRef.namespace}/${r.claimRef.name}`);
+  const node = inventory.node(r.nodeName);
   // Start from the newest version this process knows; the guarded write proves it current.
   let device: NVMeDevice | undefined = inventory.latestDevice(r.device);
   let fresh = false;
@@ -212,9 +269,6 @@ async function reserveOn(
         continue;
       }
       log.info("reservation refused on fresh data", { device: r.device, reason: verdict.message });
-      // Let the next decision see what the API server said, ahead of the watch.
-      if (claim) inventory.noteFreshClaim(claim);
-      if (node) inventory.noteFreshNode(node);
       return false;
     }
     try {

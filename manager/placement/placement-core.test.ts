@@ -335,9 +335,13 @@ describe("decidePlacement refuses", () => {
       message: /most free 0 B/,
     },
   ];
-  test.each(cases)("$name: $reason", ({ setup, p, reason, message }) => {
+  test.each(cases)("$name: $reason", ({ name, setup, p, reason, message }) => {
     const out = decidePlacement(p ?? pending(), view(setup()), NOW, CFG);
     expect(out.result).toBe("unschedulable");
+    // The device names a claim the view does not show as its bound owner: possibly caches that
+    // have not caught up with each other, which the controller may wait out.
+    const settling = /claim is gone|claim was replaced|not Bound yet/.test(name) ? 1 : undefined;
+    expect(out.settling).toBe(settling);
     const c = out.status?.conditions?.[0];
     expect(c).toMatchObject({ type: "Scheduled", status: "False", reason, observedGeneration: 1 });
     expect(c?.message).toMatch(message);
@@ -346,6 +350,19 @@ describe("decidePlacement refuses", () => {
     ]);
     expect(out.requeueAfterMs).toBe(CFG.backoff.initialMs);
     expect(out.status?.set).toEqual({ state: "Pending" });
+  });
+
+  test("counts as settling only the devices whose claim view lags, beside a real refusal", () => {
+    const bound = claimedDevice("d1", { node: "node-a", allocatable: GiB });
+    const lagging = claimedDevice("d2", { node: "node-a", allocatable: 100 * GiB });
+    const inv = view({
+      devices: [bound.device, lagging.device, device("d3", { phase: "Available" })],
+      claims: [bound.claim, { ...lagging.claim, status: undefined }],
+      nodes: [storageNode("node-a")],
+    });
+    const out = decidePlacement(pending({ size: 2 * GiB }), inv, NOW, CFG);
+    expect(out.status?.conditions?.[0]?.reason).toBe("InsufficientCapacity");
+    expect(out.settling).toBe(1);
   });
 
   test("names the reason that got furthest: capacity beats a stale node", () => {

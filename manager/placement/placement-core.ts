@@ -91,6 +91,14 @@ export interface PlacementOutcome {
   requeueAfterMs?: number;
   /** For metrics: what this decision amounts to. */
   result: "placed" | "unschedulable" | "already-placed" | "ignored";
+  /**
+   * Unschedulable only: devices left out because the device names a claim the view does not
+   * show as its bound owner (missing, or not yet Bound). That is what a view looks like while
+   * its caches catch up with each other (a new leader's claim list older than its device list,
+   * a bind half-way), so such a refusal may be transient; the controller may wait before
+   * writing it.
+   */
+  settling?: number;
 }
 
 /** Initial status of a partition the manager writes first. */
@@ -162,6 +170,7 @@ export function decidePlacement(
   const lockedTo = new Set<string>();
   let mostFree = Number.NEGATIVE_INFINITY;
   let total = 0;
+  let settling = 0;
   const loads = new Map<string, number>();
   const candidates: Candidate[] = [];
 
@@ -172,6 +181,7 @@ export function decidePlacement(
     const own = verifyOwner(d, key ? view.claim(key) : undefined);
     if (!own.ok) {
       rejected.NoClaimedDevice.push(d.metadata.name);
+      if (own.problem === "ClaimMissing" || own.problem === "ClaimNotBound") settling++;
       continue;
     }
     const usage = view.usage(d);
@@ -270,7 +280,8 @@ export function decidePlacement(
     total === 0
       ? `no NVMeDevice exists to hold ${formatBytes(bytes)}`
       : `0/${total} devices can hold ${formatBytes(bytes)} (${p.spec.backend}): ${parts.join("; ")}${pin ? ` (${pin.why})` : ""}`;
-  return unschedulable(p, scheduled, nowMs, cfg, reason, message);
+  const out = unschedulable(p, scheduled, nowMs, cfg, reason, message);
+  return settling > 0 ? { ...out, settling } : out;
 }
 
 function unschedulable(

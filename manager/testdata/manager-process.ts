@@ -45,7 +45,9 @@ export class ManagerProcess {
     this.#proc = proc;
     void this.#pump(proc.stdout);
     void this.#pump(proc.stderr);
-    const deadline = Date.now() + 20_000;
+    // Only catches a hung start (an exit fails at once): long enough for a machine whose load is
+    // many times its cores, where a bun process can take tens of seconds to serve its first probe.
+    const deadline = Date.now() + 180_000;
     for (;;) {
       if (proc.exitCode !== null) throw new Error(`manager ${this.id} exited with ${proc.exitCode}`);
       if (Date.now() > deadline) throw new Error(`manager ${this.id} did not start`);

@@ -129,6 +129,9 @@ interface BoundListener {
 /** A target library call failed (SPDK's spdk_nvmf_* returned an error); the RPC layer picks the reply. */
 export class TargetError extends Error {}
 
+/** SPDK_NVMF_DEFAULT_MAX_SUBSYSTEMS. */
+export const DEFAULT_MAX_SUBSYSTEMS = 1024;
+
 /**
  * The target. Synchronous methods validate and mutate atomically; the asynchronous ones (listener
  * changes, subsystem deletion) bind or close sockets and must be serialised by the caller. Errors
@@ -140,6 +143,11 @@ export class NvmfTarget {
   readonly #bound = new Map<string, BoundListener>();
   readonly #pollGroups: PollGroupStats[];
   #nextPollGroup = 0;
+  /**
+   * nvmf_set_max_subsystems (STARTUP only); 0 means SPDK's default, 1024. The discovery
+   * subsystem takes one of the IDs, as in spdk_nvmf_tgt_create.
+   */
+  maxSubsystems = 0;
 
   constructor(
     private readonly registry: BdevRegistry,
@@ -177,9 +185,20 @@ export class NvmfTarget {
     return this.#subsystems.get(nqn);
   }
 
-  /** Adds a subsystem; TargetError when the NQN is taken. */
+  /** Subsystems this target can hold, the discovery subsystem included. */
+  get subsystemLimit(): number {
+    return this.maxSubsystems || DEFAULT_MAX_SUBSYSTEMS;
+  }
+
+  /** Every subsystem ID is taken (spdk_nvmf_subsystem_create: "No available subsystem IDs"). */
+  get full(): boolean {
+    return this.#subsystems.size >= this.subsystemLimit;
+  }
+
+  /** Adds a subsystem; TargetError when the NQN is taken or no subsystem ID is left. */
   addSubsystem(s: Subsystem): void {
     if (this.#subsystems.has(s.nqn)) throw new TargetError(`subsystem ${s.nqn} exists`);
+    if (this.full) throw new TargetError("no available subsystem IDs");
     this.#subsystems.set(s.nqn, s);
   }
 

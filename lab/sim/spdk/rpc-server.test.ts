@@ -168,6 +168,40 @@ test("--wait-for-rpc: only startup methods until framework_start_init; reactors 
   }
 });
 
+test("nvmf_set_max_subsystems: startup only, once; the limit counts discovery and refuses like SPDK", async () => {
+  const e = await startSpdkEmulator({
+    socketPath: join(root, "max.sock"),
+    dataDir: join(root, "max"),
+    waitForRpc: true,
+  });
+  try {
+    const s = e.socketPath;
+    expect((await rpc(s, "nvmf_set_max_subsystems", { max_subsystems: "3" })).error).toEqual({
+      code: -32602,
+      message: "Invalid parameters",
+    });
+    expect(await call(s, "nvmf_set_max_subsystems", { max_subsystems: 3 })).toBe(true);
+    expect((await rpc(s, "nvmf_set_max_subsystems", { max_subsystems: 4 })).error).toEqual({
+      code: -32603,
+      message: "Must not call more than once",
+    });
+    expect(await call(s, "framework_start_init")).toBe(true);
+    expect((await rpc(s, "nvmf_set_max_subsystems", { max_subsystems: 4 })).error?.code).toBe(-1);
+    // Discovery holds one of the three IDs: two NVMe subsystems fit, the third is refused.
+    for (const n of [1, 2]) {
+      expect(await call(s, "nvmf_create_subsystem", { nqn: `nqn.2016-06.io.spdk:cnode${n}` })).toBe(true);
+    }
+    expect((await rpc(s, "nvmf_create_subsystem", { nqn: "nqn.2016-06.io.spdk:cnode3" })).error).toEqual({
+      code: -32603,
+      message: "Unable to create subsystem nqn.2016-06.io.spdk:cnode3",
+    });
+    expect(await call(s, "nvmf_delete_subsystem", { nqn: "nqn.2016-06.io.spdk:cnode1" })).toBe(true);
+    expect(await call(s, "nvmf_create_subsystem", { nqn: "nqn.2016-06.io.spdk:cnode3" })).toBe(true);
+  } finally {
+    await e.close();
+  }
+});
+
 test("a crash leaves a stale socket (ECONNREFUSED) and loses runtime state; restart serves again", async () => {
   const e = await startSpdkEmulator({ socketPath: join(root, "crash.sock"), dataDir: join(root, "crash") });
   try {

@@ -5,7 +5,7 @@ import * as v from "valibot";
 import type { App } from "../app.ts";
 import { TICK_RATE } from "../core-mask.ts";
 import type { JsonValue } from "../json-stream.ts";
-import { type MethodSpec, RUNTIME } from "../method-table.ts";
+import { type MethodSpec, RUNTIME, STARTUP } from "../method-table.ts";
 import { DISCOVERY_NQN, isValidNqn } from "../nqn.ts";
 import {
   type Adrfam,
@@ -165,6 +165,19 @@ export function nvmfMethods(app: App): MethodSpec[] {
       },
     },
     {
+      // STARTUP only; a second call with a non-zero value in place is refused (nvmf_rpc.c).
+      name: "nvmf_set_max_subsystems",
+      states: STARTUP,
+      handler: (req) => {
+        if (target.maxSubsystems !== 0) {
+          throw new RpcError(RpcCode.internalError, "Must not call more than once");
+        }
+        const p = decodeOptional(req, v.strictObject({ max_subsystems: v.optional(u32) }), INVALID_PARAMS);
+        target.maxSubsystems = p.max_subsystems ?? 0;
+        return true;
+      },
+    },
+    {
       name: "nvmf_create_subsystem",
       states: RUNTIME,
       handler: async (req, ctx) => {
@@ -187,7 +200,7 @@ export function nvmfMethods(app: App): MethodSpec[] {
           INVALID_PARAMS,
         );
         checkTarget(p.tgt_name);
-        if (!isValidNqn(p.nqn) || find(p.nqn)) {
+        if (!isValidNqn(p.nqn) || find(p.nqn) || target.full) {
           throw new RpcError(RpcCode.internalError, `Unable to create subsystem ${p.nqn}`);
         }
         const min = p.min_cntlid ?? 1;
