@@ -8,6 +8,8 @@ import { join } from "node:path";
 import {
   type BenchResult,
   fmt,
+  growthExponent,
+  growthLine,
   median,
   percentile,
   renderMarkdown,
@@ -15,6 +17,7 @@ import {
   replaceBetweenMarkers,
   svgBarChart,
   svgHistogram,
+  svgStack,
   tableRows,
   writeResult,
 } from "./report.ts";
@@ -213,5 +216,52 @@ describe("svg", () => {
     expect(a).toContain(`p99 ${percentile(values, 99)}`);
     expect(a).toContain(">count</text>");
     expect(() => svgHistogram({ title: "x", unit: "ms", values: [] })).toThrow(RangeError);
+  });
+});
+
+describe("growth", () => {
+  test("the log-log exponent of linear, quadratic and constant series", () => {
+    const sizes = [500, 1000, 2000];
+    expect(growthExponent(sizes.map((s) => ({ size: s, value: 3 * s })))).toBeCloseTo(1, 9);
+    expect(growthExponent(sizes.map((s) => ({ size: s, value: s * s })))).toBeCloseTo(2, 9);
+    expect(growthExponent(sizes.map((s) => ({ size: s, value: 7 })))).toBeCloseTo(0, 9);
+  });
+
+  test("refuses what a log-log fit cannot take", () => {
+    expect(() => growthExponent([{ size: 1, value: 1 }])).toThrow(RangeError);
+    expect(() =>
+      growthExponent([
+        { size: 1, value: 1 },
+        { size: 1, value: 2 },
+      ]),
+    ).toThrow(RangeError);
+    expect(() =>
+      growthExponent([
+        { size: 1, value: 0 },
+        { size: 2, value: 2 },
+      ]),
+    ).toThrow(RangeError);
+  });
+
+  test("growthLine states values, ratios and the exponent", () => {
+    const line = growthLine("re-verify", "s", [
+      { size: 500, value: 1 },
+      { size: 1000, value: 2 },
+    ]);
+    expect(line).toBe(
+      "re-verify: 500 -> 1 s, 1000 -> 2 s (x2 for x2 the work); log-log exponent 1 (1 = linear)",
+    );
+  });
+
+  test("svgStack places the parts one below the other", () => {
+    const bar = svgBarChart({ title: "a", unit: "s", bars: [{ label: "x", value: 1 }] });
+    const h = Number(/height="(\d+)"/.exec(bar)?.[1]);
+    const doc = svgStack("both", [bar, bar]);
+    expect(doc.startsWith(`<svg xmlns="http://www.w3.org/2000/svg" width="720" height="${2 * h}"`)).toBe(
+      true,
+    );
+    expect(doc).toContain(`<svg y="${h}" xmlns=`);
+    expect(doc).toBe(svgStack("both", [bar, bar]));
+    expect(() => svgStack("none", [])).toThrow(RangeError);
   });
 });

@@ -394,3 +394,72 @@ export function svgHistogram(o: HistogramOptions): string {
   );
   return `${out.join("\n")}\n`;
 }
+
+// --- growth -------------------------------------------------------------------------------------
+
+/** One measurement of a quantity at one size of the work (e.g. 2000 exports took 4.1 s). */
+export interface GrowthPoint {
+  size: number;
+  value: number;
+}
+
+/**
+ * The exponent k of value ~ size^k: the least-squares slope of log(value) over log(size). 1 is
+ * linear, 2 quadratic, about 0 constant. Throws RangeError with fewer than two distinct sizes or
+ * a size or value that is not a positive finite number.
+ */
+export function growthExponent(points: readonly GrowthPoint[]): number {
+  for (const p of points) {
+    if (!(p.size > 0 && Number.isFinite(p.size) && p.value > 0 && Number.isFinite(p.value)))
+      throw new RangeError(`growth point ${p.size}: ${p.value} cannot be fitted on a log-log scale`);
+  }
+  if (new Set(points.map((p) => p.size)).size < 2)
+    throw new RangeError("a growth fit needs at least two distinct sizes");
+  const xs = points.map((p) => Math.log(p.size));
+  const ys = points.map((p) => Math.log(p.value));
+  const mx = xs.reduce((a, b) => a + b, 0) / xs.length;
+  const my = ys.reduce((a, b) => a + b, 0) / ys.length;
+  let num = 0;
+  let den = 0;
+  xs.forEach((x, i) => {
+    num += (x - mx) * ((ys[i] as number) - my);
+    den += (x - mx) ** 2;
+  });
+  return num / den;
+}
+
+/**
+ * One line for people on how `what` grows: the values per size, the ratios between consecutive
+ * sizes, and the fitted exponent, e.g. "restart re-verify: 500 -> 1.2 s, 1000 -> 2.3 s (x1.92),
+ * ...; exponent 0.97". Sizes are taken in the order given. Same errors as growthExponent.
+ */
+export function growthLine(what: string, unit: string, points: readonly GrowthPoint[]): string {
+  const k = growthExponent(points);
+  const parts = points.map((p, i) => {
+    const prev = points[i - 1];
+    return `${fmt(p.size)} -> ${fmt(p.value)} ${unit}${prev ? ` (x${fmt(p.value / prev.value)} for x${fmt(p.size / prev.size)} the work)` : ""}`;
+  });
+  return `${what}: ${parts.join(", ")}; log-log exponent ${fmt(k)} (1 = linear)`;
+}
+
+/**
+ * Several SVG documents (e.g. from svgBarChart, all `width` wide) stacked vertically into one,
+ * under `title`. Every part keeps its own <title>. Deterministic; throws RangeError for no parts.
+ */
+export function svgStack(title: string, parts: readonly string[], width = 720): string {
+  if (parts.length === 0) throw new RangeError("nothing to stack");
+  let y = 0;
+  const placed = parts.map((doc) => {
+    const h = Number(/height="(\d+(?:\.\d+)?)"/.exec(doc)?.[1] ?? 0);
+    const out = doc.trimEnd().replace("<svg ", `<svg y="${y}" `);
+    y += h;
+    return out;
+  });
+  return [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${y}" viewBox="0 0 ${width} ${y}">`,
+    `<title>${escXml(title)}</title>`,
+    ...placed,
+    "</svg>",
+    "",
+  ].join("\n");
+}
