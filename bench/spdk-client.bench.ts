@@ -1,7 +1,7 @@
 // The SPDK control path: the same "lvol create + NVMe-oF export" sequences against one emulated
 // nvmf_tgt process, issued by our persistent pipelined client, by a connect-per-call client (as
 // NVIDIA's reference plugin does) and by SPDK's own rpc.py run as one process per call.
-// Run: bun bench/spdk-client.bench.ts [sequences]
+// Run: bun bench/spdk-client.bench.ts [sequences] [--socket PATH [--base-bdev NAME] [--pid PID]]
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createConnection } from "node:net";
 import { tmpdir } from "node:os";
@@ -14,10 +14,52 @@ import { ALLOCATION_UNIT } from "../lib/units.ts";
 import { pool } from "./proc-stats.ts";
 import { type Figure, fmt, median, percentile, svgBarChart, writeResult } from "./report.ts";
 
-const SEQUENCES = Number(process.argv[2] ?? 2000);
+/** The command line: `[sequences] [--socket PATH] [--base-bdev NAME] [--pid PID]`. */
+export interface BenchArgs {
+  sequences: number;
+  /** An nvmf_tgt the operator started (real SPDK or not); absent: the bench starts the emulator. */
+  socket?: string;
+  /** With socket: an existing bdev to carve the lvstore from; absent: a Malloc bdev is created. */
+  baseBdev?: string;
+  /** With socket: the target's pid for its CPU share; absent: framework_get_reactors' pid. */
+  pid?: number;
+}
+
+/** Parses the bench's arguments (without the program); throws Error on anything it cannot take. */
+export function parseBenchArgs(argv: readonly string[]): BenchArgs {
+  const out: BenchArgs = { sequences: 2000 };
+  let positional = 0;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] as string;
+    const value = () => {
+      const v = argv[++i];
+      if (v === undefined || v.startsWith("--")) throw new Error(`${a} needs a value`);
+      return v;
+    };
+    if (a === "--socket") out.socket = value();
+    else if (a === "--base-bdev") out.baseBdev = value();
+    else if (a === "--pid") out.pid = Number(value());
+    else if (!a.startsWith("--") && positional++ === 0) out.sequences = Number(a);
+    else throw new Error(`unknown argument ${a}`);
+  }
+  if (!(Number.isInteger(out.sequences) && out.sequences > 0))
+    throw new Error(`sequences must be a positive integer, got ${out.sequences}`);
+  if (out.socket !== undefined && !out.socket.startsWith("/"))
+    throw new Error("--socket takes an absolute path");
+  if (out.pid !== undefined && !(Number.isInteger(out.pid) && out.pid > 0))
+    throw new Error("--pid takes a process id");
+  if (out.socket === undefined && (out.baseBdev !== undefined || out.pid !== undefined))
+    throw new Error("--base-bdev and --pid only apply with --socket");
+  return out;
+}
+
+const ARGS = import.meta.main ? parseBenchArgs(process.argv.slice(2)) : { sequences: 2000 };
+const SEQUENCES = ARGS.sequences;
 /** rpc.py costs a Python start per call, so it gets a smaller sample; rates stay comparable. */
 const PY_SEQUENCES = Math.min(SEQUENCES, 100);
 const IN_FLIGHT = 16;
+/** Sequences per client before measuring (JIT, target code paths), not recorded. */
+const WARM_UP = 200;
 const ROUNDS = 3;
 const RPCS_PER_SEQUENCE = 4;
 /**
@@ -28,6 +70,8 @@ const RPCS_PER_SEQUENCE = 4;
 export const SPDK_PY_VERSION = "25.5.1";
 const NEWEST_SPDK_PY = "26.9";
 const CHART = join(import.meta.dir, "..", "docs", "spdk-client-comparison.svg");
+/** Where a run against an external target draws its chart, so the emulator's stays. */
+const CHART_EXTERNAL = join(import.meta.dir, "..", "docs", "spdk-client-comparison-external.svg");
 const EMULATOR = join(import.meta.dir, "..", "lab", "sim", "spdk", "nvmf-tgt.ts");
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
@@ -365,32 +409,75 @@ async function main(): Promise<void> {
   const figures: Figure[] = [];
   let target: TargetProcess | undefined;
   let client: SpdkClient | undefined;
+  // What this run created on an external target, removed again at the end.
+  const cleanup: (() => Promise<unknown>)[] = [];
+  const external = ARGS.socket !== undefined;
+  const targetText = external
+    ? `the nvmf_tgt on ${ARGS.socket} (started by the operator)`
+    : "the lab's nvmf_tgt emulator (lab/sim/spdk, same JSON-RPC wire protocol as SPDK v25.05.1's nvmf_tgt, 1 ms asynchronous completion delay) as its own process";
+  const lvs = external ? "lvs_distort_bench" : "lvs_bench";
   try {
-    target = await startTargetProcess({
-      socketPath: join(dir, "spdk.sock"),
-      dataDir: join(dir, "data"),
-      drive: { pciAddress: "0000:5e:00.0", serial: "SIMB0001", sizeBytes: 64 * 2 ** 30 },
-    });
-    targetPid = target.pid;
-    client = new SpdkClient({ socketPath: target.socketPath, logger: silentLogger });
+    let socketPath: string;
+    if (ARGS.socket !== undefined) {
+      socketPath = ARGS.socket;
+      client = new SpdkClient({ socketPath, logger: silentLogger });
+      const admin = new SpdkMethods(client);
+      const version = await client.call("spdk_get_version");
+      say(`external target on ${socketPath}: ${JSON.stringify(version)}`);
+      targetPid = ARGS.pid ?? (await admin.frameworkGetReactors()).pid ?? 0;
+      let base = ARGS.baseBdev;
+      if (base === undefined) {
+        // Room for every lvol a run holds at once (a run deletes its lvols before the next).
+        base = "distort_bench_malloc";
+        const blockSize = 4096;
+        const bytes = (Math.max(SEQUENCES, WARM_UP) + 64) * ALLOCATION_UNIT;
+        await client.call("bdev_malloc_create", {
+          name: base,
+          num_blocks: bytes / blockSize,
+          block_size: blockSize,
+        });
+        const created = base;
+        cleanup.unshift(() => client?.call("bdev_malloc_delete", { name: created }) ?? Promise.resolve());
+        say(`created Malloc bdev ${base} of ${fmt(bytes / 2 ** 30)} GiB`);
+      }
+      await admin.bdevLvolCreateLvstore({
+        bdev_name: base,
+        lvs_name: lvs,
+        cluster_sz: ALLOCATION_UNIT,
+        clear_method: "unmap",
+      });
+      cleanup.unshift(() => client?.call("bdev_lvol_delete_lvstore", { lvs_name: lvs }) ?? Promise.resolve());
+      const transports = (await client.call("nvmf_get_transports")) as { trtype?: string }[];
+      if (!transports.some((t) => t.trtype?.toUpperCase() === "TCP"))
+        await admin.nvmfCreateTransport({ trtype: "TCP" });
+    } else {
+      target = await startTargetProcess({
+        socketPath: join(dir, "spdk.sock"),
+        dataDir: join(dir, "data"),
+        drive: { pciAddress: "0000:5e:00.0", serial: "SIMB0001", sizeBytes: 64 * 2 ** 30 },
+      });
+      socketPath = target.socketPath;
+      targetPid = target.pid;
+      client = new SpdkClient({ socketPath, logger: silentLogger });
+      const admin = new SpdkMethods(client);
+      await admin.bdevNvmeAttachController({ name: "Nvme0", trtype: "PCIe", traddr: "0000:5e:00.0" });
+      await admin.bdevLvolCreateLvstore({
+        bdev_name: "Nvme0n1",
+        lvs_name: lvs,
+        cluster_sz: ALLOCATION_UNIT,
+        clear_method: "unmap",
+      });
+      await admin.nvmfCreateTransport({ trtype: "TCP" });
+    }
     const admin = new SpdkMethods(client);
-    await admin.bdevNvmeAttachController({ name: "Nvme0", trtype: "PCIe", traddr: "0000:5e:00.0" });
-    const lvs = "lvs_bench";
-    await admin.bdevLvolCreateLvstore({
-      bdev_name: "Nvme0n1",
-      lvs_name: lvs,
-      cluster_sz: ALLOCATION_UNIT,
-      clear_method: "unmap",
-    });
-    await admin.nvmfCreateTransport({ trtype: "TCP" });
     const ours = oursOps(admin);
-    const cpc = connectPerCallOps(target.socketPath);
+    const cpc = connectPerCallOps(socketPath);
     // Warm-up (JIT, emulator code paths), not recorded.
-    await measure("warm-up", ours, 200, IN_FLIGHT, lvs, admin);
-    await measure("warm-up", cpc, 200, IN_FLIGHT, lvs, admin);
+    await measure("warm-up", ours, WARM_UP, IN_FLIGHT, lvs, admin);
+    await measure("warm-up", cpc, WARM_UP, IN_FLIGHT, lvs, admin);
 
     say(
-      `${SEQUENCES} sequences (${RPCS_PER_SEQUENCE} RPCs each) per run, ${ROUNDS} interleaved rounds; emulated nvmf_tgt in its own process`,
+      `${SEQUENCES} sequences (${RPCS_PER_SEQUENCE} RPCs each) per run, ${ROUNDS} interleaved rounds; target: ${external ? ARGS.socket : "emulated nvmf_tgt in its own process"}`,
     );
     const runs: Record<string, Run[]> = { oursC: [], cpcC: [], oursS: [], cpcS: [] };
     for (let round = 1; round <= ROUNDS; round++) {
@@ -414,7 +501,7 @@ async function main(): Promise<void> {
     let pyFailed: string | undefined;
     try {
       const py = await ensureRpcPy();
-      const pyOps = processPerCallOps(py.python, py.entry, target.socketPath);
+      const pyOps = processPerCallOps(py.python, py.entry, socketPath);
       await measure("warm-up", pyOps, 4, 1, lvs, admin);
       pyRuns.push(
         await measure(
@@ -497,7 +584,9 @@ async function main(): Promise<void> {
     notes.push(
       `A sequence is what the agent sends to create and export one partition: bdev_lvol_create (4 MiB thick, clear_method unmap), nvmf_create_subsystem, nvmf_subsystem_add_ns (nsid 1), nvmf_subsystem_add_listener (TCP 127.0.0.1:4420); each sequence runs its 4 RPCs in order, sequences run ${IN_FLIGHT} at a time or one at a time.`,
       `Rates are RPCs per second (${RPCS_PER_SEQUENCE} per sequence), the median of ${ROUNDS} interleaved rounds of ${SEQUENCES} sequences for ours and connect-per-call; rpc.py ran ${PY_SEQUENCES} sequences once per mode, so its ratios compare per-operation rates of different sample sizes.`,
-      `Target: the lab's nvmf_tgt emulator (lab/sim/spdk, same JSON-RPC wire protocol as SPDK v25.05.1's nvmf_tgt, 1 ms asynchronous completion delay) as its own process; with the real target, which polls its RPC socket every 4 ms, per-call overheads weigh differently.`,
+      external
+        ? `Target: ${targetText}; lvstore ${lvs} on ${ARGS.baseBdev ?? "a Malloc bdev the bench created"}, both removed at the end.`
+        : `Target: ${targetText}; with the real target, which polls its RPC socket every 4 ms, per-call overheads weigh differently (run with --socket to measure one).`,
       `Sequence latency p50/p99 (ms): ours ${IN_FLIGHT} in flight ${fmt(percentile(lat("oursC"), 50))}/${fmt(percentile(lat("oursC"), 99))}, connect-per-call ${IN_FLIGHT} in flight ${fmt(percentile(lat("cpcC"), 50))}/${fmt(percentile(lat("cpcC"), 99))}, ours sequential ${fmt(percentile(lat("oursS"), 50))}/${fmt(percentile(lat("oursS"), 99))}, connect-per-call sequential ${fmt(percentile(lat("cpcS"), 50))}/${fmt(percentile(lat("cpcS"), 99))}.`,
       `rpc.py is spdk==${SPDK_PY_VERSION} from PyPI (the newest there, ${NEWEST_SPDK_PY}, sends enable_nssr in nvmf_create_subsystem, which a v25.05.1 target refuses), run as \`python spdk-rpc -s <socket> <method> <args>\`, one process per RPC.`,
     );
@@ -510,7 +599,7 @@ async function main(): Promise<void> {
       ...(pyS !== undefined ? [{ label: "rpc.py per call, sequential", value: pyS }] : []),
     ];
     writeFileSync(
-      CHART,
+      external ? CHART_EXTERNAL : CHART,
       svgBarChart({
         title: "SPDK control path: lvol create + NVMe-oF export, RPCs per second",
         unit: "RPC/s",
@@ -519,7 +608,9 @@ async function main(): Promise<void> {
         width: 760,
       }),
     );
-    notes.push("Chart: docs/spdk-client-comparison.svg (log scale).");
+    notes.push(
+      `Chart: ${external ? "docs/spdk-client-comparison-external.svg" : "docs/spdk-client-comparison.svg"} (log scale).`,
+    );
     // Where the time goes: which side was busy. A target near 100% of a core is the ceiling
     // every client shares, which caps what any client-side saving can show.
     const cpu = (k: string) => {
@@ -533,6 +624,8 @@ async function main(): Promise<void> {
       ),
     );
   } finally {
+    for (const undo of cleanup)
+      await undo().catch((err) => say(`cleanup on the external target failed: ${err}`));
     await client?.close();
     await target?.stop();
     rmSync(dir, { recursive: true, force: true });
