@@ -369,6 +369,9 @@ async function runSize(cp: ControlPlane, conn: KubeConnection, n: number): Promi
       return s ? s : undefined;
     });
     rmark("agent logs every export verified");
+    // The new target's counts: every request since it started, i.e. the whole restart's.
+    const c3 = await until("the RPC meter's file", 10_000, 100, () => readCounts(countFile));
+    const empty: RpcCounts = { pid: c3.pid, total: 0, byMethod: {}, byNqn: {} };
     const restartS = Math.max(
       restartMarks["all statuses Ready"] as number,
       restartMarks["agent logs every export verified"] as number,
@@ -452,7 +455,7 @@ async function runSize(cp: ControlPlane, conn: KubeConnection, n: number): Promi
         .map(([k, v]) => `t+${fmt(v)} s ${k}`)
         .join(
           ", ",
-        )}; ${rsummary ? `summary: ${rsummary.verified} verified, ${rsummary.repaired} repaired, ${rsummary.unverified} unverified` : "no summary"}.`,
+        )}; ${c3.total} RPCs at the new target (${top(methodDelta(empty, c3))}); ${rsummary ? `summary: ${rsummary.verified} verified, ${rsummary.repaired} repaired, ${rsummary.unverified} unverified` : "no summary"}.`,
       `[${n}] restarted agent: ${rerrors.length} warnings/errors${
         rerrors.length > 0
           ? ` (${[...byMsg]
