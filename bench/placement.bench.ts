@@ -1,6 +1,6 @@
 // Placement throughput: one manager process places 10 000 partitions over 500 claimed devices on a
 // real control plane; yardstick (same run): the bare writes a placement needs, with no decisions. Also
-// the manager's RSS, watch cache bytes per object, and where the time goes. Run: bun bench/placement.bench.ts [n] [devices]
+// the manager's RSS, watch cache bytes per object, and where the time goes. Run: bun bench/placement.bench.ts [n] [devices]; without arguments (or --sizes a,b,c) it grows n over 1000, 2500, 5000
 import { randomBytes } from "node:crypto";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
@@ -13,6 +13,7 @@ import { roundUpToUnit } from "../lib/units.ts";
 import { claim, device, forCreate, GiB, partition, storageNode } from "../manager/testdata/fixtures.ts";
 import { TEST_LABEL } from "../manager/testdata/harness.ts";
 import { ManagerProcess, metricValue } from "../manager/testdata/manager-process.ts";
+import { runGrowth, sizesArg } from "./growth.ts";
 import { cpuSeconds, machineBusySeconds, pool } from "./proc-stats.ts";
 import { type Figure, writeResult } from "./report.ts";
 
@@ -65,6 +66,22 @@ async function apiServerRequests(server: string, token: string, caPem: string): 
 /** after - before, for every key of `after`. */
 function delta(before: Map<string, number>, after: Map<string, number>): Map<string, number> {
   return new Map([...after].map(([k, v]) => [k, v - (before.get(k) ?? 0)]));
+}
+
+// Without a size (as `bun run bench` runs it), or with --sizes a,b,c: the growth run, one process
+// per size, each with its own control plane.
+const GROWTH_SIZES = [1000, 2500, 5000];
+if (import.meta.main && (process.argv.length <= 2 || sizesArg(process.argv) !== undefined)) {
+  await runGrowth({
+    bench: "placement",
+    file: import.meta.path,
+    sizes: sizesArg(process.argv) ?? GROWTH_SIZES,
+    argsFor: (n) => [String(n)],
+    noun: "partitions",
+    svgPath: new URL("../docs/placement-growth.svg", import.meta.url).pathname,
+    chartTitle: "Placement: time and memory by number of partitions (500 devices)",
+  });
+  process.exit(0);
 }
 
 const cp = await startControlPlane({ progress: (l) => say(`  ${l}`) });

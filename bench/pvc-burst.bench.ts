@@ -1,6 +1,6 @@
 // N PersistentVolumeClaims created at once, to Bound, through the real external-provisioner (flags as
 // the chart sets them, as the csi-controller ServiceAccount) and kube-controller-manager's PV binder.
-// Yardstick (same run): N bare PVs + N PVCs pre-bound to them, Bound by the same binder. Run: bun bench/pvc-burst.bench.ts [n]
+// Yardstick (same run): N bare PVs + N PVCs pre-bound to them, Bound by the same binder. Run: bun bench/pvc-burst.bench.ts [n]; without arguments (or --sizes a,b,c) it grows n over 100, 250, 500
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,6 +13,7 @@ import { WatchCache } from "../lib/kube/cache.ts";
 import type { KubeConnection } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
+import { runGrowth, sizesArg } from "./growth.ts";
 import { pool } from "./proc-stats.ts";
 import { type Figure, fmt, median, percentile, writeResult } from "./report.ts";
 
@@ -137,6 +138,22 @@ const cachedProvisioner = sidecarPaths().provisioner;
 const provisionerBin = existsSync(cachedProvisioner)
   ? cachedProvisioner
   : (await ensureSidecars()).provisioner;
+// Without a size (as `bun run bench` runs it), or with --sizes a,b,c: the growth run, one process
+// per size, each with its own control plane.
+const GROWTH_SIZES = [100, 250, 500];
+if (import.meta.main && (process.argv.length <= 2 || sizesArg(process.argv) !== undefined)) {
+  await runGrowth({
+    bench: "pvc-burst",
+    file: import.meta.path,
+    sizes: sizesArg(process.argv) ?? GROWTH_SIZES,
+    argsFor: (n) => [String(n)],
+    noun: "PVCs",
+    svgPath: new URL("../docs/pvc-burst-growth.svg", import.meta.url).pathname,
+    chartTitle: "PVC burst: time by number of PVCs created at once",
+  });
+  process.exit(0);
+}
+
 const cp = await startControlPlane({ controllerManager: true, progress: (l) => say(`  ${l}`) });
 const work = mkdtempSync(join(tmpdir(), "distort-pvc-burst-"));
 const figures: Figure[] = [];
