@@ -39,7 +39,8 @@ async function runOnce(file: string, args: readonly string[]): Promise<BenchResu
 
 /**
  * Runs bench `file` at each of `sizes` (ascending, at least two) and writes one merged result
- * under `bench`: every figure of every size (ids suffixed "@size", labels naming the size), one
+ * under `bench`: every figure of every size (ids suffixed "@size", labels naming the size, targets only at
+ * targetSize), one
  * "growth of ..." figure per time or memory figure that every size measured as a positive number,
  * notes with values and ratios per size, and a stacked bar chart of those figures at `svgPath`.
  * A size whose run fails fails the whole run (throws): growth from a partial series would mislead.
@@ -54,8 +55,11 @@ export async function runGrowth(o: {
   noun: string;
   svgPath: string;
   chartTitle: string;
+  /** The size the bench's targets are stated for; the others' figures carry none. Default: the largest. */
+  targetSize?: number;
 }): Promise<void> {
   if (o.sizes.length < 2) throw new RangeError("a growth run needs at least two sizes");
+  const targetSize = o.targetSize ?? Math.max(...o.sizes);
   const results: { size: number; result: BenchResult }[] = [];
   for (const size of o.sizes) {
     process.stdout.write(`\n=== ${o.bench} at ${size} ${o.noun} ===\n`);
@@ -65,8 +69,15 @@ export async function runGrowth(o: {
   const notes: string[] = [];
   const profile: string[] = [];
   for (const { size, result } of results) {
-    for (const f of result.figures)
-      figures.push({ ...f, id: `${f.id}@${size}`, label: `[${size} ${o.noun}] ${f.label}` });
+    for (const f of result.figures) {
+      const { target, ...rest } = f;
+      figures.push({
+        ...rest,
+        ...(target && size === targetSize ? { target } : {}),
+        id: `${f.id}@${size}`,
+        label: `[${size} ${o.noun}] ${f.label}`,
+      });
+    }
     notes.push(...(result.notes ?? []).map((n) => `[${size}] ${n}`));
     profile.push(...(result.profile ?? []).map((p) => `[${size}] ${p}`));
   }

@@ -1,6 +1,6 @@
 // Placement throughput: one manager process places 10 000 partitions over 500 claimed devices on a
 // real control plane; yardstick (same run): the bare writes a placement needs, with no decisions. Also
-// the manager's RSS, watch cache bytes per object, and where the time goes. Run: bun bench/placement.bench.ts [n] [devices]; without arguments (or --sizes a,b,c) it grows n over 1000, 2500, 5000
+// the manager's RSS, watch cache bytes per object, and where the time goes. Run: bun bench/placement.bench.ts [n] [devices]; without arguments (or --sizes a,b,c) it grows n over 1000, 5000, 10 000
 import { randomBytes } from "node:crypto";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
@@ -70,7 +70,7 @@ function delta(before: Map<string, number>, after: Map<string, number>): Map<str
 
 // Without a size (as `bun run bench` runs it), or with --sizes a,b,c: the growth run, one process
 // per size, each with its own control plane.
-const GROWTH_SIZES = [1000, 2500, 5000];
+const GROWTH_SIZES = [1000, 5000, 10_000];
 if (import.meta.main && (process.argv.length <= 2 || sizesArg(process.argv) !== undefined)) {
   await runGrowth({
     bench: "placement",

@@ -147,6 +147,7 @@ if (import.meta.main && (process.argv.length <= 2 || sizesArg(process.argv) !== 
     file: import.meta.path,
     sizes: sizesArg(process.argv) ?? GROWTH_SIZES,
     argsFor: (n) => [String(n)],
+    targetSize: 100,
     noun: "PVCs",
     svgPath: new URL("../docs/pvc-burst-growth.svg", import.meta.url).pathname,
     chartTitle: "PVC burst: time by number of PVCs created at once",
