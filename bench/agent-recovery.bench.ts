@@ -36,6 +36,8 @@ const SIZES = process.argv.length > 2 ? process.argv.slice(2).map(Number) : [500
 const KILL_TARGET_S = 20;
 const RESTART_TARGET_S = 10;
 const IN_FLIGHT = 16;
+/** What the agent raises the limit to (DISTORT_SPDK_MAX_SUBSYSTEMS' default); the yardstick too. */
+const MAX_SUBSYSTEMS = 4096;
 const POLL_MS = 250;
 // The bench's verify period (production default 60 s), so a window of whole periods stays short;
 // the measured cost per export per pass is restated at the production period.
@@ -394,7 +396,12 @@ async function runSize(cp: ControlPlane, conn: KubeConnection, n: number): Promi
     agent = undefined;
     await stopAgent(last);
     const y0 = performance.now();
-    const tgt = await startTargetProcess({ socketPath: join(dir, "ys.sock"), dataDir, drive: DRIVE });
+    const tgt = await startTargetProcess({
+      socketPath: join(dir, "ys.sock"),
+      dataDir,
+      drive: DRIVE,
+      maxSubsystems: MAX_SUBSYSTEMS,
+    });
     const startS = (performance.now() - y0) / 1000;
     const ys = new SpdkClient({ socketPath: tgt.socketPath, logger: silentLogger });
     let yardstickS: number;

@@ -87,12 +87,15 @@ export interface TargetProcess {
 
 /**
  * Spawns lab/sim/spdk/nvmf-tgt.ts on `socketPath` with one drive, and resolves once an RPC round
- * trip succeeds (readiness is an answer, never the socket file). Throws after 20 s.
+ * trip succeeds (readiness is an answer, never the socket file). Throws after 20 s. With
+ * maxSubsystems it starts under --wait-for-rpc, raises the subsystem limit (SPDK's default holds
+ * 1024, discovery included) and initialises the framework before resolving, as the agent does.
  */
 export async function startTargetProcess(opts: {
   socketPath: string;
   dataDir: string;
   drive: { pciAddress: string; serial: string; sizeBytes: number };
+  maxSubsystems?: number;
 }): Promise<TargetProcess> {
   mkdirSync(opts.dataDir, { recursive: true });
   const drives = join(opts.dataDir, "drives.json");
@@ -107,6 +110,7 @@ export async function startTargetProcess(opts: {
       opts.dataDir,
       "--sim-drives",
       drives,
+      ...(opts.maxSubsystems !== undefined ? ["--wait-for-rpc"] : []),
     ],
     { stdin: "ignore", stdout: "ignore", stderr: "ignore" },
   );
@@ -122,6 +126,12 @@ export async function startTargetProcess(opts: {
       if (ok) break;
       if (Date.now() > deadline) throw new Error("nvmf_tgt emulator did not answer within 20 s");
       await Bun.sleep(20);
+    }
+    if (opts.maxSubsystems !== undefined) {
+      const m = new SpdkMethods(probe);
+      await m.nvmfSetMaxSubsystems(opts.maxSubsystems);
+      await m.frameworkStartInit();
+      await m.frameworkWaitInit();
     }
   } finally {
     await probe.close();
