@@ -92,7 +92,7 @@ export async function runGrowth(o: {
     if (pts.some((p) => !(p.value > 0 && Number.isFinite(p.value)))) continue;
     figures.push({
       id: `growth-${f.id}`,
-      label: `growth of "${f.label.replaceAll(/\d[\d ]*/g, "N ").trim()}" over ${o.sizes.join(", ")} ${o.noun}: log-log exponent`,
+      label: `growth of "${f.label.replaceAll(new RegExp(`\\b${o.sizes[0]}\\b`, "g"), "N")}" over ${o.sizes.join(", ")} ${o.noun}: log-log exponent`,
       value: growthExponent(pts),
       unit: "",
       better: "lower",
