@@ -473,6 +473,11 @@ async function runSize(cp: ControlPlane, conn: KubeConnection, n: number): Promi
               )}; first at t+${fmt(at(rerrors[0], restarted.spawnedAt))} s, last at t+${fmt(at(rerrors[rerrors.length - 1], restarted.spawnedAt))} s)`
           : ""
       }.`,
+      ...(rerrors.some((l) => l.level === "error")
+        ? [
+            `[${n}] restarted agent's first error: ${JSON.stringify(rerrors.find((l) => l.level === "error")).slice(0, 600)}`,
+          ]
+        : []),
       `[${n}] read costs (median, sequential): nvmf_get_subsystems for one NQN ${fmt(readCosts.oneTyped)} ms; for all ${n} ${fmt(readCosts.allTyped)} ms through SpdkMethods (${fmt(readCosts.allRaw)} ms raw, without result validation).`,
       ...(errors.length > 0
         ? [
