@@ -240,7 +240,10 @@ class FabricQueue {
   }
 
   #dispatch(msg: Message, payload: Buffer): void {
-    if (msg.op === "namespaces" || msg.op === "ana") return this.onNotice(msg);
+    if (msg.op === "namespaces" || msg.op === "ana") {
+      this.onNotice(msg);
+      return;
+    }
     if (!("tag" in msg)) return;
     const p = this.#pending.get(msg.tag);
     if (!p) return;
