@@ -138,6 +138,12 @@ export interface ConnectOptions extends FabricAddress {
    * 0 or absent: no keep-alive (SPDK's bdev_nvme default keeps 10 s; callers choose).
    */
   readonly kato?: number;
+  /**
+   * How long each queue's CONNECT may wait for the target's answer, in ms (default 10 s): a
+   * target that accepts but never answers (a stopped process) fails the connect with ETIMEDOUT
+   * instead of hanging it, like the kernel's connect command timeout.
+   */
+  readonly connectTimeoutMs?: number;
 }
 
 /**
@@ -163,16 +169,33 @@ export async function connectController(fabric: SimFabric, opts: ConnectOptions)
       // An ephemeral source port, as the kernel would pick one.
       peerPort,
     };
-    const a = await admin.request({ ...base, qid: 0, kato: opts.kato ?? 0 });
+    const limit = opts.connectTimeoutMs ?? 10_000;
+    const a = await withTimeout(admin.request({ ...base, qid: 0, kato: opts.kato ?? 0 }), limit);
     const connected = verdict(a.msg);
     io = new FabricQueue(await dial(path));
-    verdict((await io.request({ ...base, qid: 1, cntlid: connected.ctrlr.cntlid })).msg);
+    verdict((await withTimeout(io.request({ ...base, qid: 1, cntlid: connected.ctrlr.cntlid }), limit)).msg);
     return new FabricController(admin, io, connected, opts.kato ?? 0);
   } catch (err) {
     admin.close();
     io?.close();
     throw err;
   }
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new FabricConnectError(Errno.ETIMEDOUT, "connect timed out")), ms);
+    p.then(
+      (x) => {
+        clearTimeout(t);
+        resolve(x);
+      },
+      (e) => {
+        clearTimeout(t);
+        reject(e);
+      },
+    );
+  });
 }
 
 function dial(path: string): Promise<Socket> {
