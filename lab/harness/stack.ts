@@ -9,7 +9,7 @@
 import { randomUUID } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import type { DescMethodUnary, DescService } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import * as k8s from "@kubernetes/client-node";
@@ -20,6 +20,8 @@ import { parseCsiConfig } from "../../csi/config.ts";
 import { type RunningCsi, runCsi } from "../../csi/main.ts";
 import { Identity, Node } from "../../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../../lib/clock.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { hostExec } from "../../lib/exec.ts";
 import { GrpcCallError, GrpcJsClient } from "../../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../../lib/grpc/server.ts";
 import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
@@ -31,9 +33,9 @@ import { SpdkClient } from "../../lib/spdk/client.ts";
 import { parseConfig as parseManagerConfig } from "../../manager/config.ts";
 import { type RunningManager, startManager } from "../../manager/manager.ts";
 import { installCrds } from "../cluster/crds.ts";
-import { HostControlInitiator } from "../sim/fabric/host-control.ts";
+import { type NamespaceBackingResolver, spdkRpcBackingResolver } from "../sim/fabric/namespace-backing.ts";
+import { SimNvmeInitiator } from "../sim/fabric/sim-initiator.ts";
 import { createFabric } from "../sim/spdk/fabric.ts";
-import { socketAnswers } from "../sim/spdk/unix-socket.ts";
 import {
   applyChartRbac,
   type ChartComponent,
@@ -110,52 +112,30 @@ async function ensure(p: Promise<unknown>): Promise<void> {
 }
 
 /**
- * Starts a lab host daemon (lab/sim/fabric/host-daemon.ts) on `fabricDir` in a private mount
- * namespace, and waits until its control socket answers. stop() ends it (SIGTERM, then SIGKILL
- * after 10 s): it disconnects its subsystems and unmounts its FUSE mount.
+ * Resolves a namespace's bytes by asking every storage node's target (by RPC socket) until one
+ * exports it. close() ends the RPC connections.
  */
-export async function startHostDaemon(o: {
-  fabricDir: string;
-  stateDir: string;
-  socket: string;
-  logPath: string;
-}): Promise<{ socket: string; stop(): Promise<void> }> {
-  mkdirSync(dirname(o.socket), { recursive: true });
-  const log = Bun.file(o.logPath);
-  const proc = Bun.spawn(
-    [
-      "setpriv",
-      "--pdeathsig",
-      "KILL",
-      "--",
-      "unshare",
-      "--mount",
-      "--propagation",
-      "private",
-      process.execPath,
-      join(import.meta.dir, "../sim/fabric/host-daemon.ts"),
-      `--fabric-dir=${o.fabricDir}`,
-      `--state-dir=${o.stateDir}`,
-      `--socket=${o.socket}`,
-      "--log-level=warn",
-    ],
-    { stdout: log, stderr: log },
-  );
-  const deadline = Date.now() + 30_000;
-  while (!(await socketAnswers(o.socket))) {
-    if (proc.exitCode !== null || Date.now() > deadline) {
-      proc.kill("SIGKILL");
-      throw new Error(`the host daemon did not start; see ${o.logPath}`);
-    }
-    await Bun.sleep(50);
-  }
+export function multiTargetResolver(
+  spdkSockets: string[],
+  logger: Logger,
+): { resolve: NamespaceBackingResolver; close(): Promise<void> } {
+  const clients = spdkSockets.map((socketPath) => new SpdkClient({ socketPath, logger }));
+  const resolvers = clients.map((c) => spdkRpcBackingResolver(c));
   return {
-    socket: o.socket,
-    async stop() {
-      proc.kill("SIGTERM");
-      const timer = setTimeout(() => proc.kill("SIGKILL"), 10_000);
-      await proc.exited;
-      clearTimeout(timer);
+    async resolve(subnqn, ns) {
+      let last: unknown;
+      for (const r of resolvers) {
+        try {
+          return await r(subnqn, ns);
+        } catch (err) {
+          last = err;
+          if (!(err instanceof StorageError && err.kind === "not-found")) throw err;
+        }
+      }
+      throw last ?? new StorageError("not-found", `no target exports ${subnqn}`);
+    },
+    async close() {
+      await Promise.all(clients.map((c) => c.close()));
     },
   };
 }
@@ -280,6 +260,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       );
     }
 
+    const resolver = multiTargetResolver(
+      storage.map((n) => n.spdkSocket),
+      log,
+    );
+    stops.push(() => resolver.close());
     const csi = new Map<string, RunningCsi>();
     let csiController: RunningCsi | undefined;
     const csiArgs = (socket: string, mode: string, kubeconfig: string) => [
@@ -323,14 +308,13 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         ],
         {},
       );
-      const daemon = await startHostDaemon({
-        fabricDir: fabric.dir,
-        stateDir: join(root, "nvme-host"),
-        socket: join(root, "run", "nvme-host.sock"),
-        logPath: join(root, "nvme-host.log"),
+      const initiator = new SimNvmeInitiator({
+        fabric,
+        stateDir: join(root, "initiator"),
+        exec: hostExec,
+        backing: resolver.resolve,
+        logger: log.with({ component: "initiator", node: nodeName }),
       });
-      stops.push(() => daemon.stop());
-      const initiator = new HostControlInitiator(daemon.socket);
       const running = await runCsi(cfg, log.with({ component: "csi", node: nodeName }), {
         conn: connect(kubeconfig),
         node: { initiator },
