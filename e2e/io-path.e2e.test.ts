@@ -13,7 +13,6 @@ import { Node as NodeService, VolumeHealthErrorType } from "../gen/csi/v1/csi_pb
 import { stagingPath } from "../lab/kubelet/naming.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
-import { VolumeContextKeys } from "../lib/volume-context.ts";
 import { allowedHosts, hostNqnOf, targetRpc, type VolumeTarget, volumeTarget } from "./storage-target.ts";
 import {
   createPvc,
@@ -65,9 +64,9 @@ async function classWith(
       provisioner: b.provisioner,
       parameters: {
         ...b.parameters,
-        [VolumeContextKeys.ctrlLossTmo]: String(t.ctrlLossTmo),
-        [VolumeContextKeys.reconnectDelay]: String(t.reconnectDelay),
-        [VolumeContextKeys.fastIoFailTmo]: String(t.fastIoFailTmo),
+        ctrlLossTmo: String(t.ctrlLossTmo),
+        reconnectDelay: String(t.reconnectDelay),
+        fastIoFailTmo: String(t.fastIoFailTmo),
       },
       reclaimPolicy: "Delete",
       volumeBindingMode: "Immediate",
