@@ -165,7 +165,21 @@ test("a controller lost for ctrl_loss_tmo is removed with its device, and its I/
   expect(r.code).not.toBe(0);
   await until("subsystem removed", async () => (await host.list()).length === 0 || undefined);
   expect(await host.findNamespaceDevice(NQN)).toBeUndefined();
-  expect(files.names()).toEqual([]);
+  // The lost namespace's file stays, answering EIO, until its name is used again.
+  const stale = Bun.spawn(
+    [
+      "dd",
+      `if=${files.mountpoint}/${files.names()[0]}`,
+      "bs=4096",
+      "count=1",
+      "iflag=direct",
+      "of=/dev/null",
+      "status=none",
+    ],
+    { stderr: "pipe" },
+  );
+  expect(await stale.exited).not.toBe(0);
+  expect(await new Response(stale.stderr).text()).toContain("Input/output error");
   expect(targetBlock(7).equals(Buffer.alloc(4096))).toBe(true);
   await target.rpc.call("nvmf_subsystem_add_host", { nqn: NQN, host: HOST });
 });

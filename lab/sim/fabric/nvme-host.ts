@@ -115,6 +115,8 @@ export class NvmeHost implements NvmeInitiator {
   readonly #timeoutMs: number;
   readonly #subsystems = new Map<string, Subsys>();
   readonly #lock = new KeyedMutex();
+  /** Files of subsystems lost to ctrl_loss_tmo: still served (every request EIO) until reused. */
+  readonly #retired = new Set<string>();
   #closed = false;
 
   constructor(o: NvmeHostOptions) {
@@ -257,6 +259,8 @@ export class NvmeHost implements NvmeInitiator {
   async close(): Promise<void> {
     this.#closed = true;
     for (const sub of [...this.#subsystems.values()]) await this.#lock.run(sub.nqn, () => this.#remove(sub));
+    for (const f of this.#retired) this.#files.remove(f);
+    this.#retired.clear();
   }
 
   async #dial(
@@ -354,7 +358,7 @@ export class NvmeHost implements NvmeInitiator {
       await this.#lock.run(sub.nqn, async () => {
         if (this.#subsystems.get(sub.nqn) !== sub) return;
         this.#dropPath(sub, path);
-        if (sub.paths.length === 0) await this.#remove(sub);
+        if (sub.paths.length === 0) await this.#remove(sub, true);
       });
     }
   }
@@ -371,14 +375,17 @@ export class NvmeHost implements NvmeInitiator {
   }
 
   /** Removes the subsystem: paths deleted, held I/O failed, loop devices detached, files removed. */
-  async #remove(sub: Subsys): Promise<void> {
+  async #remove(sub: Subsys, lost = false): Promise<void> {
     sub.gone = true;
     for (const p of [...sub.paths]) this.#dropPath(sub, p);
     this.#subsystems.delete(sub.nqn);
     for (const ns of sub.namespaces.values()) {
       // A mounted loop device is only marked for autoclear, as the kernel defers it.
       if (ns.device) await this.#losetup(detachArgv(ns.device)).catch(() => {});
-      this.#files.remove(ns.file);
+      // A lost namespace's file keeps answering EIO (its handler sees the subsystem gone), as
+      // I/O to a removed NVMe namespace fails with EIO; a disconnected one goes at once.
+      if (lost) this.#retired.add(ns.file);
+      else this.#files.remove(ns.file);
     }
     sub.namespaces.clear();
     this.#wake(sub);
@@ -409,6 +416,7 @@ export class NvmeHost implements NvmeInitiator {
         file: `nvme${sub.instance}n${info.nsid}`,
         device: "",
       };
+      if (this.#retired.delete(ns.file)) this.#files.remove(ns.file);
       this.#files.add(ns.file, this.#handler(sub, ns));
       try {
         // --direct-io=off: the loop driver then reads and writes the FUSE file through the page
