@@ -330,7 +330,9 @@ function mountSources(points: readonly string[]): string[] {
     const f = line.split(" ");
     if (!want.has(f[4] ?? "")) continue;
     const dash = f.indexOf("-");
-    const src = f[dash + 2];
+    // A Block volume's publish target is a bind mount of the device node itself: its source is
+    // the devtmpfs, and the device is the mount's root within it.
+    const src = f[dash + 1] === "devtmpfs" ? `/dev${f[3] ?? ""}` : f[dash + 2];
     if (src) out.push(src);
   }
   return out;
