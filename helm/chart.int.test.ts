@@ -249,7 +249,10 @@ describe("what the templates hand the binaries", () => {
         (c) => c.name === "distort-csi",
       ) as Container;
       const nodeArgs = (node.args ?? []).map((a) => a.replace("$(NODE_NAME)", "node-a"));
-      expect(parseCsiConfig(nodeArgs, {}).nodeId).toBe("node-a");
+      const nodeCfg = parseCsiConfig(nodeArgs, {});
+      expect(nodeCfg.nodeId).toBe("node-a");
+      // The node plugin publishes and unpublishes only below kubelet's directory.
+      expect(nodeCfg.kubeletDir).toStartWith("/");
       for (const sc of byKind(objs, "StorageClass")) {
         const params = sc.parameters as Record<string, string>;
         try {
