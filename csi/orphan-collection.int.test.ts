@@ -6,7 +6,9 @@ import * as k8s from "@kubernetes/client-node";
 import { API_VERSION, kinds, type NVMePartition } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { realClock } from "../lib/clock.ts";
+import { connect } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
+import { classifyRequest } from "../lib/kube/request-metrics.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { Annotations } from "./controller/fingerprint.ts";
@@ -159,6 +161,51 @@ test("started with orphan collection, the controller sweeps on start and then pe
     await eventually(async () => !(await parts.get(first.metadata.name, ns)), 10_000, "the first sweep");
     const later = await parts.create(partition(ns, `pvc-${randomUUID()}`, { ns: "nowhere", name: "gone-2" }));
     await eventually(async () => !(await parts.get(later.metadata.name, ns)), 10_000, "a later sweep");
+  } finally {
+    await controller.stop();
+  }
+}, 60_000);
+
+test("a sweep reads live volumes from what it has: no GET for a partition a PV refers to, two for an orphan", async () => {
+  const ns = await tc.namespace("orphan");
+  const gets: string[] = [];
+  const conn = connect(tc.kubeconfigPath, {
+    onRequest: (method, url) => {
+      const k = classifyRequest(method, url);
+      if (k.verb === "GET") gets.push(k.resource);
+    },
+  });
+  const controller = new CsiController({
+    conn,
+    namespace: ns,
+    logger: silentLogger,
+    clock: realClock,
+    defaultTimeoutMs: 5_000,
+    defaultVolumeBytes: 4 * 1024 * 1024,
+  });
+  await controller.start();
+  try {
+    const live: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      const name = `pvc-${randomUUID()}`;
+      const made = await parts.create(partition(ns, name, { ns: "app", name: `claim-${i}` }));
+      await createPv(name, `${ns}/${name}/${made.metadata.uid}`);
+      live.push(name);
+    }
+    const orphan = `pvc-${randomUUID()}`;
+    await parts.create(partition(ns, orphan, { ns: "app", name: "deleted" }));
+    await eventually(() => controller.partitions.list().length === 6, 10_000, "the cache");
+
+    gets.length = 0;
+    expect(await controller.collectOrphans(0)).toEqual([orphan]);
+    // The orphan is re-read and its claim looked up; the five live volumes cost nothing.
+    expect(gets.sort()).toEqual(["nvmepartitions", "persistentvolumeclaims"]);
+    for (const name of live) expect(await parts.get(name, ns)).toBeDefined();
+
+    await eventually(() => controller.partitions.list().length === 5, 10_000, "the cache");
+    gets.length = 0;
+    expect(await controller.collectOrphans(0)).toEqual([]);
+    expect(gets).toEqual([]);
   } finally {
     await controller.stop();
   }
