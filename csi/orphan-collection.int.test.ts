@@ -11,7 +11,7 @@ import { EventRecorder } from "../lib/kube/events.ts";
 import { classifyRequest } from "../lib/kube/request-metrics.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
-import { Annotations } from "./controller/fingerprint.ts";
+import { Annotations, PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./controller/fingerprint.ts";
 import { CsiController } from "./controller.ts";
 
 let tc: TestCluster;
@@ -37,6 +37,7 @@ function partition(ns: string, pv: string, claim?: { ns: string; name: string })
     metadata: {
       name: pv,
       namespace: ns,
+      labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
       annotations: {
         [Annotations.requestName]: pv,
         ...(claim
@@ -100,6 +101,10 @@ test("the sweep deletes only partitions whose claim is gone and that no PV refer
     const byPvName = `pvc-${randomUUID()}`;
     const byHandle = `pvc-${randomUUID()}`;
     const claimless = `pvc-${randomUUID()}`;
+    // Claim gone and no PV, but not made by the CSI controller (no provisioned-by label): kept.
+    const foreign = `pvc-${randomUUID()}`;
+    const foreignPartition = partition(ns, foreign, { ns: app, name: "deleted-foreign" });
+    delete foreignPartition.metadata.labels;
     const made = new Map<string, NVMePartition>();
     for (const p of [
       partition(ns, `pvc-${liveUid}`, { ns: app, name: "live" }),
@@ -108,6 +113,7 @@ test("the sweep deletes only partitions whose claim is gone and that no PV refer
       partition(ns, byPvName, { ns: app, name: "deleted-bound" }),
       partition(ns, byHandle, { ns: app, name: "deleted-bound-2" }),
       partition(ns, claimless),
+      foreignPartition,
     ])
       made.set(p.metadata.name, await parts.create(p));
     await createPv(byPvName, `${ns}/${byPvName}/${made.get(byPvName)?.metadata.uid}`);
@@ -121,7 +127,7 @@ test("the sweep deletes only partitions whose claim is gone and that no PV refer
     const deleted = await controller.collectOrphans(0);
     expect(deleted.sort()).toEqual([gone, staleOfLive].sort());
     for (const name of [gone, staleOfLive]) expect(await parts.get(name, ns)).toBeUndefined();
-    for (const name of [`pvc-${liveUid}`, byPvName, byHandle, claimless])
+    for (const name of [`pvc-${liveUid}`, byPvName, byHandle, claimless, foreign])
       expect((await parts.get(name, ns))?.metadata.uid).toBe(made.get(name)?.metadata.uid);
 
     const events = tc.conn.api(k8s.EventsV1Api);
