@@ -740,6 +740,37 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     expect(fs.dirs.has(TARGET)).toBe(false);
   });
 
+  test("raw block publish binds the device the NQN resolves to now, not the one recorded at stage", async () => {
+    await stage({ volumeCapability: blockCap() });
+    // After a reconnect the kernel numbered the namespace anew; DEV now names another volume.
+    const renumbered = "/dev/nvme4n1";
+    fs.files.set(renumbered, "");
+    mounter.addDevice(renumbered, { kind: "blank" }, 1 << 30);
+    initiator.devices.set(NQN, renumbered);
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toEqual([
+      ["mounter", "bindMount", renumbered, BLOCK_TARGET, { readonly: false }],
+    ]);
+    expect(state.records.get(VOL)?.device).toBe(renumbered);
+  });
+
+  test("raw block publish with the namespace gone is FAILED_PRECONDITION and binds nothing", async () => {
+    await stage({ volumeCapability: blockCap() });
+    initiator.devices.delete(NQN);
+    expect(
+      await codeOf(
+        svc.nodePublishVolume?.(
+          publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET }),
+          ctx(),
+        ),
+      ),
+    ).toBe(Code.FailedPrecondition);
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toEqual([]);
+  });
+
   test("raw block: a file target bound to the device; read-only through a read-only view", async () => {
     await stage({ volumeCapability: blockCap() });
     await svc.nodePublishVolume?.(

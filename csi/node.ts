@@ -359,10 +359,10 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       if (target === staging) throw invalidArgument("target_path equals staging_target_path");
       const readonly = req.readonly;
       return inFlight.run(volumeId, "NodePublishVolume", async () => {
-        const rec = await state.get(volumeId);
+        let rec = await state.get(volumeId);
         if (rec === undefined || rec.device === undefined)
           throw failedPrecondition(`volume ${volumeId} is not staged on this node`);
-        const device = rec.device;
+        let device = rec.device;
         if (rec.stagingPath !== staging)
           throw failedPrecondition(`volume ${volumeId} is staged at ${rec.stagingPath}, not ${staging}`);
         const kindMatches =
@@ -373,6 +373,21 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           throw failedPrecondition(
             `volume ${volumeId} is staged as ${describeAccess(rec.access)}, not ${describeAccess(cap.access)}`,
           );
+        }
+        if (rec.access.kind === "block") {
+          // A device name is only the kernel's current numbering: after a reconnect the recorded
+          // one may be another volume's namespace. The NQN (and namespace UUID) say which is ours.
+          const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
+          if (now === undefined || !(await fs.exists(now)))
+            throw failedPrecondition(
+              `volume ${volumeId}: no namespace of ${rec.nqn} is connected on this node; stage it again`,
+            );
+          if (now !== device) {
+            deps.logger.info("volume's device renumbered", { volume: volumeId, was: device, now });
+            rec = { ...rec, device: now };
+            await state.put(rec);
+            device = now;
+          }
         }
         const pub = rec.publications.find((p) => p.targetPath === target);
         if (pub !== undefined && pub.readonly !== readonly) {
