@@ -223,6 +223,32 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
   }
 
   /**
+   * Connects the volume's subsystem through its primary portal and every further one (native
+   * multipath: one device, several paths). Succeeds when at least one path connected; a portal
+   * that failed is logged and left to the next stage, since the others carry the I/O.
+   */
+  async function connectPaths(target: ReturnType<typeof parseStageContexts>): Promise<void> {
+    const all = [target.connect, ...target.morePortals.map((p) => ({ ...target.connect, ...p }))];
+    let first: unknown;
+    let ok = 0;
+    for (const c of all) {
+      try {
+        await initiator.connect({ ...c, hostNqn: deps.hostNqn });
+        ok++;
+      } catch (err) {
+        first ??= err;
+        deps.logger.warn("a portal of the volume did not connect", {
+          nqn: c.nqn,
+          address: c.address,
+          port: c.port,
+          error: (err as Error).message,
+        });
+      }
+    }
+    if (ok === 0) throw first;
+  }
+
+  /**
    * Undoes a first stage that failed: disconnect (unless another volume shares the NQN), forget.
    * Anything mounted at the staging path (a mount that timed out yet happened) keeps it all.
    */
@@ -290,7 +316,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           await state.put(rec);
         }
         try {
-          await initiator.connect({ ...target.connect, hostNqn: deps.hostNqn });
+          await connectPaths(target);
           const device = await waitFor(`the namespace of ${nqn} did not appear`, ctx.signal, async () => {
             const dev = await initiator.findNamespaceDevice(nqn, target.namespaceUUID);
             return dev !== undefined && (await fs.exists(dev)) ? dev : undefined;

@@ -39,6 +39,8 @@ export interface Capability {
 /** Where NodeStage connects, from the volume context, plus the host identity from the publish context. */
 export interface StageTarget {
   readonly connect: Omit<ConnectParams, "hostNqn">;
+  /** Every other portal of the subsystem (multipath), connected as further paths. */
+  readonly morePortals: readonly { readonly address: string; readonly port: number }[];
   /** Namespace UUID/NGUID when the controller reported one; the device is found by it. */
   readonly namespaceUUID: string | undefined;
   /** The host NQN the controller put on the target's ACL for this attachment. */
@@ -147,6 +149,9 @@ export function parseStageContexts(
       reconnectDelay: ctx[VolumeContextKeys.reconnectDelay],
       fastIoFailTmo: ctx[VolumeContextKeys.fastIoFailTmo],
     },
+    morePortals: (ctx[VolumeContextKeys.portals] ?? []).filter(
+      (p) => !(p.address === ctx[VolumeContextKeys.portalIP] && p.port === ctx[VolumeContextKeys.portalPort]),
+    ),
     namespaceUUID,
     hostNqn: pc.output[PublishContextKeys.hostNQN],
     attachmentId: pc.output[PublishContextKeys.attachmentId],
