@@ -85,6 +85,23 @@ test("volume ids", () => {
   expect(() => requireVolumeId("x".repeat(1025))).toThrow("longer");
 });
 
+test.each([
+  ["ro,remount", "remount"],
+  ["noatime, bind", "bind"],
+  ["nodev,rbind,noexec", "rbind"],
+  ["ro,MOVE", "MOVE"],
+])("a forbidden flag inside the comma list %p is refused", (flag, named) => {
+  expect(() => checkMountFlags(["noatime", flag])).toThrow(`mount flag "${named}" is not allowed`);
+});
+
+test("a comma list with an empty element is refused", () => {
+  expect(() => checkMountFlags(["ro,,noatime"])).toThrow("empty flag");
+});
+
+test("a comma list of allowed flags passes through unchanged", () => {
+  expect(checkMountFlags(["ro,noatime", "discard"])).toEqual(["ro,noatime", "discard"]);
+});
+
 test("mount flags pass through unchanged", () => {
   expect(checkMountFlags(["noatime", "discard"])).toEqual(["noatime", "discard"]);
 });

@@ -62,12 +62,19 @@ export function requireVolumeId(id: string): string {
 // Flags that would turn "mount this filesystem" into another operation on another object.
 const FORBIDDEN_FLAGS = new Set(["bind", "rbind", "remount", "move"]);
 
-/** Mount flags as given, each non-empty and free of NUL/newline and of operation-changing flags. */
+/**
+ * Mount flags as given, each non-empty and free of NUL/newline and of operation-changing flags.
+ * mount(8) reads "-o" as one comma-separated list, so each flag is checked element by element: a
+ * flag "ro,remount" would otherwise pass as one harmless-looking string.
+ */
 export function checkMountFlags(flags: readonly string[]): string[] {
   for (const f of flags) {
-    if (f.trim() === "") throw invalid("mount_flags contains an empty flag");
     if (/[\0\n]/.test(f)) throw invalid("mount_flags contains a NUL or newline");
-    if (FORBIDDEN_FLAGS.has(f.trim())) throw invalid(`mount flag "${f}" is not allowed`);
+    for (const part of f.split(",")) {
+      const opt = part.trim();
+      if (opt === "") throw invalid("mount_flags contains an empty flag");
+      if (FORBIDDEN_FLAGS.has(opt.toLowerCase())) throw invalid(`mount flag "${opt}" is not allowed`);
+    }
   }
   return [...flags];
 }
