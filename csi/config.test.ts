@@ -27,6 +27,12 @@ test("defaults, for a controller", () => {
   ).toEqual(["topology.kubernetes.io/zone", "rack"]);
 });
 
+test("kubelet-dir is taken without a trailing slash", () => {
+  expect(parseCsiConfig(["--mode=controller", "--kubelet-dir=/var/lib/kubelet/"], {}).kubeletDir).toBe(
+    "/var/lib/kubelet",
+  );
+});
+
 test("flags win over the environment, which wins over defaults; both flag spellings work", () => {
   const c = parseCsiConfig(["--endpoint", "unix:///run/csi/x.sock", "--namespace=flagged", "--node-tools="], {
     CSI_ENDPOINT: "unix:///ignored.sock",
@@ -75,6 +81,8 @@ const refusals: [string, string[], Record<string, string>, string][] = [
   ["timeout too short", ["--mode=controller", "--default-timeout-ms=10"], {}, "--default-timeout-ms"],
   ["relative state dir", ["--mode=controller", "--state-dir=state"], {}, "--state-dir"],
   ["relative host root", ["--mode=controller", "--host-root=host"], {}, "--host-root"],
+  ["relative kubelet dir", ["--mode=controller", "--kubelet-dir=var/lib/kubelet"], {}, "--kubelet-dir"],
+  ["kubelet dir at the root", ["--mode=controller", "--kubelet-dir=/"], {}, "--kubelet-dir"],
   ["bad topology key", ["--mode=controller", "--topology-keys=zone a"], {}, "--topology-keys"],
   ["negative volume limit", ["--mode=controller", "--max-volumes-per-node=-1"], {}, "--max-volumes-per-node"],
   ["orphan sweep too frequent", ["--mode=controller", "--orphan-sweep-ms=10"], {}, "--orphan-sweep-ms"],

@@ -25,6 +25,7 @@ const OPTIONS = {
   shutdownGraceMs: { flag: "shutdown-grace-ms", env: ["DISTORT_CSI_SHUTDOWN_GRACE_MS"], default: "10000" },
   stateDir: { flag: "state-dir", env: ["DISTORT_CSI_STATE_DIR"], default: "/var/lib/distort/csi" },
   hostRoot: { flag: "host-root", env: ["DISTORT_HOST_ROOT"], default: "/" },
+  kubeletDir: { flag: "kubelet-dir", env: ["DISTORT_CSI_KUBELET_DIR"], default: undefined },
   topologyKeys: { flag: "topology-keys", env: ["DISTORT_CSI_TOPOLOGY_KEYS"], default: "" },
   maxVolumesPerNode: {
     flag: "max-volumes-per-node",
@@ -93,6 +94,12 @@ const RawSchema = v.object({
   shutdownGraceMs: int("shutdown-grace-ms", 0, 600_000),
   stateDir: v.pipe(v.string(), v.check(isAbsolute, "state-dir must be an absolute path")),
   hostRoot: v.pipe(v.string(), v.check(isAbsolute, "host-root must be an absolute path")),
+  kubeletDir: v.optional(
+    v.pipe(
+      v.string(),
+      v.check((d) => isAbsolute(d) && d !== "/", "kubelet-dir must be an absolute path below /"),
+    ),
+  ),
   topologyKeys: v.pipe(
     commaList,
     v.check(
@@ -130,6 +137,8 @@ export interface CsiConfig {
   stateDir: string;
   /** Root of the host filesystem the node service sees (/etc/nvme/hostnqn, /dev, /proc). */
   hostRoot: string;
+  /** kubelet's root directory; when set, the node service publishes and unpublishes only below it. */
+  kubeletDir?: string;
   /** Node label keys whose values NodeGetInfo reports as this node's topology. */
   topologyKeys: string[];
   /** NodeGetInfo max_volumes_per_node; 0 leaves the limit to the CO. */
@@ -214,6 +223,7 @@ export function parseCsiConfig(
     shutdownGraceMs: c.shutdownGraceMs,
     stateDir: c.stateDir,
     hostRoot: c.hostRoot,
+    ...(c.kubeletDir === undefined ? {} : { kubeletDir: c.kubeletDir.replace(/\/+$/, "") }),
     topologyKeys: c.topologyKeys,
     maxVolumesPerNode: c.maxVolumesPerNode,
     orphanGraceMs: c.orphanGraceMs,

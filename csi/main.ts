@@ -86,6 +86,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       state: opts.node?.state ?? new FileStateStore(cfg.stateDir),
       clock: realClock,
       logger: nodeLog,
+      ...(cfg.kubeletDir === undefined ? {} : { kubeletDir: cfg.kubeletDir }),
     });
     services.push(register(Node, measure(node)));
     if (cfg.nodeTools.length > 0) readiness.push(hostToolsCheck(cfg.nodeTools, opts.which ?? Bun.which));

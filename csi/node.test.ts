@@ -696,6 +696,81 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
   });
 
+  test("unpublish of a path it never published removes nothing, and a mount there is refused", async () => {
+    await stage();
+    const foreign = "/var/lib/kubelet/pods/p9/volumes/kubernetes.io~csi/pvc-9/mount";
+    for (const d of ["/var/lib/kubelet/pods/p9", "/var/lib/kubelet/pods/p9/volumes"]) fs.dirs.add(d);
+    fs.dirs.add("/var/lib/kubelet/pods/p9/volumes/kubernetes.io~csi");
+    fs.dirs.add("/var/lib/kubelet/pods/p9/volumes/kubernetes.io~csi/pvc-9");
+    fs.dirs.add(foreign);
+    await svc.nodeUnpublishVolume?.(unpublishReq(foreign), ctx());
+    expect(fs.dirs.has(foreign)).toBe(true);
+    mounter.addDevice("/dev/sdz", { kind: "filesystem", fsType: "ext4" }, 1);
+    await mounter.mount("/dev/sdz", foreign, "ext4", []);
+    expect(await codeOf(svc.nodeUnpublishVolume?.(unpublishReq(foreign), ctx()))).toBe(
+      Code.FailedPrecondition,
+    );
+    expect(mounter.table.some((e) => e.mountPoint === foreign)).toBe(true);
+    expect(fs.dirs.has(foreign)).toBe(true);
+  });
+
+  test("with a kubelet directory, a target outside it is refused at publish and never removed", async () => {
+    build({ kubeletDir: "/var/lib/kubelet" });
+    await stage();
+    fs.dirs.add("/etc");
+    fs.dirs.add("/etc/important");
+    expect(await codeOf(svc.nodePublishVolume?.(publishReq({ targetPath: "/etc/important" }), ctx()))).toBe(
+      Code.InvalidArgument,
+    );
+    // Even a record that names it (a state file from elsewhere) does not make it removable.
+    const rec = state.records.get(VOL);
+    if (rec === undefined) throw new Error("staged record missing");
+    state.records.set(VOL, { ...rec, publications: [{ targetPath: "/etc/important", readonly: false }] });
+    expect(await codeOf(svc.nodeUnpublishVolume?.(unpublishReq("/etc/important"), ctx()))).toBe(
+      Code.InvalidArgument,
+    );
+    expect(fs.dirs.has("/etc/important")).toBe(true);
+    // A sibling whose name only starts like the kubelet directory is outside it too.
+    expect(await codeOf(svc.nodeUnpublishVolume?.(unpublishReq("/var/lib/kubelet-other/x"), ctx()))).toBe(
+      Code.InvalidArgument,
+    );
+    // Inside it, publish and unpublish work as before.
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
+    expect(fs.dirs.has(TARGET)).toBe(false);
+  });
+
+  test("raw block publish binds the device the NQN resolves to now, not the one recorded at stage", async () => {
+    await stage({ volumeCapability: blockCap() });
+    // After a reconnect the kernel numbered the namespace anew; DEV now names another volume.
+    const renumbered = "/dev/nvme4n1";
+    fs.files.set(renumbered, "");
+    mounter.addDevice(renumbered, { kind: "blank" }, 1 << 30);
+    initiator.devices.set(NQN, renumbered);
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toEqual([
+      ["mounter", "bindMount", renumbered, BLOCK_TARGET, { readonly: false }],
+    ]);
+    expect(state.records.get(VOL)?.device).toBe(renumbered);
+  });
+
+  test("raw block publish with the namespace gone is FAILED_PRECONDITION and binds nothing", async () => {
+    await stage({ volumeCapability: blockCap() });
+    initiator.devices.delete(NQN);
+    expect(
+      await codeOf(
+        svc.nodePublishVolume?.(
+          publishReq({ volumeCapability: blockCap(), targetPath: BLOCK_TARGET }),
+          ctx(),
+        ),
+      ),
+    ).toBe(Code.FailedPrecondition);
+    expect(log.calls.filter((c) => c[1] === "bindMount")).toEqual([]);
+  });
+
   test("raw block: a file target bound to the device; read-only through a read-only view", async () => {
     await stage({ volumeCapability: blockCap() });
     await svc.nodePublishVolume?.(

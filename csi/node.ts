@@ -51,6 +51,18 @@ export interface NodeDeps {
   readonly deviceWaitMs?: number;
   /** Poll interval of those waits. Default 200 ms. */
   readonly pollMs?: number;
+  /**
+   * kubelet's root directory (/var/lib/kubelet): NodePublish and NodeUnpublish refuse a target_path
+   * outside it, so no call can make the plugin mount over or remove a host path. Absent: no such
+   * bound (csi-sanity and the lab put targets in their own directories).
+   */
+  readonly kubeletDir?: string;
+}
+
+/** True when canonical `path` lies strictly below directory `dir`. */
+function isBelow(path: string, dir: string): boolean {
+  const root = dir.endsWith("/") ? dir : `${dir}/`;
+  return path.startsWith(root) && path.length > root.length;
 }
 
 // Stacked mounts on one path are unusual; this bounds the unmount loop if one keeps reappearing.
@@ -109,6 +121,15 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       }
       await clock.sleep(pollMs, signal);
     }
+  }
+
+  /** A canonical target_path, below kubeletDir when one is configured (INVALID_ARGUMENT otherwise). */
+  function requireKubeletTarget(raw: string): string {
+    const target = requireCanonicalPath("target_path", raw);
+    if (deps.kubeletDir !== undefined && !isBelow(target, deps.kubeletDir)) {
+      throw invalidArgument(`target_path ${target} is outside kubelet's directory ${deps.kubeletDir}`);
+    }
+    return target;
   }
 
   async function unmountAll(path: string): Promise<void> {
@@ -202,6 +223,32 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
   }
 
   /**
+   * Connects the volume's subsystem through its primary portal and every further one (native
+   * multipath: one device, several paths). Succeeds when at least one path connected; a portal
+   * that failed is logged and left to the next stage, since the others carry the I/O.
+   */
+  async function connectPaths(target: ReturnType<typeof parseStageContexts>): Promise<void> {
+    const all = [target.connect, ...target.morePortals.map((p) => ({ ...target.connect, ...p }))];
+    let first: unknown;
+    let ok = 0;
+    for (const c of all) {
+      try {
+        await initiator.connect({ ...c, hostNqn: deps.hostNqn });
+        ok++;
+      } catch (err) {
+        first ??= err;
+        deps.logger.warn("a portal of the volume did not connect", {
+          nqn: c.nqn,
+          address: c.address,
+          port: c.port,
+          error: (err as Error).message,
+        });
+      }
+    }
+    if (ok === 0) throw first;
+  }
+
+  /**
    * Undoes a first stage that failed: disconnect (unless another volume shares the NQN), forget.
    * Anything mounted at the staging path (a mount that timed out yet happened) keeps it all.
    */
@@ -269,7 +316,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           await state.put(rec);
         }
         try {
-          await initiator.connect({ ...target.connect, hostNqn: deps.hostNqn });
+          await connectPaths(target);
           const device = await waitFor(`the namespace of ${nqn} did not appear`, ctx.signal, async () => {
             const dev = await initiator.findNamespaceDevice(nqn, target.namespaceUUID);
             return dev !== undefined && (await fs.exists(dev)) ? dev : undefined;
@@ -328,7 +375,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
 
     async nodePublishVolume(req) {
       const volumeId = requireVolumeId(req.volumeId);
-      const target = requireCanonicalPath("target_path", req.targetPath);
+      const target = requireKubeletTarget(req.targetPath);
       const cap = parseCapability(req.volumeCapability, defaultFs);
       // A required field that is missing is the caller's error, whatever else is wrong.
       if (req.stagingTargetPath === "") {
@@ -338,10 +385,10 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       if (target === staging) throw invalidArgument("target_path equals staging_target_path");
       const readonly = req.readonly;
       return inFlight.run(volumeId, "NodePublishVolume", async () => {
-        const rec = await state.get(volumeId);
+        let rec = await state.get(volumeId);
         if (rec === undefined || rec.device === undefined)
           throw failedPrecondition(`volume ${volumeId} is not staged on this node`);
-        const device = rec.device;
+        let device = rec.device;
         if (rec.stagingPath !== staging)
           throw failedPrecondition(`volume ${volumeId} is staged at ${rec.stagingPath}, not ${staging}`);
         const kindMatches =
@@ -352,6 +399,21 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           throw failedPrecondition(
             `volume ${volumeId} is staged as ${describeAccess(rec.access)}, not ${describeAccess(cap.access)}`,
           );
+        }
+        if (rec.access.kind === "block") {
+          // A device name is only the kernel's current numbering: after a reconnect the recorded
+          // one may be another volume's namespace. The NQN (and namespace UUID) say which is ours.
+          const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
+          if (now === undefined || !(await fs.exists(now)))
+            throw failedPrecondition(
+              `volume ${volumeId}: no namespace of ${rec.nqn} is connected on this node; stage it again`,
+            );
+          if (now !== device) {
+            deps.logger.info("volume's device renumbered", { volume: volumeId, was: device, now });
+            rec = { ...rec, device: now };
+            await state.put(rec);
+            device = now;
+          }
         }
         const pub = rec.publications.find((p) => p.targetPath === target);
         if (pub !== undefined && pub.readonly !== readonly) {
@@ -410,17 +472,25 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
 
     async nodeUnpublishVolume(req) {
       const volumeId = requireVolumeId(req.volumeId);
-      const target = requireCanonicalPath("target_path", req.targetPath);
+      const target = requireKubeletTarget(req.targetPath);
       return inFlight.run(volumeId, "NodeUnpublishVolume", async () => {
+        const rec = await state.get(volumeId);
+        const pub = rec?.publications.find((p) => p.targetPath === target);
+        if (rec === undefined || pub === undefined) {
+          // Never published there by this plugin (publish records before it mounts): whatever is
+          // at the path is not ours to unmount or remove.
+          if ((await mounter.mountsAt(target)).length > 0) {
+            throw failedPrecondition(
+              `${target} holds a mount, but volume ${volumeId} was not published there by this plugin; it is left alone`,
+            );
+          }
+          return {};
+        }
         await unmountAll(target);
         if (await fs.isDirectory(target)) await fs.rmdir(target);
         else if (await fs.exists(target)) await fs.unlink(target);
-        const rec = await state.get(volumeId);
-        const pub = rec?.publications.find((p) => p.targetPath === target);
-        if (rec !== undefined && pub !== undefined) {
-          if (pub.view) await mounter.releaseReadOnlyView(pub.view);
-          await state.put({ ...rec, publications: rec.publications.filter((p) => p !== pub) });
-        }
+        if (pub.view) await mounter.releaseReadOnlyView(pub.view);
+        await state.put({ ...rec, publications: rec.publications.filter((p) => p !== pub) });
         deps.logger.info("volume unpublished", { volume: volumeId, target });
         return {};
       });

@@ -6,10 +6,12 @@ import * as k8s from "@kubernetes/client-node";
 import { API_VERSION, kinds, type NVMePartition } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { realClock } from "../lib/clock.ts";
+import { connect } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
+import { classifyRequest } from "../lib/kube/request-metrics.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
-import { Annotations } from "./controller/fingerprint.ts";
+import { Annotations, PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./controller/fingerprint.ts";
 import { CsiController } from "./controller.ts";
 
 let tc: TestCluster;
@@ -35,6 +37,7 @@ function partition(ns: string, pv: string, claim?: { ns: string; name: string })
     metadata: {
       name: pv,
       namespace: ns,
+      labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
       annotations: {
         [Annotations.requestName]: pv,
         ...(claim
@@ -98,6 +101,10 @@ test("the sweep deletes only partitions whose claim is gone and that no PV refer
     const byPvName = `pvc-${randomUUID()}`;
     const byHandle = `pvc-${randomUUID()}`;
     const claimless = `pvc-${randomUUID()}`;
+    // Claim gone and no PV, but not made by the CSI controller (no provisioned-by label): kept.
+    const foreign = `pvc-${randomUUID()}`;
+    const foreignPartition = partition(ns, foreign, { ns: app, name: "deleted-foreign" });
+    delete foreignPartition.metadata.labels;
     const made = new Map<string, NVMePartition>();
     for (const p of [
       partition(ns, `pvc-${liveUid}`, { ns: app, name: "live" }),
@@ -106,6 +113,7 @@ test("the sweep deletes only partitions whose claim is gone and that no PV refer
       partition(ns, byPvName, { ns: app, name: "deleted-bound" }),
       partition(ns, byHandle, { ns: app, name: "deleted-bound-2" }),
       partition(ns, claimless),
+      foreignPartition,
     ])
       made.set(p.metadata.name, await parts.create(p));
     await createPv(byPvName, `${ns}/${byPvName}/${made.get(byPvName)?.metadata.uid}`);
@@ -119,7 +127,7 @@ test("the sweep deletes only partitions whose claim is gone and that no PV refer
     const deleted = await controller.collectOrphans(0);
     expect(deleted.sort()).toEqual([gone, staleOfLive].sort());
     for (const name of [gone, staleOfLive]) expect(await parts.get(name, ns)).toBeUndefined();
-    for (const name of [`pvc-${liveUid}`, byPvName, byHandle, claimless])
+    for (const name of [`pvc-${liveUid}`, byPvName, byHandle, claimless, foreign])
       expect((await parts.get(name, ns))?.metadata.uid).toBe(made.get(name)?.metadata.uid);
 
     const events = tc.conn.api(k8s.EventsV1Api);
@@ -159,6 +167,51 @@ test("started with orphan collection, the controller sweeps on start and then pe
     await eventually(async () => !(await parts.get(first.metadata.name, ns)), 10_000, "the first sweep");
     const later = await parts.create(partition(ns, `pvc-${randomUUID()}`, { ns: "nowhere", name: "gone-2" }));
     await eventually(async () => !(await parts.get(later.metadata.name, ns)), 10_000, "a later sweep");
+  } finally {
+    await controller.stop();
+  }
+}, 60_000);
+
+test("a sweep reads live volumes from what it has: no GET for a partition a PV refers to, two for an orphan", async () => {
+  const ns = await tc.namespace("orphan");
+  const gets: string[] = [];
+  const conn = connect(tc.kubeconfigPath, {
+    onRequest: (method, url) => {
+      const k = classifyRequest(method, url);
+      if (k.verb === "GET") gets.push(k.resource);
+    },
+  });
+  const controller = new CsiController({
+    conn,
+    namespace: ns,
+    logger: silentLogger,
+    clock: realClock,
+    defaultTimeoutMs: 5_000,
+    defaultVolumeBytes: 4 * 1024 * 1024,
+  });
+  await controller.start();
+  try {
+    const live: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      const name = `pvc-${randomUUID()}`;
+      const made = await parts.create(partition(ns, name, { ns: "app", name: `claim-${i}` }));
+      await createPv(name, `${ns}/${name}/${made.metadata.uid}`);
+      live.push(name);
+    }
+    const orphan = `pvc-${randomUUID()}`;
+    await parts.create(partition(ns, orphan, { ns: "app", name: "deleted" }));
+    await eventually(() => controller.partitions.list().length === 6, 10_000, "the cache");
+
+    gets.length = 0;
+    expect(await controller.collectOrphans(0)).toEqual([orphan]);
+    // The orphan is re-read and its claim looked up; the five live volumes cost nothing.
+    expect(gets.sort()).toEqual(["nvmepartitions", "persistentvolumeclaims"]);
+    for (const name of live) expect(await parts.get(name, ns)).toBeDefined();
+
+    await eventually(() => controller.partitions.list().length === 5, 10_000, "the cache");
+    gets.length = 0;
+    expect(await controller.collectOrphans(0)).toEqual([]);
+    expect(gets).toEqual([]);
   } finally {
     await controller.stop();
   }

@@ -30,8 +30,11 @@ const SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapsho
  */
 const ADMIN_PROCESSES: readonly RegExp[] = [/^snapshot-controller$/, /^kubelet\/.+$/];
 const ADMIN_CONTROL_PLANE = ["kube-controller-manager", "kube-scheduler"];
-/** Processes that are no Kubernetes client at all: the hardware stand-ins and etcd/the API server itself. */
-const NON_CLIENTS: readonly RegExp[] = [/^nvmf_tgt\/.+$/, /^snap\/.+$/];
+/**
+ * Processes that are no Kubernetes client at all: the hardware stand-ins (targets, SNAP, each
+ * node's NVMe host driver) and etcd/the API server itself.
+ */
+const NON_CLIENTS: readonly RegExp[] = [/^nvmf_tgt\/.+$/, /^snap\/.+$/, /^nvme-host\/.+$/];
 const NON_CLIENT_CONTROL_PLANE = ["etcd", "kube-apiserver"];
 
 interface UserInfo {

@@ -1,6 +1,7 @@
 // What one volume puts into the lab while a Pod uses it (API objects, the lvol and NVMe-oF subsystem
 // on its storage node's target, the consumer's loop device and mounts, its device-ledger entry),
 // read the way an operator would, and which of those are still there after the volume is deleted.
+import { readFileSync } from "node:fs";
 import { dirname } from "node:path";
 import { kinds, type NVMeDevice } from "../api/index.ts";
 import { sha256Hex } from "../lab/kubelet/naming.ts";
@@ -152,19 +153,17 @@ export async function captureVolume(
     const target = (await targetStates(lab)).find((t) => t.node === storageNode);
     const lvol = target?.lvols.find((l) => l.name === externalId);
     if (!lvol) throw new Error(`no lvol ${externalId} on ${storageNode}`);
-    const extent = target?.bdevs.find((b) => b.name === lvol.uuid)?.driver_specific?.sim_extent as
-      | { filename: string; offset: number }
-      | undefined;
-    if (!extent) throw new Error(`lvol bdev ${lvol.uuid} shows no backing extent`);
     const sub = target?.subsystems.find((s) => s.nqn === nqn);
     if (!sub?.hosts.some((h) => h.nqn === hostNqn))
       throw new Error(`subsystem ${nqn} does not admit ${hostNqn}`);
-    const loop = loopDevicesWithOffsets().find(
-      (l) => l.backFile === extent.filename && l.offset === extent.offset,
-    );
-    if (!loop) throw new Error(`no loop device over ${extent.filename} at offset ${extent.offset}`);
     const mounts = volumeMounts(kubeletRoot, pvName, handle);
     if (mounts.length === 0) throw new Error(`nothing of ${pvName} mounted under ${kubeletRoot}`);
+    // The namespace's block device on the node: a loop device over the node's NVMe host's file.
+    const sources = new Set(mountSources(mounts));
+    const loop = loopDevicesWithOffsets().find(
+      (l) => sources.has(l.name) && l.backFile.includes("/nvme-host/fuse/"),
+    );
+    if (!loop) throw new Error(`no namespace device of the node's NVMe host behind ${mounts.join(", ")}`);
     return {
       claim: { namespace: ns, name: claim, uid: pvc.metadata?.uid ?? "" },
       pv: pvName,
@@ -175,7 +174,7 @@ export async function captureVolume(
       externalId,
       nqn,
       lvolUuid: lvol.uuid,
-      extent: { filename: extent.filename, offset: extent.offset },
+      extent: { filename: loop.backFile, offset: loop.offset },
       consumer: { node, kubeletRoot, hostNqn },
       volumeAttachment: va.metadata?.name ?? "",
       nvmeAttachment: nva.metadata.name,
@@ -232,8 +231,8 @@ export async function residueOf(lab: E2eLab, traces: readonly VolumeTrace[]): Pr
       if (target.subsystems.some((s) => s.nqn === t.nqn))
         left.push(`${what}: subsystem ${t.nqn} still on ${target.node}'s target`);
     }
-    for (const l of loops.filter((x) => x.backFile === t.extent.filename && x.offset === t.extent.offset))
-      left.push(`${what}: loop device ${l.name} still maps ${l.backFile} at offset ${l.offset}`);
+    for (const l of loops.filter((x) => x.name === t.loopDevice && x.backFile === t.extent.filename))
+      left.push(`${what}: loop device ${l.name} still maps ${l.backFile}`);
     for (const m of volumeMounts(t.consumer.kubeletRoot, t.pv, t.volumeHandle))
       left.push(`${what}: ${m} still mounted`);
   }
@@ -321,4 +320,20 @@ export async function waitLedgerRestored(
     },
     timeoutMs,
   );
+}
+
+/** The mount sources (devices) of these mount points, from the kernel's mount table. */
+function mountSources(points: readonly string[]): string[] {
+  const want = new Set(points);
+  const out: string[] = [];
+  for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
+    const f = line.split(" ");
+    if (!want.has(f[4] ?? "")) continue;
+    const dash = f.indexOf("-");
+    // A Block volume's publish target is a bind mount of the device node itself: its source is
+    // the devtmpfs, and the device is the mount's root within it.
+    const src = f[dash + 1] === "devtmpfs" ? `/dev${f[3] ?? ""}` : f[dash + 2];
+    if (src) out.push(src);
+  }
+  return out;
 }

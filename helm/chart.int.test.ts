@@ -249,7 +249,10 @@ describe("what the templates hand the binaries", () => {
         (c) => c.name === "distort-csi",
       ) as Container;
       const nodeArgs = (node.args ?? []).map((a) => a.replace("$(NODE_NAME)", "node-a"));
-      expect(parseCsiConfig(nodeArgs, {}).nodeId).toBe("node-a");
+      const nodeCfg = parseCsiConfig(nodeArgs, {});
+      expect(nodeCfg.nodeId).toBe("node-a");
+      // The node plugin publishes and unpublishes only below kubelet's directory.
+      expect(nodeCfg.kubeletDir).toStartWith("/");
       for (const sc of byKind(objs, "StorageClass")) {
         const params = sc.parameters as Record<string, string>;
         try {
@@ -317,6 +320,33 @@ describe("what the templates hand the binaries", () => {
       }
     }
   });
+
+  // The host NQN in /etc/nvme is the node's identity on the fabric: a node plugin that could
+  // rewrite it could claim another host's ACL entries, so no DISTORT pod mounts it writable.
+  for (const p of profiles()) {
+    test(`${p.name}: /etc/nvme is mounted read-only wherever it is mounted`, async () => {
+      const objs = await objectsOf(p);
+      const seen: string[] = [];
+      for (const w of byKind(objs, "DaemonSet")) {
+        const spec = podSpec(w);
+        const etcNvme = new Set(
+          (spec.volumes ?? []).filter((v) => v.hostPath?.path === "/etc/nvme").map((v) => v.name),
+        );
+        for (const c of [...spec.containers, ...((spec.initContainers as Container[] | undefined) ?? [])]) {
+          const mounts = (c as { volumeMounts?: { name: string; readOnly?: boolean }[] }).volumeMounts ?? [];
+          for (const m of mounts.filter((x) => etcNvme.has(x.name))) {
+            seen.push(`${w.metadata.name}/${c.name}`);
+            expect({ at: `${w.metadata.name}/${c.name}`, readOnly: m.readOnly === true }).toEqual({
+              at: `${w.metadata.name}/${c.name}`,
+              readOnly: true,
+            });
+          }
+        }
+      }
+      // The csi-node plugin always mounts it (it reads the host NQN there).
+      expect(seen.some((s) => s.endsWith("-csi-node/distort-csi"))).toBe(true);
+    });
+  }
 
   test("dpu-cluster profile: NVIDIA's attacher, a deleting StorageClass, the StorageVendor and the plugin sockets", async () => {
     const p = profiles().find((x) => x.name === "examples/dpu-cluster.yaml") as Profile;

@@ -27,6 +27,7 @@ import {
 import { FABRIC_LABEL } from "./harness/stack.ts";
 import { buildDriveSysfs, type SimNodeDrive } from "./harness/storage-node.ts";
 import { ProcessTable } from "./procs.ts";
+import { socketAnswers } from "./sim/spdk/unix-socket.ts";
 
 export const LAB_NAMESPACE = "distort-system";
 export const LAB_RELEASE = "distort";
@@ -73,6 +74,9 @@ export interface LabConsumerNode {
   /** Process names: csi node plugin and kubelet stand-in. */
   csi: string;
   kubelet: string;
+  /** Process name of the node's NVMe-oF host daemon, and its control socket. */
+  host: string;
+  hostSocket: string;
 }
 
 export interface LabDpuNode {
@@ -370,6 +374,27 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       );
       const csiSocket = join(root, "var/lib/kubelet/plugins", "storage.distort.io", "csi.sock");
       const kubeletRoot = join(root, "var/lib/kubelet");
+      // The node's NVMe-oF host ("the kernel"): its own process, so the CSI node can die alone.
+      // A private mount namespace keeps its FUSE mount out of every other process's mount table.
+      const host = `nvme-host/${name}`;
+      const hostSocket = join(root, "run", "nvme-host.sock");
+      mkdirSync(join(root, "run"), { recursive: true });
+      await procs.start({
+        name: host,
+        argv: [
+          "unshare",
+          "--mount",
+          "--propagation",
+          "private",
+          BUN,
+          join(ROOT, "lab/sim/fabric/host-daemon.ts"),
+          `--fabric-dir=${fabricDir}`,
+          `--state-dir=${join(root, "var/lib/nvme-host")}`,
+          `--socket=${hostSocket}`,
+          `--log-level=${level}`,
+        ],
+        ready: () => socketAnswers(hostSocket),
+      });
       const csi = `csi-node/${name}`;
       const port = await freePort();
       await procs.start({
@@ -380,10 +405,9 @@ export async function startLab(o: LabOptions): Promise<Lab> {
           `--state-dir=${join(root, "var/lib/distort/csi")}`,
           `--host-root=${root}`,
           `--topology-keys=${FABRIC_LABEL}`,
-          // The simulated fabric shows namespaces as loop devices: losetup instead of nvme-cli.
+          // The lab host shows namespaces as loop devices: losetup instead of nvme-cli.
           "--node-tools=losetup,blkid,mkfs.ext4,mkfs.xfs,mount,umount",
-          `--sim-fabric-dir=${fabricDir}`,
-          ...storage.map((s) => `--sim-spdk-socket=${s.spdkSocket}`),
+          `--sim-host-socket=${hostSocket}`,
         ],
         ready: () => httpOk(`http://127.0.0.1:${port}/readyz`),
       });
@@ -401,7 +425,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
           `--log-level=${level}`,
         ],
       });
-      consumers.push({ name, root, kubeletRoot, csiSocket, csi, kubelet });
+      consumers.push({ name, root, kubeletRoot, csiSocket, csi, kubelet, host, hostSocket });
     }
     await waitCsiNodes(
       conn,

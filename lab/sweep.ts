@@ -22,16 +22,25 @@ export function loopDevices(): { name: string; backFile: string }[] {
   return (parsed.loopdevices ?? []).map((l) => ({ name: l.name, backFile: (l["back-file"] ?? "").trim() }));
 }
 
-/** Mount points from /proc/self/mountinfo (octal escapes decoded). */
-export function mountPoints(): string[] {
+const unescapeOctal = (p: string) =>
+  p.replace(/\\(\d{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8)));
+
+/** Mount points with their filesystem types from /proc/self/mountinfo (octal escapes decoded). */
+export function mounts(): { path: string; fstype: string }[] {
   return readFileSync("/proc/self/mountinfo", "utf8")
     .split("\n")
     .filter(Boolean)
-    .map((l) =>
-      (l.split(" ")[4] ?? "").replace(/\\(\d{3})/g, (_, o: string) =>
-        String.fromCharCode(Number.parseInt(o, 8)),
-      ),
-    );
+    .map((l) => {
+      const f = l.split(" ");
+      // The optional fields end at "-"; the filesystem type follows it.
+      const dash = f.indexOf("-");
+      return { path: unescapeOctal(f[4] ?? ""), fstype: dash >= 0 ? (f[dash + 1] ?? "") : "" };
+    });
+}
+
+/** Mount points from /proc/self/mountinfo (octal escapes decoded). */
+export function mountPoints(): string[] {
+  return mounts().map((m) => m.path);
 }
 
 /** Processes (not this one) whose argv or cwd mentions `dir`. */
@@ -90,13 +99,19 @@ export async function sweepLab(
   let unmounted = 0;
   const under = (p: string) => p === dir || p.startsWith(`${dir}/`);
   for (let round = 0; round < 5; round++) {
-    const mine = mountPoints()
-      .filter(under)
-      .sort((a, b) => b.length - a.length);
+    const mine = mounts()
+      .filter((m) => under(m.path))
+      .sort((a, b) => b.path.length - a.path.length);
     if (mine.length === 0) break;
     for (const m of mine) {
-      const r = Bun.spawnSync(["umount", m]);
-      if (r.exitCode !== 0) Bun.spawnSync(["umount", "-l", m]);
+      // A lab host's FUSE mount whose server is gone or hung would block a plain umount (and
+      // anything that stats it): detach it lazily, which also ends its connection.
+      if (m.fstype.startsWith("fuse")) {
+        Bun.spawnSync(["umount", "-l", m.path]);
+      } else {
+        const r = Bun.spawnSync(["umount", m.path]);
+        if (r.exitCode !== 0) Bun.spawnSync(["umount", "-l", m.path]);
+      }
       unmounted++;
     }
   }

@@ -9,10 +9,17 @@ const ORDER: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 
 const SECRET_KEY =
   /secret|passw|token|dhchap|psk|credential|^authorization$|(private|api|access|auth|ssh|tls|dh)[-_]?key$/i;
 export const REDACTED = "<redacted>";
+/** What an object nested deeper than redact() walks is replaced with: it fails closed. */
+export const TOO_DEEP = "<redacted: nested too deep>";
+const MAX_DEPTH = 8;
 
-/** Returns a copy of `value` with secret-looking fields replaced. Cycles and depth are bounded. */
+/**
+ * Returns a copy of `value` with secret-looking fields replaced. Cycles and depth are bounded: an
+ * object or array below MAX_DEPTH levels becomes TOO_DEEP, since its fields were never checked.
+ */
 export function redact(value: unknown, depth = 0): unknown {
-  if (depth > 8 || value === null || typeof value !== "object") return value;
+  if (value === null || typeof value !== "object") return value;
+  if (depth > MAX_DEPTH) return TOO_DEEP;
   if (Array.isArray(value)) return value.map((v) => redact(v, depth + 1));
   if (value instanceof Error) return { message: value.message, name: value.name };
   const out: Record<string, unknown> = {};

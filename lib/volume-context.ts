@@ -11,6 +11,11 @@ export const VolumeContextKeys = {
   portalIP: "storage.distort.io/portalIP",
   portalPort: "storage.distort.io/portalPort",
   transport: "storage.distort.io/transport",
+  /**
+   * Further portals of the same subsystem (multipath), "ip:port" comma-separated (IPv6 as
+   * "[addr]:port"); optional, so a context with only portalIP/portalPort stays valid.
+   */
+  portals: "storage.distort.io/portals",
   /** Namespace UUID/NGUID of namespace 1, when the target reports one: NodeStage finds the device by it. */
   namespaceUUID: "storage.distort.io/namespaceUUID",
   /** From StorageClass parameters: nvme connect reconnect settings (seconds). */
@@ -44,6 +49,26 @@ export const VolumeContextSchema = v.object({
   [VolumeContextKeys.portalIP]: v.pipe(v.string(), v.ip("portalIP is not an IP address")),
   [VolumeContextKeys.portalPort]: numeric("portalPort", 1, 65535),
   [VolumeContextKeys.transport]: v.picklist(["rdma", "tcp"], "transport must be rdma or tcp"),
+  [VolumeContextKeys.portals]: v.optional(
+    v.pipe(
+      v.string(),
+      v.transform((s) => s.split(",").filter((x) => x.trim() !== "")),
+      v.array(
+        v.pipe(
+          v.string(),
+          v.regex(
+            /^(\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):\d{1,5}$/,
+            "portals must be ip:port, comma-separated",
+          ),
+          v.transform((x) => {
+            const at = x.lastIndexOf(":");
+            return { address: x.slice(0, at).replace(/^\[|\]$/g, ""), port: Number(x.slice(at + 1)) };
+          }),
+          v.check((p) => p.port >= 1 && p.port <= 65535, "portals port must be 1..65535"),
+        ),
+      ),
+    ),
+  ),
   [VolumeContextKeys.namespaceUUID]: v.optional(v.string()),
   [VolumeContextKeys.ctrlLossTmo]: v.optional(numeric("ctrlLossTmo", -1, 86400)),
   [VolumeContextKeys.reconnectDelay]: v.optional(numeric("reconnectDelay", 1, 3600)),

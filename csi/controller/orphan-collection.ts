@@ -2,6 +2,7 @@
 // partition and its claim as the API server has them now, the PersistentVolumes, the attachments)
 // and deletes what decideOrphan condemns through the normal deletion path.
 import * as k8s from "@kubernetes/client-node";
+import type { NVMePartition } from "../../api/index.ts";
 import { errorMessage, StorageError } from "../../lib/errors.ts";
 import { kubeError } from "../../lib/kube/resource.ts";
 import { type ClaimState, claimOf, decideOrphan, preliminaryVerdict, pvNameOf } from "./orphans.ts";
@@ -12,7 +13,8 @@ import { parseVolumeId } from "./volume-id.ts";
  * Deletes every cached partition decideOrphan condemns (claim annotations, older than `graceMs`,
  * no PV, no attachment, claim gone or replaced); finalizers let the manager and agent release
  * storage. Records an "OrphanCollected" Event on each and returns the names deleted; nothing
- * before the caches synced. Idempotent and safe across replicas: each deletion re-reads the
+ * before the caches synced. One LIST of PersistentVolumes per sweep; a partition a PV or an
+ * attachment holds costs no request, and only a collectable one is re-read (with its claim). Idempotent and safe across replicas: each deletion re-reads the
  * partition and carries its uid as a precondition, and a partition with an operation in flight
  * in this process is left for the next sweep. Throws when the PersistentVolumes cannot be
  * listed; a failed claim lookup or deletion only skips that partition (logged).
@@ -34,9 +36,19 @@ export async function collectOrphans(c: ControllerState, graceMs: number): Promi
     // Any incarnation of the name counts: doubt keeps the partition.
     if (ref?.namespace === c.ns) handled.add(ref.name);
   }
+  const hasPv = (p: NVMePartition) => {
+    const pvName = pvNameOf(p);
+    return handled.has(p.metadata.name) || (pvName !== undefined && pvNames.has(pvName));
+  };
+  const isAttached = (p: NVMePartition) =>
+    c.attachments.list().some((a) => a.spec.partitionUID === p.metadata.uid);
   const deleted: string[] = [];
   for (const cached of candidates) {
     const name = cached.metadata.name;
+    // A PV or an attachment keeps a partition whatever the API server says of it: such a live
+    // volume is judged from the PV list and the caches, with no GET. Only a partition that looks
+    // collectable is re-read, and its claim looked up.
+    if (hasPv(cached) || isAttached(cached)) continue;
     try {
       const gone = await c.inFlight.run(c.key(name), "orphan collection", async () => {
         // The cache may lag: judge the partition as the API server has it now.
@@ -44,11 +56,12 @@ export async function collectOrphans(c: ControllerState, graceMs: number): Promi
         if (!p || p.metadata.uid !== cached.metadata.uid) return false;
         const claim = claimOf(p);
         if (!claim) return false;
-        const pvName = pvNameOf(p);
+        // Judged again on the fresh copy before the claim is looked up.
+        if (hasPv(p) || isAttached(p)) return false;
         const verdict = decideOrphan(p, {
           claim: await claimState(core, claim.namespace, claim.name),
-          hasPersistentVolume: handled.has(name) || (pvName !== undefined && pvNames.has(pvName)),
-          attached: c.attachments.list().some((a) => a.spec.partitionUID === p.metadata.uid),
+          hasPersistentVolume: hasPv(p),
+          attached: isAttached(p),
           now: c.o.clock.now(),
           graceMs,
         });

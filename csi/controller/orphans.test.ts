@@ -2,7 +2,7 @@
 // whose claim is missing, deleting or replaced is deleted; every doubt keeps it.
 import { describe, expect, test } from "bun:test";
 import { API_VERSION, type NVMePartition } from "../../api/index.ts";
-import { Annotations } from "./fingerprint.ts";
+import { Annotations, PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./fingerprint.ts";
 import { claimOf, decideOrphan, type OrphanFacts, preliminaryVerdict, pvNameOf } from "./orphans.ts";
 
 const CLAIM_UID = "0f8fad5b-d9cb-469f-a165-70867728950e";
@@ -12,7 +12,12 @@ const CREATED = Date.parse("2024-05-01T10:00:00Z");
 const GRACE = 120_000;
 
 function partition(
-  over: { annotations?: Record<string, string>; deleting?: boolean; created?: string } = {},
+  over: {
+    annotations?: Record<string, string>;
+    labels?: Record<string, string>;
+    deleting?: boolean;
+    created?: string;
+  } = {},
 ) {
   const p: NVMePartition = {
     apiVersion: API_VERSION,
@@ -22,6 +27,7 @@ function partition(
       namespace: "distort-system",
       uid: "6d1f7c1e-0000-4000-8000-000000000002",
       creationTimestamp: over.created ?? "2024-05-01T10:00:00Z",
+      labels: over.labels ?? { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
       annotations: over.annotations ?? {
         [Annotations.requestName]: PV,
         [Annotations.pvcName]: "data",
@@ -132,7 +138,7 @@ describe("decideOrphan", () => {
   });
 
   test("no claim annotations (csi-sanity, direct CSI users): keep", () => {
-    expect(decideOrphan(partition({ annotations: {} }), facts())).toEqual({
+    expect(decideOrphan(partition({ annotations: { [Annotations.requestName]: PV } }), facts())).toEqual({
       action: "keep",
       reason: "no claim annotations",
     });
@@ -151,5 +157,26 @@ describe("decideOrphan", () => {
     expect(preliminaryVerdict(partition(), CREATED + GRACE, GRACE)).toBeUndefined();
     expect(preliminaryVerdict(partition(), CREATED, GRACE)?.action).toBe("keep");
     expect(preliminaryVerdict(partition({ annotations: {} }), CREATED + GRACE, GRACE)?.action).toBe("keep");
+  });
+});
+
+describe("only what the CSI controller made", () => {
+  test("a claim-annotated partition without the provisioned-by label is kept, however orphaned", () => {
+    for (const labels of [{}, { [PROVISIONED_BY_LABEL]: "someone-else" }] as Record<string, string>[]) {
+      const p = partition({ labels });
+      expect(preliminaryVerdict(p, CREATED + GRACE, GRACE)?.action).toBe("keep");
+      expect(decideOrphan(p, facts()).action).toBe("keep");
+    }
+  });
+
+  test("a labelled partition without the CreateVolume name annotation is kept", () => {
+    const p = partition({
+      annotations: { [Annotations.pvcName]: "data", [Annotations.pvcNamespace]: "app" },
+    });
+    expect(decideOrphan(p, facts()).action).toBe("keep");
+  });
+
+  test("the same partition with the label is collected", () => {
+    expect(decideOrphan(partition(), facts()).action).toBe("delete");
   });
 });

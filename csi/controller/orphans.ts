@@ -2,7 +2,7 @@
 // external-provisioner will never call DeleteVolume for it (kubernetes-csi/external-provisioner
 // #311, #486). Pure: the collector in orphan-collection.ts gathers the facts and acts on the verdict.
 import type { NVMePartition } from "../../api/index.ts";
-import { Annotations } from "./fingerprint.ts";
+import { Annotations, PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./fingerprint.ts";
 
 /** The PersistentVolumeClaim a partition was created for, from its provisioner annotations. */
 export interface ClaimRef {
@@ -57,8 +57,8 @@ export function pvNameOf(p: NVMePartition): string | undefined {
 }
 
 /**
- * The part of the verdict that needs no lookups: keep (with why) for a partition without claim
- * annotations, one already being deleted, or one younger than `graceMs` (a CreateVolume in flight
+ * The part of the verdict that needs no lookups: keep (with why) for a partition the CSI controller
+ * did not make (no provisioned-by label or no CreateVolume name), one without claim annotations, one already being deleted, or one younger than `graceMs` (a CreateVolume in flight
  * or a provisioner retry must never be raced); undefined when the claim and PVs must be consulted.
  */
 export function preliminaryVerdict(
@@ -66,6 +66,12 @@ export function preliminaryVerdict(
   now: number,
   graceMs: number,
 ): { action: "keep"; reason: string } | undefined {
+  // Garbage collection touches only what this controller made: its label and its CreateVolume name.
+  if (
+    p.metadata.labels?.[PROVISIONED_BY_LABEL] !== PROVISIONED_BY ||
+    !p.metadata.annotations?.[Annotations.requestName]
+  )
+    return { action: "keep", reason: "not provisioned by the DISTORT CSI controller" };
   if (!claimOf(p)) return { action: "keep", reason: "no claim annotations" };
   if (p.metadata.deletionTimestamp) return { action: "keep", reason: "already being deleted" };
   const created = Date.parse(p.metadata.creationTimestamp ?? "");

@@ -85,6 +85,23 @@ test("volume ids", () => {
   expect(() => requireVolumeId("x".repeat(1025))).toThrow("longer");
 });
 
+test.each([
+  ["ro,remount", "remount"],
+  ["noatime, bind", "bind"],
+  ["nodev,rbind,noexec", "rbind"],
+  ["ro,MOVE", "MOVE"],
+])("a forbidden flag inside the comma list %p is refused", (flag, named) => {
+  expect(() => checkMountFlags(["noatime", flag])).toThrow(`mount flag "${named}" is not allowed`);
+});
+
+test("a comma list with an empty element is refused", () => {
+  expect(() => checkMountFlags(["ro,,noatime"])).toThrow("empty flag");
+});
+
+test("a comma list of allowed flags passes through unchanged", () => {
+  expect(checkMountFlags(["ro,noatime", "discard"])).toEqual(["ro,noatime", "discard"]);
+});
+
 test("mount flags pass through unchanged", () => {
   expect(checkMountFlags(["noatime", "discard"])).toEqual(["noatime", "discard"]);
 });
@@ -145,10 +162,23 @@ test("contexts: IPv6 RDMA portal with reconnect settings, unknown keys ignored",
       reconnectDelay: 10,
       fastIoFailTmo: -1,
     },
+    morePortals: [],
     namespaceUUID: undefined,
     hostNqn: HOST,
     attachmentId: "att-7",
   });
+});
+
+test("contexts: further portals are listed without the primary one; a malformed list is refused", () => {
+  const t = parseStageContexts(
+    ctx({ [V.portals]: "[fd00:100::7]:4421,10.0.0.8:4420,[fd00:100::9]:4422" }),
+    pub,
+  );
+  expect(t.morePortals).toEqual([
+    { address: "10.0.0.8", port: 4420 },
+    { address: "fd00:100::9", port: 4422 },
+  ]);
+  expect(() => parseStageContexts(ctx({ [V.portals]: "10.0.0.8" }), pub)).toThrow("portals must be ip:port");
 });
 
 test.each<[string, Record<string, string>, Record<string, string>, string]>([

@@ -39,6 +39,8 @@ export interface Capability {
 /** Where NodeStage connects, from the volume context, plus the host identity from the publish context. */
 export interface StageTarget {
   readonly connect: Omit<ConnectParams, "hostNqn">;
+  /** Every other portal of the subsystem (multipath), connected as further paths. */
+  readonly morePortals: readonly { readonly address: string; readonly port: number }[];
   /** Namespace UUID/NGUID when the controller reported one; the device is found by it. */
   readonly namespaceUUID: string | undefined;
   /** The host NQN the controller put on the target's ACL for this attachment. */
@@ -60,12 +62,19 @@ export function requireVolumeId(id: string): string {
 // Flags that would turn "mount this filesystem" into another operation on another object.
 const FORBIDDEN_FLAGS = new Set(["bind", "rbind", "remount", "move"]);
 
-/** Mount flags as given, each non-empty and free of NUL/newline and of operation-changing flags. */
+/**
+ * Mount flags as given, each non-empty and free of NUL/newline and of operation-changing flags.
+ * mount(8) reads "-o" as one comma-separated list, so each flag is checked element by element: a
+ * flag "ro,remount" would otherwise pass as one harmless-looking string.
+ */
 export function checkMountFlags(flags: readonly string[]): string[] {
   for (const f of flags) {
-    if (f.trim() === "") throw invalid("mount_flags contains an empty flag");
     if (/[\0\n]/.test(f)) throw invalid("mount_flags contains a NUL or newline");
-    if (FORBIDDEN_FLAGS.has(f.trim())) throw invalid(`mount flag "${f}" is not allowed`);
+    for (const part of f.split(",")) {
+      const opt = part.trim();
+      if (opt === "") throw invalid("mount_flags contains an empty flag");
+      if (FORBIDDEN_FLAGS.has(opt.toLowerCase())) throw invalid(`mount flag "${opt}" is not allowed`);
+    }
   }
   return [...flags];
 }
@@ -140,6 +149,9 @@ export function parseStageContexts(
       reconnectDelay: ctx[VolumeContextKeys.reconnectDelay],
       fastIoFailTmo: ctx[VolumeContextKeys.fastIoFailTmo],
     },
+    morePortals: (ctx[VolumeContextKeys.portals] ?? []).filter(
+      (p) => !(p.address === ctx[VolumeContextKeys.portalIP] && p.port === ctx[VolumeContextKeys.portalPort]),
+    ),
     namespaceUUID,
     hostNqn: pc.output[PublishContextKeys.hostNQN],
     attachmentId: pc.output[PublishContextKeys.attachmentId],

@@ -64,18 +64,22 @@ export class ConfigfsIo {
     }
   }
 
-  /** Writes one attribute value in a single write, as configfs requires. */
+  /**
+   * Writes one attribute value in a single write, as configfs requires. A failure names the
+   * attribute and errno but never the value: some attributes hold secrets (dhchap_key).
+   */
   async write(path: string, value: string): Promise<void> {
     try {
       await this.fs.writeFile(path, value);
     } catch (err) {
-      throw configfsError(`write ${JSON.stringify(value)} to`, path, err);
+      throw configfsError("write", path, err);
     }
   }
 
   /**
    * Writes and reads back: the kernel may accept a write and keep something else (a truncated or
-   * reformatted value), and an unverified export is not an export.
+   * reformatted value), and an unverified export is not an export. The mismatch error gives
+   * lengths, never the values, for the same reason as write().
    */
   async writeVerified(path: string, value: string): Promise<void> {
     await this.write(path, value);
@@ -83,9 +87,9 @@ export class ConfigfsIo {
     if (got !== value) {
       throw new StorageError(
         "internal",
-        `configfs ${path}: wrote ${JSON.stringify(value)} but it reads ${JSON.stringify(got)}`,
+        `configfs ${path}: the value read back differs from the one written (${value.length} bytes written, ${got === undefined ? "nothing" : `${got.length} bytes`} read)`,
         {
-          details: { path, wrote: value, read: got },
+          details: { path, wroteBytes: value.length, readBytes: got?.length },
         },
       );
     }

@@ -72,7 +72,14 @@ export interface NvmetController {
 }
 
 interface Ctrl extends NvmetController {
+  /** The admin queue's connection; the controller lives as long as it does. */
   readonly conn: FabricServerConnection;
+  /** I/O queues joined to this controller (nvmet_install_queue). */
+  readonly ioConns: Set<FabricServerConnection>;
+  /** Keep Alive Timeout in ms from the admin CONNECT; 0: none. */
+  readonly kato: number;
+  /** Last command or keep-alive seen on any queue (traffic-based keep-alive, ctrl->reset_tbkas). */
+  lastTraffic: number;
   deleted: boolean;
 }
 
@@ -300,6 +307,7 @@ export class SimNvmet {
     this.#log.info("nvmet controller deleted", { nqn: c.subnqn, cntlid: c.cntlid, host: c.hostnqn, why });
     // The transport's delete_ctrl shuts the queues' sockets down; the host sees the connection go.
     c.conn.close();
+    for (const q of c.ioConns) q.close();
   }
 
   #namespaceInfo(nqn: string): NamespaceInfo[] {
@@ -322,6 +330,7 @@ export class SimNvmet {
 
   #accept(portId: string, conn: FabricServerConnection): void {
     let ctrl: Ctrl | undefined;
+    let ioQueue = false;
     let connecting = false;
     const auth: AuthSlot = {};
     conn.onFrame((msg, payload) => {
@@ -331,23 +340,74 @@ export class SimNvmet {
       if (msg.op === "connect") {
         if (ctrl || connecting) return;
         connecting = true;
-        void this.#connect(portId, conn, msg, auth).then((c) => {
-          ctrl = c;
+        void this.#connect(portId, conn, msg, auth).then((joined) => {
           connecting = false;
+          if (!joined) return;
+          ctrl = joined.ctrl;
+          ioQueue = joined.io;
         });
         return;
       }
-      if (!ctrl) return conn.close();
-      if (msg.op === "read" || msg.op === "write") return void this.#io(ctrl, msg, payload);
-      // Any other command: Invalid Command Opcode, so a host never waits for a reply.
+      if (!ctrl || ctrl.deleted) return conn.close();
+      ctrl.lastTraffic = Date.now();
+      if (msg.op === "keep_alive") return conn.send({ op: "ok", tag: msg.tag });
+      if (ioQueue && isBlockCommand(msg)) return void this.#io(ctrl, conn, msg, payload);
+      // Block commands on the admin queue, or any other command: Invalid Command Opcode, so a
+      // host never waits for a reply.
       if ("tag" in msg) conn.send({ op: "error", tag: msg.tag, errno: EOPNOTSUPP });
     });
     conn.onClose(() => {
       if (!ctrl) return;
+      if (ioQueue) {
+        ctrl.ioConns.delete(conn);
+        return;
+      }
+      // The admin queue gone ends the controller and its I/O queues.
       ctrl.deleted = true;
+      for (const q of ctrl.ioConns) q.close();
       this.#ctrls.delete(ctrl);
       void this.#removeDebugfsCtrl(ctrl);
     });
+  }
+
+  /**
+   * nvmet_setup_auth: a linked host whose entry has a key authenticates every queue before it is
+   * usable (the host then connects again on the same connection). True when the challenge went out.
+   */
+  #requireAuth(
+    conn: FabricServerConnection,
+    msg: ConnectMessage,
+    sub: SubsystemState,
+    auth: AuthSlot,
+  ): boolean {
+    const host = this.#state.hosts.get(msg.hostnqn);
+    if (!host?.dhchapKey || !sub.allowedHosts.has(host.nqn)) return false;
+    const s = auth.session;
+    if (s?.authenticated && s.hostnqn === msg.hostnqn && s.subnqn === sub.nqn) return false;
+    auth.session = new TargetAuthSession(
+      msg.hostnqn,
+      sub.nqn,
+      { hostSecret: host.dhchapKey, ctrlSecret: host.dhchapCtrlKey || undefined },
+      hostAuthPolicy(host),
+    );
+    conn.send({ op: "auth_required", tag: msg.tag });
+    return true;
+  }
+
+  /** nvmet_keep_alive_timer: a controller with no traffic for a whole kato is torn down. */
+  #watchKeepAlive(c: Ctrl): void {
+    if (c.kato <= 0) return;
+    const timer = setInterval(
+      () => {
+        if (c.deleted) return clearInterval(timer);
+        if (Date.now() - c.lastTraffic > c.kato) {
+          clearInterval(timer);
+          this.#deleteCtrl(c, "keep-alive timer expired");
+        }
+      },
+      Math.max(10, Math.floor(c.kato / 4)),
+    );
+    timer.unref?.();
   }
 
   /** nvmet_execute_admin_connect + nvmet_alloc_ctrl; undefined (and the reply sent) when refused. */
@@ -356,7 +416,7 @@ export class SimNvmet {
     conn: FabricServerConnection,
     msg: ConnectMessage,
     auth: AuthSlot,
-  ): Promise<Ctrl | undefined> {
+  ): Promise<{ ctrl: Ctrl; io: boolean } | undefined> {
     const reject = (reason: string) => {
       this.#log.info("nvmet connect refused", { nqn: msg.subnqn, host: msg.hostnqn, reason });
       conn.send({ op: "rejected", tag: msg.tag, reason });
@@ -371,22 +431,24 @@ export class SimNvmet {
     if (!hostAllowed(sub, msg.hostnqn)) {
       return reject(`connect by host ${msg.hostnqn} for subsystem ${msg.subnqn} not allowed`);
     }
-    // nvmet_setup_auth: a linked host whose entry has a key authenticates before the controller
-    // is usable; the host then connects again on the same connection.
-    const host = state.hosts.get(msg.hostnqn);
-    if (host?.dhchapKey && sub.allowedHosts.has(host.nqn)) {
-      const s = auth.session;
-      if (!(s?.authenticated && s.hostnqn === msg.hostnqn && s.subnqn === sub.nqn)) {
-        auth.session = new TargetAuthSession(
-          msg.hostnqn,
-          sub.nqn,
-          { hostSecret: host.dhchapKey, ctrlSecret: host.dhchapCtrlKey || undefined },
-          hostAuthPolicy(host),
-        );
-        conn.send({ op: "auth_required", tag: msg.tag });
-        return undefined;
-      }
+    if ((msg.qid ?? 0) > 0) {
+      // nvmet_ctrl_find_get: an I/O queue joins the live controller of that subsystem with its
+      // cntlid and host NQN; the host ACL was checked when the admin queue connected.
+      const owner = [...this.#ctrls].find(
+        (c) => !c.deleted && c.subnqn === sub.nqn && c.cntlid === msg.cntlid && c.hostnqn === msg.hostnqn,
+      );
+      if (!owner) return reject(`could not find controller ${msg.cntlid} for subsystem ${sub.nqn}`);
+      if (this.#requireAuth(conn, msg, sub, auth)) return undefined;
+      owner.ioConns.add(conn);
+      conn.send({
+        op: "connected",
+        tag: msg.tag,
+        ctrlr: ctrlrInfo(sub, owner.cntlid),
+        namespaces: this.#namespaceInfo(sub.nqn),
+      });
+      return { ctrl: owner, io: true };
     }
+    if (this.#requireAuth(conn, msg, sub, auth)) return undefined;
     const cntlid = this.#allocateCntlid(sub);
     if (cntlid === undefined) return reject("no controller ID left");
     const ctrl: Ctrl = {
@@ -396,6 +458,9 @@ export class SimNvmet {
       portId,
       hostTraddr: msg.peerAddress,
       conn,
+      ioConns: new Set(),
+      kato: msg.kato ?? 0,
+      lastTraffic: Date.now(),
       deleted: false,
     };
     this.#ctrls.add(ctrl);
@@ -403,18 +468,11 @@ export class SimNvmet {
     conn.send({
       op: "connected",
       tag: msg.tag,
-      ctrlr: {
-        cntlid,
-        vendorId: "0x1af4",
-        modelNumber: sub.model,
-        serialNumber: sub.serial,
-        firmwareRevision: sub.firmware,
-        subnqn: sub.nqn,
-        nvmeVersion: "2.1",
-      },
+      ctrlr: ctrlrInfo(sub, cntlid),
       namespaces: this.#namespaceInfo(sub.nqn),
     });
-    return ctrl;
+    this.#watchKeepAlive(ctrl);
+    return { ctrl, io: false };
   }
 
   #allocateCntlid(sub: SubsystemState): number | undefined {
@@ -423,14 +481,26 @@ export class SimNvmet {
     return undefined;
   }
 
-  async #io(ctrl: Ctrl, msg: Message, payload: Buffer): Promise<void> {
-    if (msg.op !== "read" && msg.op !== "write") return;
-    const fail = (errno: number) => ctrl.conn.send({ op: "error", tag: msg.tag, errno });
+  /**
+   * One block command on an I/O queue, against the namespace's backing file (the file-backed
+   * nvmet_file_execute_* handlers): read, write, flush (fsync), write zeroes; deallocate is
+   * advisory and completes without changing data, as a device without DLFEAT may.
+   */
+  async #io(ctrl: Ctrl, conn: FabricServerConnection, msg: BlockCommand, payload: Buffer): Promise<void> {
+    const fail = (errno: number) => conn.send({ op: "error", tag: msg.tag, errno });
     if (ctrl.deleted) return;
     const ns = this.#open.get(ctrl.subnqn)?.get(msg.nsid);
     // nvmet_req_find_ns: no enabled namespace with that NSID is Invalid Namespace.
     if (!ns) return fail(5);
-    const length = msg.op === "read" ? msg.length : payload.length;
+    if (msg.op === "flush") {
+      try {
+        await ns.file.sync();
+        return conn.send({ op: "ok", tag: msg.tag });
+      } catch {
+        return fail(5);
+      }
+    }
+    const length = msg.op === "write" ? payload.length : msg.length;
     if (msg.offset < 0 || msg.offset + length > ns.sizeBytes) return fail(22);
     try {
       if (msg.op === "read") {
@@ -441,15 +511,18 @@ export class SimNvmet {
           if (r.bytesRead === 0) break;
           done += r.bytesRead;
         }
-        ctrl.conn.send({ op: "data", tag: msg.tag }, buf);
-      } else {
+        conn.send({ op: "data", tag: msg.tag }, buf);
+        return;
+      }
+      if (msg.op === "write" || msg.op === "write_zeroes") {
+        const data = msg.op === "write" ? payload : Buffer.alloc(length);
         let done = 0;
         while (done < length) {
-          const w = await ns.file.write(payload, done, length - done, msg.offset + done);
+          const w = await ns.file.write(data, done, length - done, msg.offset + done);
           done += w.bytesWritten;
         }
-        ctrl.conn.send({ op: "ok", tag: msg.tag });
       }
+      conn.send({ op: "ok", tag: msg.tag });
     } catch {
       fail(5);
     }
@@ -465,8 +538,8 @@ export class SimNvmet {
     await writeFile(join(d, "port"), `${c.portId}\n`);
     // debugfs.c prints the host NQN with seq_puts: no newline.
     await writeFile(join(d, "hostnqn"), c.hostnqn);
-    // The simulated fabric carries no keep-alive timeout.
-    await writeFile(join(d, "kato"), "0\n");
+    // debugfs prints kato in seconds.
+    await writeFile(join(d, "kato"), `${Math.round(c.kato / 1000)}\n`);
     await writeFile(join(d, "state"), "ready\n");
     await writeFile(join(d, "host_traddr"), `${c.hostTraddr}\n`);
   }
@@ -476,6 +549,31 @@ export class SimNvmet {
     if (!dir) return;
     await rm(join(dir, c.subnqn, `ctrl${c.cntlid}`), { recursive: true, force: true });
   }
+}
+
+type BlockCommand = Extract<Message, { op: "read" | "write" | "flush" | "discard" | "write_zeroes" }>;
+
+function isBlockCommand(msg: Message): msg is BlockCommand {
+  return (
+    msg.op === "read" ||
+    msg.op === "write" ||
+    msg.op === "flush" ||
+    msg.op === "discard" ||
+    msg.op === "write_zeroes"
+  );
+}
+
+/** Identify Controller as nvmet reports it (reduced). */
+function ctrlrInfo(sub: SubsystemState, cntlid: number) {
+  return {
+    cntlid,
+    vendorId: "0x1af4",
+    modelNumber: sub.model,
+    serialNumber: sub.serial,
+    firmwareRevision: sub.firmware,
+    subnqn: sub.nqn,
+    nvmeVersion: "2.1",
+  };
 }
 
 export type { HostState, NvmetState, SubsystemState };

@@ -1,6 +1,7 @@
 // The wire protocol of the simulated NVMe-oF fabric: length-prefixed frames, each a JSON header
-// plus optional raw bytes, carrying connect (host NQN against the target's ACL, then DH-HMAC-CHAP
-// when the host has a key), namespace identity, block reads and writes, and namespace-change notices.
+// plus optional raw bytes, carrying connect of an admin or I/O queue (host NQN against the target's
+// ACL, then DH-HMAC-CHAP when the host has a key; an I/O queue naming its controller), namespace identity, keep-alive, the block commands
+// (read, write, flush, deallocate, write zeroes) and namespace and ANA change notices.
 import * as v from "valibot";
 
 /** Namespace identity as a controller reports it (Identify Namespace, reduced). */
@@ -26,6 +27,16 @@ export const ControllerInfoSchema = v.object({
 });
 export type ControllerInfo = v.InferOutput<typeof ControllerInfoSchema>;
 
+/** ANA states as the ANA log page reports them per group (NVMe base spec 8.20). */
+export const AnaStateSchema = v.picklist([
+  "optimized",
+  "non_optimized",
+  "inaccessible",
+  "persistent_loss",
+  "change",
+]);
+export type AnaState = v.InferOutput<typeof AnaStateSchema>;
+
 /** Every message either side sends. `tag` pairs a reply with its request. */
 export const MessageSchema = v.variant("op", [
   v.object({
@@ -37,6 +48,12 @@ export const MessageSchema = v.variant("op", [
     /** The initiator's source address, as the target reports its peer. */
     peerAddress: v.string(),
     peerPort: v.string(),
+    /** Queue ID: 0 (default) the admin queue, which creates a controller; >0 an I/O queue. */
+    qid: v.optional(v.number()),
+    /** For an I/O queue: the controller it belongs to (the cntlid its admin queue got). */
+    cntlid: v.optional(v.number()),
+    /** Keep Alive Timeout in ms (admin queue); 0 or absent: none. */
+    kato: v.optional(v.number()),
   }),
   v.object({
     op: v.literal("read"),
@@ -46,11 +63,30 @@ export const MessageSchema = v.variant("op", [
     length: v.number(),
   }),
   v.object({ op: v.literal("write"), tag: v.number(), nsid: v.number(), offset: v.number() }),
+  v.object({ op: v.literal("flush"), tag: v.number(), nsid: v.number() }),
+  /** Dataset Management with the Deallocate attribute, one range. */
+  v.object({
+    op: v.literal("discard"),
+    tag: v.number(),
+    nsid: v.number(),
+    offset: v.number(),
+    length: v.number(),
+  }),
+  v.object({
+    op: v.literal("write_zeroes"),
+    tag: v.number(),
+    nsid: v.number(),
+    offset: v.number(),
+    length: v.number(),
+  }),
+  v.object({ op: v.literal("keep_alive"), tag: v.number() }),
   v.object({
     op: v.literal("connected"),
     tag: v.number(),
     ctrlr: ControllerInfoSchema,
     namespaces: v.array(NamespaceInfoSchema),
+    /** The ANA state of the listener this controller connected through (ana_reporting subsystems). */
+    anaState: v.optional(AnaStateSchema),
   }),
   /** CONNECT refused: unknown subsystem, listener not allowed or host not allowed. */
   v.object({ op: v.literal("rejected"), tag: v.number(), reason: v.string() }),
@@ -63,6 +99,8 @@ export const MessageSchema = v.variant("op", [
   v.object({ op: v.literal("auth_receive"), tag: v.number() }),
   v.object({ op: v.literal("ok"), tag: v.number() }),
   v.object({ op: v.literal("error"), tag: v.number(), errno: v.number() }),
+  /** Unsolicited: the ANA state of this controller's listener changed (an ANA change AEN). */
+  v.object({ op: v.literal("ana"), anaState: AnaStateSchema }),
   /** Unsolicited: the namespace list changed (added, removed or resized). */
   v.object({ op: v.literal("namespaces"), namespaces: v.array(NamespaceInfoSchema) }),
 ]);

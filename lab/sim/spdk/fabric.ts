@@ -1,12 +1,14 @@
 // SimFabric: the simulated NVMe-oF network. A directory shared by emulator instances (in one
 // process or several) where each target listener (trtype, traddr, trsvcid) is a unix socket; an
-// initiator connects to it, presents host and subsystem NQNs (authenticating with DH-HMAC-CHAP when
-// the target asks), and then reads and writes blocks.
+// initiator connects an admin and an I/O queue to it, presents host and subsystem NQNs (each queue
+// authenticating with DH-HMAC-CHAP when the target asks), and then carries block commands and
+// keep-alives.
 import { mkdirSync } from "node:fs";
 import { createServer, connect as netConnect, type Server, type Socket } from "node:net";
 import { join } from "node:path";
 import { AuthError, connectWithAuth, type HostDhchapOptions } from "./fabric-auth.ts";
 import {
+  type AnaState,
   type ControllerInfo,
   encodeFrame,
   FrameDecoder,
@@ -134,43 +136,117 @@ export interface ConnectOptions extends FabricAddress {
   readonly hostaddr?: string;
   /** DH-HMAC-CHAP secrets, used when the target asks the host to authenticate. */
   readonly dhchap?: HostDhchapOptions;
+  /**
+   * Keep Alive Timeout in ms. The controller sends Keep Alive every half of it and, like the
+   * kernel's nvme_keep_alive_end_io, treats a reply missing for a whole kato as a lost link.
+   * 0 or absent: no keep-alive (SPDK's bdev_nvme default keeps 10 s; callers choose).
+   */
+  readonly kato?: number;
+  /**
+   * How long each queue's CONNECT may wait for the target's answer, in ms (default 10 s): a
+   * target that accepts but never answers (a stopped process) fails the connect with ETIMEDOUT
+   * instead of hanging it, like the kernel's connect command timeout.
+   */
+  readonly connectTimeoutMs?: number;
 }
 
 /**
- * Connects a controller to the subsystem `opts.subnqn` behind the listener at `opts`. Rejects
- * with FabricConnectError ENODEV when nothing listens there, EIO when the target refuses the
- * connect (unknown subsystem, listener not enabled for it, host not allowed), and the errno of
+ * Connects a controller to the subsystem `opts.subnqn` behind the listener at `opts`: an admin
+ * queue (which creates the controller and gets its cntlid), then one I/O queue naming that cntlid,
+ * which the target admits only while the controller exists and the host is allowed. Rejects
+ * with FabricConnectError ENODEV when nothing listens there and EIO when the target refuses
+ * either connect (unknown subsystem, listener not enabled for it, host not allowed), and the errno of
  * fabric-auth.ts's authenticateHost (ENOKEY, ECONNREFUSED) when DH-HMAC-CHAP fails.
  */
 export async function connectController(fabric: SimFabric, opts: ConnectOptions): Promise<FabricController> {
   const path = fabric.socketPath(opts);
-  const sock = await new Promise<Socket>((resolve, reject) => {
+  const admin = new FabricQueue(await dial(path));
+  let io: FabricQueue | undefined;
+  try {
+    const peerPort = String(32768 + Math.floor(Math.random() * 28000));
+    const base = {
+      op: "connect" as const,
+      tag: 0,
+      subnqn: opts.subnqn,
+      hostnqn: opts.hostnqn,
+      hostid: opts.hostid,
+      peerAddress: opts.hostaddr ?? opts.traddr,
+      // An ephemeral source port, as the kernel would pick one.
+      peerPort,
+    };
+    const limit = opts.connectTimeoutMs ?? 10_000;
+    const a = await withTimeout(
+      authenticated(admin, { ...base, qid: 0, kato: opts.kato ?? 0 }, opts.dhchap),
+      limit,
+    );
+    const connected = verdict(a.msg);
+    io = new FabricQueue(await dial(path));
+    const ioConnect = { ...base, qid: 1, cntlid: connected.ctrlr.cntlid };
+    verdict((await withTimeout(authenticated(io, ioConnect, opts.dhchap), limit)).msg);
+    return new FabricController(admin, io, connected, opts.kato ?? 0);
+  } catch (err) {
+    admin.close();
+    io?.close();
+    throw err;
+  }
+}
+
+/** CONNECT on one queue, with DH-HMAC-CHAP when the target asks (each queue authenticates). */
+async function authenticated(
+  q: FabricQueue,
+  connect: Extract<Message, { op: "connect" }>,
+  dhchap: HostDhchapOptions | undefined,
+): Promise<{ msg: Message; payload: Buffer }> {
+  try {
+    return await connectWithAuth((m, p) => q.request(m, p), connect, dhchap);
+  } catch (err) {
+    if (err instanceof AuthError) throw new FabricConnectError(err.errno, err.detail);
+    throw err;
+  }
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new FabricConnectError(Errno.ETIMEDOUT, "connect timed out")), ms);
+    p.then(
+      (x) => {
+        clearTimeout(t);
+        resolve(x);
+      },
+      (e) => {
+        clearTimeout(t);
+        reject(e);
+      },
+    );
+  });
+}
+
+function dial(path: string): Promise<Socket> {
+  return new Promise<Socket>((resolve, reject) => {
     const s = netConnect(path);
     s.once("connect", () => resolve(s));
     s.once("error", () => reject(new FabricConnectError(Errno.ENODEV, `nothing listens on ${path}`)));
   });
-  const ctrl = new FabricController(sock);
-  try {
-    await ctrl.handshake(opts);
-  } catch (err) {
-    ctrl.close();
-    throw err;
-  }
-  return ctrl;
 }
 
-/** The initiator's end of a connected controller: identity, namespaces and block I/O. */
-export class FabricController {
+type Connected = Extract<Message, { op: "connected" }>;
+
+function verdict(msg: Message): Connected {
+  if (msg.op === "rejected") throw new FabricConnectError(Errno.EIO, msg.reason);
+  if (msg.op !== "connected") throw new FabricConnectError(Errno.EIO, `unexpected ${msg.op}`);
+  return msg;
+}
+
+/** One queue pair's socket: tagged requests and their replies, plus unsolicited notices. */
+class FabricQueue {
   readonly #decoder = new FrameDecoder();
   readonly #pending = new Map<
     number,
     { resolve: (f: { msg: Message; payload: Buffer }) => void; reject: (e: Error) => void }
   >();
   #tag = 1;
-  #closed = false;
-  #ctrlr: ControllerInfo | undefined;
-  #namespaces: NamespaceInfo[] = [];
-  readonly #nsListeners: ((ns: readonly NamespaceInfo[]) => void)[] = [];
+  closed = false;
+  onNotice: (msg: Message) => void = () => {};
   readonly #closeListeners: (() => void)[] = [];
 
   constructor(private readonly sock: Socket) {
@@ -183,16 +259,108 @@ export class FabricController {
     });
     sock.on("error", () => {});
     sock.on("close", () => {
-      this.#closed = true;
+      this.closed = true;
       for (const p of this.#pending.values()) p.reject(new ErrnoError(Errno.EIO, "connection lost"));
       this.#pending.clear();
       for (const fn of this.#closeListeners) fn();
     });
   }
 
-  /** Identify Controller data; set once connected. */
+  onClose(fn: () => void): void {
+    this.#closeListeners.push(fn);
+    if (this.closed) fn();
+  }
+
+  request(msg: Message, payload?: Uint8Array): Promise<{ msg: Message; payload: Buffer }> {
+    if (this.closed) return Promise.reject(new ErrnoError(Errno.EIO, "connection lost"));
+    const tag = this.#tag++;
+    const framed = { ...msg, tag } as Message;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(tag, { resolve, reject });
+      this.sock.write(encodeFrame(framed, payload));
+    });
+  }
+
+  close(): void {
+    this.sock.destroy();
+  }
+
+  #dispatch(msg: Message, payload: Buffer): void {
+    if (msg.op === "namespaces" || msg.op === "ana") {
+      this.onNotice(msg);
+      return;
+    }
+    if (!("tag" in msg)) return;
+    const p = this.#pending.get(msg.tag);
+    if (!p) return;
+    this.#pending.delete(msg.tag);
+    p.resolve({ msg, payload });
+  }
+}
+
+/**
+ * The initiator's end of a connected controller: identity, namespaces, ANA state and block I/O.
+ * Losing either queue (or a keep-alive) closes the whole controller, as the kernel's error
+ * recovery tears down every queue before it reconnects.
+ */
+export class FabricController {
+  readonly #admin: FabricQueue;
+  readonly #io: FabricQueue;
+  readonly #ctrlr: ControllerInfo;
+  #namespaces: NamespaceInfo[];
+  #anaState: AnaState;
+  #closed = false;
+  #kaTimer: ReturnType<typeof setInterval> | undefined;
+  #lastKaReply = Date.now();
+  readonly #nsListeners: ((ns: readonly NamespaceInfo[]) => void)[] = [];
+  readonly #anaListeners: ((s: AnaState) => void)[] = [];
+  readonly #closeListeners: (() => void)[] = [];
+
+  /** @internal Built by connectController from two connected queues. */
+  constructor(admin: FabricQueue, io: FabricQueue, connected: Connected, kato: number) {
+    this.#admin = admin;
+    this.#io = io;
+    this.#ctrlr = connected.ctrlr;
+    this.#namespaces = connected.namespaces;
+    this.#anaState = connected.anaState ?? "optimized";
+    admin.onNotice = (msg) => {
+      if (msg.op === "namespaces") {
+        this.#namespaces = msg.namespaces;
+        for (const fn of this.#nsListeners) fn(msg.namespaces);
+      } else if (msg.op === "ana") {
+        this.#anaState = msg.anaState;
+        for (const fn of this.#anaListeners) fn(msg.anaState);
+      }
+    };
+    const lost = () => {
+      if (this.#closed) return;
+      this.#closed = true;
+      if (this.#kaTimer) clearInterval(this.#kaTimer);
+      admin.close();
+      io.close();
+      for (const fn of this.#closeListeners) fn();
+    };
+    admin.onClose(lost);
+    io.onClose(lost);
+    if (kato > 0) {
+      this.#kaTimer = setInterval(
+        () => {
+          if (Date.now() - this.#lastKaReply > kato) return lost();
+          admin.request({ op: "keep_alive", tag: 0 }).then(
+            () => {
+              this.#lastKaReply = Date.now();
+            },
+            () => {},
+          );
+        },
+        Math.max(1, Math.floor(kato / 2)),
+      );
+      this.#kaTimer.unref?.();
+    }
+  }
+
+  /** Identify Controller data. */
   get ctrlr(): ControllerInfo {
-    if (!this.#ctrlr) throw new Error("not connected");
     return this.#ctrlr;
   }
 
@@ -201,49 +369,47 @@ export class FabricController {
     return this.#namespaces;
   }
 
+  /** The ANA state of the path, kept current by the target's notices. */
+  get anaState(): AnaState {
+    return this.#anaState;
+  }
+
   get closed(): boolean {
     return this.#closed;
   }
 
-  /** @internal Sends CONNECT and waits for the verdict. */
-  async handshake(opts: ConnectOptions): Promise<void> {
-    const connect: Extract<Message, { op: "connect" }> = {
-      op: "connect",
-      tag: 0,
-      subnqn: opts.subnqn,
-      hostnqn: opts.hostnqn,
-      hostid: opts.hostid,
-      peerAddress: opts.hostaddr ?? opts.traddr,
-      // An ephemeral source port, as the kernel would pick one.
-      peerPort: String(32768 + Math.floor(Math.random() * 28000)),
-    };
-    let f: { msg: Message; payload: Buffer };
-    try {
-      f = await connectWithAuth((m, p) => this.#request(m, p), connect, opts.dhchap);
-    } catch (err) {
-      if (err instanceof AuthError) throw new FabricConnectError(err.errno, err.detail);
-      throw err;
-    }
-    if (f.msg.op === "rejected") throw new FabricConnectError(Errno.EIO, f.msg.reason);
-    if (f.msg.op !== "connected") throw new FabricConnectError(Errno.EIO, `unexpected ${f.msg.op}`);
-    this.#ctrlr = f.msg.ctrlr;
-    this.#namespaces = f.msg.namespaces;
-  }
-
   /** Reads `length` bytes of namespace `nsid` at byte `offset`; ErrnoError on failure. */
   async read(nsid: number, offset: number, length: number): Promise<Buffer> {
-    const f = await this.#request({ op: "read", tag: 0, nsid, offset, length });
+    const f = await this.#io.request({ op: "read", tag: 0, nsid, offset, length });
     if (f.msg.op === "error") throw new ErrnoError(f.msg.errno);
     return f.payload;
   }
 
   async write(nsid: number, offset: number, data: Uint8Array): Promise<void> {
-    const f = await this.#request({ op: "write", tag: 0, nsid, offset }, data);
-    if (f.msg.op === "error") throw new ErrnoError(f.msg.errno);
+    await this.#command({ op: "write", tag: 0, nsid, offset }, data);
+  }
+
+  /** NVMe Flush: the target makes earlier completed writes durable. */
+  async flush(nsid: number): Promise<void> {
+    await this.#command({ op: "flush", tag: 0, nsid });
+  }
+
+  /** Dataset Management, Deallocate: the range may then read as zeros. */
+  async discard(nsid: number, offset: number, length: number): Promise<void> {
+    await this.#command({ op: "discard", tag: 0, nsid, offset, length });
+  }
+
+  /** Write Zeroes: the range reads as zeros afterwards. */
+  async writeZeroes(nsid: number, offset: number, length: number): Promise<void> {
+    await this.#command({ op: "write_zeroes", tag: 0, nsid, offset, length });
   }
 
   onNamespaces(fn: (ns: readonly NamespaceInfo[]) => void): void {
     this.#nsListeners.push(fn);
+  }
+
+  onAnaState(fn: (s: AnaState) => void): void {
+    this.#anaListeners.push(fn);
   }
 
   onClose(fn: () => void): void {
@@ -253,29 +419,12 @@ export class FabricController {
 
   /** Disconnects; idempotent. */
   close(): void {
-    this.sock.destroy();
+    this.#admin.close();
+    this.#io.close();
   }
 
-  #request(msg: Message, payload?: Uint8Array): Promise<{ msg: Message; payload: Buffer }> {
-    if (this.#closed) return Promise.reject(new ErrnoError(Errno.EIO, "connection lost"));
-    const tag = this.#tag++;
-    const framed = { ...msg, tag } as Message;
-    return new Promise((resolve, reject) => {
-      this.#pending.set(tag, { resolve, reject });
-      this.sock.write(encodeFrame(framed, payload));
-    });
-  }
-
-  #dispatch(msg: Message, payload: Buffer): void {
-    if (msg.op === "namespaces") {
-      this.#namespaces = msg.namespaces;
-      for (const fn of this.#nsListeners) fn(msg.namespaces);
-      return;
-    }
-    if (!("tag" in msg)) return;
-    const p = this.#pending.get(msg.tag);
-    if (!p) return;
-    this.#pending.delete(msg.tag);
-    p.resolve({ msg, payload });
+  async #command(msg: Message, payload?: Uint8Array): Promise<void> {
+    const f = await this.#io.request(msg, payload);
+    if (f.msg.op === "error") throw new ErrnoError(f.msg.errno);
   }
 }

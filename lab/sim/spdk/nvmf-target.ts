@@ -3,12 +3,13 @@
 // a crash loses all of it, exactly like nvmf_tgt loses its configuration on restart.
 import type { Logger } from "../../../lib/log.ts";
 import type { Bdev, BdevRegistry } from "./bdev.ts";
+import { zeroRange } from "./block-io.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "./fabric.ts";
 import { authGate, serveAuthFrame, type TargetAuthSession, type TargetKeys } from "./fabric-auth.ts";
-import type { Message, NamespaceInfo } from "./fabric-protocol.ts";
+import type { AnaState, Message, NamespaceInfo } from "./fabric-protocol.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
-import { errnoOf } from "./rpc-error.ts";
+import { Errno, ErrnoError, errnoOf } from "./rpc-error.ts";
 
 /** Transports nvmf_tgt can be built with. */
 export type Trtype = "TCP" | "RDMA";
@@ -50,7 +51,13 @@ export interface TargetController {
   readonly hostid: string;
   readonly listen: ListenAddress;
   readonly peer: { traddr: string; trsvcid: string };
+  /** The admin queue's connection; the controller lives as long as it does. */
   readonly conn: FabricServerConnection;
+  /** The I/O queues' connections, admitted by cntlid while the controller exists. */
+  readonly ioConns: Set<FabricServerConnection>;
+  /** Keep Alive Timeout in ms (0: none) and when the last Keep Alive arrived. */
+  readonly kato: number;
+  lastKeepAlive: number;
   readonly pollGroup: number;
   /** I/O commands in flight; an I/O qpair exists while this is positive. */
   inflight: number;
@@ -65,6 +72,10 @@ export class Subsystem {
   readonly namespaces = new Map<number, Namespace>();
   readonly controllers: TargetController[] = [];
   allowAnyHost: boolean;
+  /** Created with ana_reporting: each listener then has an ANA state per group 1..max_namespaces. */
+  anaReporting = false;
+  /** ANA states per listener (listenerKey), index g-1 for group g; filled on first use. */
+  readonly #ana = new Map<string, AnaState[]>();
   #nextCntlid: number;
 
   constructor(
@@ -98,6 +109,29 @@ export class Subsystem {
 
   findListener(a: ListenAddress): ListenAddress | undefined {
     return this.listeners.find((l) => sameAddress(l, a));
+  }
+
+  /** The ANA states of listener `a`, one per group (all optimized at first); undefined without ana_reporting. */
+  anaStates(a: ListenAddress): AnaState[] | undefined {
+    if (!this.anaReporting) return undefined;
+    const key = listenerKey(a);
+    let states = this.#ana.get(key);
+    if (!states) {
+      states = Array.from({ length: Math.max(1, this.maxNamespaces) }, () => "optimized" as AnaState);
+      this.#ana.set(key, states);
+    }
+    return states;
+  }
+
+  /**
+   * The ANA state a controller on listener `a` sees for its namespaces: that of the group of the
+   * lowest namespace (each namespace's ANA group is its NSID, SPDK's default anagrpid).
+   */
+  anaStateOf(a: ListenAddress): AnaState | undefined {
+    const states = this.anaStates(a);
+    if (!states) return undefined;
+    const first = this.sortedNamespaces()[0]?.nsid ?? 1;
+    return states[first - 1] ?? states[0];
   }
 
   /** Namespaces in NSID order. */
@@ -204,7 +238,7 @@ export class NvmfTarget {
 
   /** Stops and removes a subsystem: controllers disconnected, listeners and namespaces dropped. */
   async deleteSubsystem(s: Subsystem): Promise<void> {
-    for (const c of [...s.controllers]) c.conn.close();
+    for (const c of [...s.controllers]) dropController(c);
     for (const l of [...s.listeners]) await this.removeListener(s, l);
     for (const ns of [...s.namespaces.values()]) this.#dropNamespace(s, ns);
     this.#subsystems.delete(s.nqn);
@@ -306,7 +340,7 @@ export class NvmfTarget {
     const mine = s.findListener(addr);
     if (!mine) throw new TargetError("Listener not found");
     s.listeners.splice(s.listeners.indexOf(mine), 1);
-    for (const c of [...s.controllers]) if (sameAddress(c.listen, addr)) c.conn.close();
+    for (const c of [...s.controllers]) if (sameAddress(c.listen, addr)) dropController(c);
     const key = listenerKey(addr);
     const bound = this.#bound.get(key);
     if (bound) {
@@ -324,12 +358,33 @@ export class NvmfTarget {
     s.hosts.unshift(host);
   }
 
-  /** Removes a host and disconnects its controllers; TargetError when absent. */
+  /**
+   * Removes a host and disconnects its controllers at once, admin and I/O queues, as SPDK's
+   * spdk_nvmf_subsystem_disconnect_host does; a reconnect is then refused at CONNECT. TargetError
+   * when absent.
+   */
   removeHost(s: Subsystem, nqn: string): void {
     const at = s.hosts.findIndex((h) => h.nqn === nqn);
     if (at < 0) throw new TargetError(`host ${nqn} absent`);
     s.hosts.splice(at, 1);
-    for (const c of [...s.controllers]) if (c.hostnqn === nqn) c.conn.close();
+    for (const c of [...s.controllers]) if (c.hostnqn === nqn) dropController(c);
+  }
+
+  /**
+   * Sets the ANA state of listener `addr` for group `anagrpid` (0 or absent: every group) and
+   * sends the ANA change to the controllers connected through it. TargetError for a subsystem
+   * without ana_reporting, an unknown listener or a group beyond max_namespaces.
+   */
+  setAnaState(s: Subsystem, addr: ListenAddress, state: AnaState, anagrpid?: number): void {
+    const states = s.anaStates(addr);
+    if (!states || !s.findListener(addr)) throw new TargetError("error setting ANA state: -22");
+    if (anagrpid !== undefined && anagrpid > states.length)
+      throw new TargetError("error setting ANA state: -22");
+    if (anagrpid === undefined || anagrpid === 0) states.fill(state);
+    else states[anagrpid - 1] = state;
+    const now = s.anaStateOf(addr);
+    if (now === undefined) return;
+    for (const c of s.controllers) if (sameAddress(c.listen, addr)) c.conn.send({ op: "ana", anaState: now });
   }
 
   /** Counters per poll group (one per reactor core), as nvmf_get_stats reports them. */
@@ -339,14 +394,14 @@ export class NvmfTarget {
 
   /** Drops everything without a goodbye: connections cut, sockets left as a dead process leaves them. */
   async crash(): Promise<void> {
-    for (const s of this.#subsystems.values()) for (const c of [...s.controllers]) c.conn.close();
+    for (const s of this.#subsystems.values()) for (const c of [...s.controllers]) dropController(c);
     for (const b of this.#bound.values()) await b.fabric?.close({ crash: true });
     this.#bound.clear();
   }
 
   /** Graceful stop: connections closed and listener sockets removed. */
   async shutdown(): Promise<void> {
-    for (const s of this.#subsystems.values()) for (const c of [...s.controllers]) c.conn.close();
+    for (const s of this.#subsystems.values()) for (const c of [...s.controllers]) dropController(c);
     for (const b of this.#bound.values()) await b.fabric?.close();
     this.#bound.clear();
   }
@@ -366,11 +421,17 @@ export class NvmfTarget {
     }));
   }
 
-  /** A new fabric connection on `addr`: wait for CONNECT, apply the ACL, then serve I/O. */
+  /**
+   * A new fabric connection on `addr`: wait for CONNECT and apply the ACL. An admin queue (qid 0)
+   * creates a controller and then carries Keep Alive; an I/O queue names its controller's cntlid
+   * and is admitted only while that controller exists for the same host and the host is still
+   * allowed, then carries the block commands, each checked against the same admission.
+   */
   #accept(addr: ListenAddress, conn: FabricServerConnection): void {
     let ctrl: TargetController | undefined;
     let sub: Subsystem | undefined;
     let auth: TargetAuthSession | undefined;
+    let ioQueue = false;
     conn.onFrame((msg, payload) => {
       if (msg.op === "auth_send" || msg.op === "auth_receive")
         return serveAuthFrame(auth, conn, msg, payload, this.log);
@@ -378,7 +439,12 @@ export class NvmfTarget {
         if (ctrl) return;
         const s = this.#subsystems.get(msg.subnqn);
         const reject = (reason: string) => {
-          this.log.info("fabric connect rejected", { nqn: msg.subnqn, host: msg.hostnqn, reason });
+          this.log.info("fabric connect rejected", {
+            nqn: msg.subnqn,
+            host: msg.hostnqn,
+            qid: msg.qid ?? 0,
+            reason,
+          });
           conn.send({ op: "rejected", tag: msg.tag, reason });
         };
         if (s?.subtype !== "NVMe") return reject("subsystem not found");
@@ -391,6 +457,25 @@ export class NvmfTarget {
           auth = challenge;
           return conn.send({ op: "auth_required", tag: msg.tag });
         }
+        if ((msg.qid ?? 0) > 0) {
+          // nvmf_ctrlr_add_io_qpair: the I/O queue joins a live controller of the same host.
+          const owner = s.controllers.find(
+            (c) => c.cntlid === msg.cntlid && c.hostnqn === msg.hostnqn && c.hostid === msg.hostid,
+          );
+          if (!owner) return reject(`unknown controller ID ${msg.cntlid}`);
+          ctrl = owner;
+          sub = s;
+          ioQueue = true;
+          owner.ioConns.add(conn);
+          conn.send({
+            op: "connected",
+            tag: msg.tag,
+            ctrlr: this.#ctrlrInfo(s, owner.cntlid),
+            namespaces: this.#namespaceInfo(s),
+            ...this.#anaOf(s, addr),
+          });
+          return;
+        }
         const cntlid = s.allocateCntlid();
         if (cntlid === undefined) return reject("no controller ID left");
         const pollGroup = this.#nextPollGroup++ % this.#pollGroups.length;
@@ -401,36 +486,51 @@ export class NvmfTarget {
           listen: addr,
           peer: { traddr: msg.peerAddress, trsvcid: msg.peerPort },
           conn,
+          ioConns: new Set(),
+          kato: msg.kato ?? 0,
+          lastKeepAlive: Date.now(),
           pollGroup,
           inflight: 0,
           ioQpairs: 0,
         };
         sub = s;
         s.controllers.push(ctrl);
+        this.#watchKeepAlive(s, ctrl);
         const pg = this.#pollGroups[pollGroup] as PollGroupStats;
         pg.adminQpairs++;
         pg.currentAdminQpairs++;
         conn.send({
           op: "connected",
           tag: msg.tag,
-          ctrlr: {
-            cntlid,
-            vendorId: "0x8086",
-            modelNumber: s.modelNumber,
-            serialNumber: s.serialNumber,
-            firmwareRevision: "25.05.1",
-            subnqn: s.nqn,
-            nvmeVersion: "1.3",
-          },
+          ctrlr: this.#ctrlrInfo(s, cntlid),
           namespaces: this.#namespaceInfo(s),
+          ...this.#anaOf(s, addr),
         });
         return;
       }
       if (!ctrl || !sub) return conn.close();
-      if (msg.op === "read" || msg.op === "write") void this.#io(sub, ctrl, msg, payload);
+      if (msg.op === "keep_alive") {
+        ctrl.lastKeepAlive = Date.now();
+        conn.send({ op: "ok", tag: msg.tag });
+        return;
+      }
+      if (!ioQueue) {
+        // Block commands belong on an I/O queue: Invalid Opcode on the admin queue.
+        if ("tag" in msg) conn.send({ op: "error", tag: msg.tag, errno: Errno.EINVAL });
+        return;
+      }
+      // Admission on every command: a controller the target dropped, or a host no longer
+      // allowed, gets its queue cut rather than an answer.
+      if (!sub.controllers.includes(ctrl) || !sub.hostAllowed(ctrl.hostnqn)) return conn.close();
+      void this.#io(sub, ctrl, conn, msg, payload);
     });
     conn.onClose(() => {
       if (!ctrl || !sub) return;
+      if (ioQueue) {
+        ctrl.ioConns.delete(conn);
+        return;
+      }
+      for (const q of ctrl.ioConns) q.close();
       const at = sub.controllers.indexOf(ctrl);
       if (at >= 0) sub.controllers.splice(at, 1);
       const pg = this.#pollGroups[ctrl.pollGroup] as PollGroupStats;
@@ -439,8 +539,58 @@ export class NvmfTarget {
     });
   }
 
-  async #io(s: Subsystem, ctrl: TargetController, msg: Message, payload: Buffer): Promise<void> {
-    if (msg.op !== "read" && msg.op !== "write") return;
+  /** SPDK's keep-alive poller: a controller silent for longer than its kato is disconnected. */
+  #watchKeepAlive(s: Subsystem, ctrl: TargetController): void {
+    if (ctrl.kato <= 0) return;
+    const timer = setInterval(
+      () => {
+        if (!s.controllers.includes(ctrl)) return clearInterval(timer);
+        if (Date.now() - ctrl.lastKeepAlive > ctrl.kato) {
+          this.log.info("keep-alive timeout, controller disconnected", {
+            nqn: s.nqn,
+            cntlid: ctrl.cntlid,
+            host: ctrl.hostnqn,
+          });
+          clearInterval(timer);
+          dropController(ctrl);
+        }
+      },
+      Math.max(10, Math.floor(ctrl.kato / 4)),
+    );
+    timer.unref?.();
+  }
+
+  #ctrlrInfo(s: Subsystem, cntlid: number) {
+    return {
+      cntlid,
+      vendorId: "0x8086",
+      modelNumber: s.modelNumber,
+      serialNumber: s.serialNumber,
+      firmwareRevision: "25.05.1",
+      subnqn: s.nqn,
+      nvmeVersion: "1.3",
+    };
+  }
+
+  #anaOf(s: Subsystem, addr: ListenAddress): { anaState?: AnaState } {
+    const state = s.anaStateOf(addr);
+    return state === undefined ? {} : { anaState: state };
+  }
+
+  /**
+   * One block command from the namespace's bdev. Writes, deallocates and write zeroes to a bdev
+   * that cannot write (a snapshot) fail as the bdev layer fails them; Flush and Deallocate on a
+   * bdev without them complete successfully, as nvmf_bdev_ctrlr_flush_cmd and _dsm_cmd do.
+   */
+  async #io(
+    s: Subsystem,
+    ctrl: TargetController,
+    conn: FabricServerConnection,
+    msg: Message,
+    payload: Buffer,
+  ): Promise<void> {
+    if (!("nsid" in msg)) return;
+    const send = (m: Message, data?: Uint8Array) => conn.send(m, data);
     const pg = this.#pollGroups[ctrl.pollGroup] as PollGroupStats;
     if (ctrl.inflight++ === 0) {
       // An I/O qpair lives while I/O is outstanding, like a bdev channel opened for the I/O.
@@ -452,23 +602,46 @@ export class NvmfTarget {
       const ns = s.namespaces.get(msg.nsid);
       if (!ns) {
         // Invalid namespace: the command fails; the initiator sees an I/O error.
-        ctrl.conn.send({ op: "error", tag: msg.tag, errno: 5 });
-        return;
+        return send({ op: "error", tag: msg.tag, errno: Errno.EIO });
       }
-      if (msg.op === "read") {
-        const data = await ns.bdev.io.read(msg.offset, msg.length);
-        ctrl.conn.send({ op: "data", tag: msg.tag }, data);
-      } else {
-        await ns.bdev.io.write(msg.offset, payload);
-        ctrl.conn.send({ op: "ok", tag: msg.tag });
+      const bdev = ns.bdev;
+      switch (msg.op) {
+        case "read":
+          send({ op: "data", tag: msg.tag }, await bdev.io.read(msg.offset, msg.length));
+          break;
+        case "write":
+          await bdev.io.write(msg.offset, payload);
+          send({ op: "ok", tag: msg.tag });
+          break;
+        case "flush":
+          send({ op: "ok", tag: msg.tag });
+          break;
+        case "discard":
+          if (!bdev.init.ioTypes.write) throw new ErrnoError(Errno.EIO, "read-only bdev");
+          if (bdev.init.ioTypes.unmap) await zeroRange(bdev.io, msg.offset, msg.length);
+          send({ op: "ok", tag: msg.tag });
+          break;
+        case "write_zeroes":
+          if (!bdev.init.ioTypes.write) throw new ErrnoError(Errno.EIO, "read-only bdev");
+          await zeroRange(bdev.io, msg.offset, msg.length);
+          send({ op: "ok", tag: msg.tag });
+          break;
+        default:
+          return;
       }
       pg.completedNvmeIo++;
     } catch (err) {
-      ctrl.conn.send({ op: "error", tag: msg.tag, errno: errnoOf(err) });
+      send({ op: "error", tag: msg.tag, errno: errnoOf(err) });
     } finally {
       if (--ctrl.inflight === 0 && s.controllers.includes(ctrl)) pg.currentIoQpairs--;
     }
   }
+}
+
+/** Disconnects a controller: its admin queue (whose close ends the I/O queues) and every I/O queue. */
+function dropController(c: TargetController): void {
+  for (const q of c.ioConns) q.close();
+  c.conn.close();
 }
 
 function listenerKey(a: ListenAddress): string {

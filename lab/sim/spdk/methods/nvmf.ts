@@ -208,18 +208,18 @@ export function nvmfMethods(app: App): MethodSpec[] {
         if (min < 1 || max > MAX_CNTLID || min > max) {
           throw new RpcError(RpcCode.invalidParams, `Invalid cntlid range [${min}-${max}]`);
         }
-        target.addSubsystem(
-          new Subsystem(
-            p.nqn,
-            "NVMe",
-            p.serial_number ?? "00000000000000000000",
-            p.model_number ?? "SPDK bdev Controller",
-            p.max_namespaces ?? 32,
-            min,
-            max,
-            p.allow_any_host ?? false,
-          ),
+        const sub = new Subsystem(
+          p.nqn,
+          "NVMe",
+          p.serial_number ?? "00000000000000000000",
+          p.model_number ?? "SPDK bdev Controller",
+          p.max_namespaces ?? 32,
+          min,
+          max,
+          p.allow_any_host ?? false,
         );
+        sub.anaReporting = p.ana_reporting ?? false;
+        target.addSubsystem(sub);
         // The reply waits for the subsystem to start.
         await ctx.defer();
         return true;
@@ -384,7 +384,44 @@ export function nvmfMethods(app: App): MethodSpec[] {
         checkTarget(p.tgt_name);
         const s = findOrInvalid(p.nqn);
         await ctx.defer();
-        return s.listeners.map((l) => ({ address: addressJson(l) }));
+        return s.listeners.map((l) => {
+          const states = s.anaStates(l);
+          return states === undefined
+            ? { address: addressJson(l) }
+            : {
+                address: addressJson(l),
+                ana_states: states.map((st, i) => ({ ana_group: i + 1, ana_state: st })),
+              };
+        });
+      },
+    },
+    {
+      name: "nvmf_subsystem_listener_set_ana_state",
+      states: RUNTIME,
+      handler: async (req, ctx) => {
+        const p = decode(
+          req,
+          v.strictObject({
+            nqn: str,
+            listen_address: ListenAddressSchema,
+            ana_state: v.picklist(["optimized", "non_optimized", "inaccessible"]),
+            anagrpid: v.optional(u32),
+            tgt_name: v.optional(str),
+          }),
+          INVALID_PARAMS,
+        );
+        checkTarget(p.tgt_name);
+        const s = findOrInvalid(p.nqn);
+        const addr = toAddress(p.listen_address);
+        if (!addr) throw RpcError.invalidParams();
+        await ctx.defer();
+        try {
+          target.setAnaState(s, addr, p.ana_state, p.anagrpid);
+        } catch (err) {
+          if (err instanceof TargetError) throw new RpcError(RpcCode.internalError, err.message);
+          throw err;
+        }
+        return true;
       },
     },
     {

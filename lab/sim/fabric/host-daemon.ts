@@ -1,0 +1,112 @@
+// The lab consumer node's "kernel" NVMe-oF host: one process per node that owns the FUSE mount of
+// namespace files, the fabric controllers and the loop devices, and serves the control socket the
+// CSI node's initiator talks to. Killing or restarting the CSI node does not touch its I/O.
+// Usage: bun lab/sim/fabric/host-daemon.ts --fabric-dir=DIR --state-dir=DIR --socket=PATH
+//        [--kato-ms=N] [--log-level=info]
+import { randomUUID } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { detachArgv, LOSETUP_LIST_ARGV, parseLosetupList } from "../../../csi/host/losetup.ts";
+import { errorMessage } from "../../../lib/errors.ts";
+import { hostExec, runChecked } from "../../../lib/exec.ts";
+import { createLogger, type Logger } from "../../../lib/log.ts";
+import { stopOnSignals } from "../../../lib/signals.ts";
+import { mountBlockFiles } from "../fuse/block-files.ts";
+import { createFabric } from "../spdk/fabric.ts";
+import { serveHostControl } from "./host-control.ts";
+import { NvmeHost } from "./nvme-host.ts";
+
+export interface HostDaemonArgs {
+  fabricDir: string;
+  stateDir: string;
+  socket: string;
+  katoMs: number | undefined;
+  logLevel: "debug" | "info" | "warn" | "error";
+}
+
+/** Parses the daemon's flags; throws with the offending flag on anything else. */
+export function parseHostDaemonArgs(argv: readonly string[]): HostDaemonArgs {
+  const got = new Map<string, string>();
+  for (const a of argv) {
+    const m = /^--([a-z-]+)=(.*)$/.exec(a);
+    if (!m) throw new Error(`unknown argument ${a}`);
+    got.set(m[1] as string, m[2] as string);
+  }
+  const need = (k: string) => {
+    const x = got.get(k);
+    if (!x) throw new Error(`--${k} is required`);
+    return x;
+  };
+  const level = got.get("log-level") ?? "info";
+  if (!["debug", "info", "warn", "error"].includes(level)) throw new Error(`bad --log-level ${level}`);
+  const kato = got.get("kato-ms");
+  if (kato !== undefined && !/^\d+$/.test(kato)) throw new Error(`bad --kato-ms ${kato}`);
+  for (const k of got.keys())
+    if (!["fabric-dir", "state-dir", "socket", "kato-ms", "log-level"].includes(k))
+      throw new Error(`unknown flag --${k}`);
+  return {
+    fabricDir: need("fabric-dir"),
+    stateDir: need("state-dir"),
+    socket: need("socket"),
+    katoMs: kato === undefined ? undefined : Number(kato),
+    logLevel: level as HostDaemonArgs["logLevel"],
+  };
+}
+
+/** The host ID, created once in `dir` like /etc/nvme/hostid. */
+function hostId(dir: string): string {
+  const path = join(dir, "hostid");
+  if (!existsSync(path)) writeFileSync(path, `${randomUUID()}\n`);
+  return readFileSync(path, "utf8").trim();
+}
+
+/**
+ * Loop devices a previous incarnation left over the mount (it was killed: its FUSE connection is
+ * dead, as after a host crash): detached, deferred by the kernel while something has them open.
+ */
+async function detachLeftovers(mountpoint: string, log: Logger): Promise<void> {
+  const loops = parseLosetupList(await runChecked(hostExec, LOSETUP_LIST_ARGV, { timeoutMs: 30_000 }));
+  for (const l of loops) {
+    if (!l.backFile.startsWith(`${mountpoint}/`)) continue;
+    await runChecked(hostExec, detachArgv(l.name), { timeoutMs: 30_000 }).catch(() => {});
+    log.info("detached a loop device left by the previous host", { device: l.name, file: l.backFile });
+  }
+}
+
+if (import.meta.main) {
+  let args: HostDaemonArgs;
+  try {
+    args = parseHostDaemonArgs(process.argv.slice(2));
+  } catch (err) {
+    process.stderr.write(`host-daemon: ${errorMessage(err)}\n`);
+    process.exit(2);
+  }
+  const log = createLogger({ level: args.logLevel, fields: { component: "nvme-host-daemon" } });
+  try {
+    mkdirSync(args.stateDir, { recursive: true });
+    const mountpoint = join(args.stateDir, "fuse");
+    mkdirSync(mountpoint, { recursive: true });
+    // A mount the previous incarnation left (outside a private mount namespace) goes first.
+    Bun.spawnSync(["umount", "-l", mountpoint]);
+    await detachLeftovers(mountpoint, log);
+    const files = await mountBlockFiles({ mountpoint, logger: log });
+    const host = new NvmeHost({
+      fabric: createFabric(args.fabricDir),
+      files,
+      exec: hostExec,
+      hostId: hostId(args.stateDir),
+      logger: log,
+      ...(args.katoMs === undefined ? {} : { katoMs: args.katoMs }),
+    });
+    const control = await serveHostControl(args.socket, host);
+    log.info("nvme host ready", { socket: args.socket, mountpoint });
+    stopOnSignals(log, "nvme host", async () => {
+      await control.close();
+      await host.close();
+      await files.close();
+    });
+  } catch (err) {
+    log.error("nvme host failed to start", { err: errorMessage(err) });
+    process.exit(1);
+  }
+}
