@@ -1,11 +1,11 @@
-// FileStateStore's record schema: a staged volume with every field survives a round trip (the
+// fileStateStore's record schema: a staged volume with every field survives a round trip (the
 // schema drops nothing), and a record that is not a staged volume is refused. The store's
 // durability and error rules are tested with JsonRecordStore in lib/.
 import { afterAll, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { FileStateStore, type StagedVolume } from "./state-store.ts";
+import { fileStateStore, type StagedVolume } from "./state-store.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "node-state-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -21,7 +21,7 @@ const rec = (volumeId: string, over: Partial<StagedVolume> = {}): StagedVolume =
 });
 
 test("every field of a staged volume round-trips; the directory exists from construction", async () => {
-  const store = new FileStateStore(join(dir, "a"));
+  const store = fileStateStore(join(dir, "a"));
   expect(existsSync(join(dir, "a"))).toBe(true);
   const full = rec("ns/pvc-1/uid", {
     namespaceUUID: "6f1c0e4e-0000-4000-8000-000000000001",
@@ -39,7 +39,7 @@ test("every field of a staged volume round-trips; the directory exists from cons
 });
 
 test("a record that is not a staged volume is refused", async () => {
-  const store = new FileStateStore(join(dir, "b"));
+  const store = fileStateStore(join(dir, "b"));
   const err = await store.put(rec("v", { stagingPath: "relative" })).catch((e) => e);
   expect(err.kind).toBe("internal");
   expect(await store.list()).toEqual([]);

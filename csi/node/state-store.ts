@@ -3,7 +3,7 @@
 // the connection behind a volume ID: CSI hands those calls nothing but the ID and a path.
 import { mkdirSync } from "node:fs";
 import * as v from "valibot";
-import { JsonRecordStore, type RecordKind } from "../../lib/json-record-store.ts";
+import { JsonRecordStore } from "../../lib/json-record-store.ts";
 import type { AccessMode, VolumeAccess } from "./validate.ts";
 
 /** One NodePublish of a staged volume. */
@@ -67,20 +67,11 @@ export interface NodeStateStore {
   list(): Promise<StagedVolume[]>;
 }
 
-/** Staged-volume records, filed by volume ID. */
-const STAGED_VOLUMES: RecordKind<StagedVolume> = {
-  schema: StagedVolumeSchema,
-  key: (r) => r.volumeId,
-  what: "node state",
-};
-
 /**
- * A NodeStateStore of one JSON file per volume in `dir`, created (0700) at construction so a
- * plugin that cannot write its state fails at start. The durability rules are JsonRecordStore's.
+ * A NodeStateStore of one JSON file per volume ID in `dir`, created (0700) here so a plugin that
+ * cannot write its state fails at start. The durability rules are JsonRecordStore's.
  */
-export class FileStateStore extends JsonRecordStore<StagedVolume> implements NodeStateStore {
-  constructor(dir: string) {
-    super(dir, STAGED_VOLUMES);
-    mkdirSync(dir, { recursive: true, mode: 0o700 });
-  }
+export function fileStateStore(dir: string): NodeStateStore {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return new JsonRecordStore(dir, { schema: StagedVolumeSchema, key: (r) => r.volumeId, what: "node state" });
 }

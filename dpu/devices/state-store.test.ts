@@ -1,4 +1,4 @@
-// FileDeviceStore's record schema: a device record round-trips whole, and one with a field out of
+// fileDeviceStore's record schema: a device record round-trips whole, and one with a field out of
 // range is refused on write and reported on read. The store's durability and error rules are
 // tested with JsonRecordStore in lib/.
 import { afterAll, expect, test } from "bun:test";
@@ -6,7 +6,7 @@ import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { StorageError } from "../../lib/errors.ts";
-import { type DeviceRecord, FileDeviceStore } from "./state-store.ts";
+import { type DeviceRecord, fileDeviceStore } from "./state-store.ts";
 
 const root = await mkdtemp(join(tmpdir(), "dpu-store-"));
 afterAll(() => rm(root, { recursive: true, force: true }));
@@ -28,7 +28,7 @@ const rec = (volumeId: string, over: Partial<DeviceRecord> = {}): DeviceRecord =
 });
 
 test("a device record round-trips whole", async () => {
-  const s = new FileDeviceStore(join(root, "a", "state"));
+  const s = fileDeviceStore(join(root, "a", "state"));
   const full = rec("weird/id with spaces", {
     phase: "ready",
     accessModes: [1, 3],
@@ -41,7 +41,7 @@ test("a device record round-trips whole", async () => {
 });
 
 test("a malformed device record is refused on write and an internal error on read", async () => {
-  const s = new FileDeviceStore(join(root, "b"));
+  const s = fileDeviceStore(join(root, "b"));
   expect(
     ((await s.put({ ...rec("v"), volumeMode: "Object" as "Block" }).catch((e: Error) => e)) as Error).message,
   ).toContain("malformed");

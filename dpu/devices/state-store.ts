@@ -2,7 +2,7 @@
 // modes, volume mode and contexts, and whether creation finished): one small JSON file per volume,
 // written atomically, so GetDevice and ListDevices survive a plugin restart.
 import * as v from "valibot";
-import { JsonRecordStore, type RecordKind } from "../../lib/json-record-store.ts";
+import { JsonRecordStore } from "../../lib/json-record-store.ts";
 
 const StringMap = v.record(v.string(), v.string());
 
@@ -42,19 +42,11 @@ export interface DeviceStore {
   check(): Promise<void>;
 }
 
-/** Device records, filed by volume id. */
-const DEVICE_RECORDS: RecordKind<DeviceRecord> = {
-  schema: DeviceRecordSchema,
-  key: (r) => r.volumeId,
-  what: "device record",
-};
-
-/**
- * A DeviceStore of one JSON file per volume in `dir` (created 0700 on first write). The
- * durability rules (synced file, rename, synced directory) are JsonRecordStore's.
- */
-export class FileDeviceStore extends JsonRecordStore<DeviceRecord> implements DeviceStore {
-  constructor(dir: string) {
-    super(dir, DEVICE_RECORDS);
-  }
+/** A DeviceStore of one JSON file per volume id in `dir`, kept by JsonRecordStore's rules. */
+export function fileDeviceStore(dir: string): DeviceStore {
+  return new JsonRecordStore(dir, {
+    schema: DeviceRecordSchema,
+    key: (r) => r.volumeId,
+    what: "device record",
+  });
 }
