@@ -1,17 +1,10 @@
 // The agent's configuration: environment variables (as the DaemonSet sets them) parsed and
 // validated in one place. Nothing else in the agent reads process.env.
 import * as v from "valibot";
+import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { parseDeviceList } from "./discovery/device-filter.ts";
 
-const int = (min: number, max: number) =>
-  v.pipe(
-    v.string(),
-    v.regex(/^\d+$/, "must be a whole number"),
-    v.transform(Number),
-    v.minValue(min),
-    v.maxValue(max),
-  );
 const bool = v.pipe(
   v.picklist(["true", "false", "1", "0"], "must be true or false"),
   v.transform((s) => s === "true" || s === "1"),
@@ -42,12 +35,12 @@ const EnvSchema = v.object({
   DISTORT_SPDK_SOCKET: v.optional(absPath, "/var/tmp/spdk.sock"),
   /** argv of nvmf_tgt, space separated; empty: adopt an nvmf_tgt started by someone else. */
   DISTORT_NVMF_TGT: v.optional(v.string(), ""),
-  DISTORT_SPDK_MEM_SIZE_MB: v.optional(int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)),
+  DISTORT_SPDK_MEM_SIZE_MB: v.optional(wholeNumber(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)),
   /**
    * Subsystems the supervised nvmf_tgt may hold (nvmf_set_max_subsystems at start): one per
    * exported volume plus discovery. SPDK's own default, 1024, would cap a node at 1023 volumes.
    */
-  DISTORT_SPDK_MAX_SUBSYSTEMS: v.optional(int(2, 65535), "4096"),
+  DISTORT_SPDK_MAX_SUBSYSTEMS: v.optional(wholeNumber(2, 65535), "4096"),
   DISTORT_SPDK_CORE_MASK: v.optional(
     v.pipe(v.string(), v.regex(/^0x[0-9a-fA-F]+$/, "must be hex like 0x3")),
     "0x1",
@@ -60,10 +53,10 @@ const EnvSchema = v.object({
   DISTORT_PORTAL_ADDRESS: v.optional(
     v.pipe(v.string(), v.ip("DISTORT_PORTAL_ADDRESS must be an IP address")),
   ),
-  DISTORT_PORTAL_PORT: v.optional(int(1, 65535), "4420"),
-  DISTORT_REPORT_PERIOD_MS: v.optional(int(1000, 3_600_000), "30000"),
-  DISTORT_VERIFY_PERIOD_MS: v.optional(int(1000, 3_600_000), "60000"),
-  DISTORT_HEALTH_PORT: v.optional(int(0, 65535), "9810"),
+  DISTORT_PORTAL_PORT: v.optional(wholeNumber(1, 65535), "4420"),
+  DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
+  DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
+  DISTORT_HEALTH_PORT: v.optional(wholeNumber(0, 65535), "9810"),
   DISTORT_LOG_LEVEL: v.optional(v.picklist(["debug", "info", "warn", "error"]), "info"),
   DISTORT_THIN_LVOLS: v.optional(bool, "false"),
   NVME_ALLOWED_DEVICES: v.optional(v.string()),

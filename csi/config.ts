@@ -3,6 +3,7 @@
 // else in csi/ reads process.env or argv.
 import { isAbsolute } from "node:path";
 import * as v from "valibot";
+import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { MAX_NAMESPACE_LENGTH } from "./controller/volume-id.ts";
 
@@ -43,15 +44,6 @@ const OPTIONS = {
 
 type Key = keyof typeof OPTIONS;
 
-const int = (what: string, min: number, max: number) =>
-  v.pipe(
-    v.string(),
-    v.regex(/^\d+$/, `${what} must be a whole number`),
-    v.transform(Number),
-    v.minValue(min, `${what} must be >= ${min}`),
-    v.maxValue(max, `${what} must be <= ${max}`),
-  );
-
 const commaList = v.pipe(
   v.string(),
   v.transform((s) =>
@@ -84,14 +76,14 @@ const RawSchema = v.object({
     ),
   ),
   healthHost: v.pipe(v.string(), v.ip("health-host must be an IP address")),
-  healthPort: int("health-port", 0, 65535),
+  healthPort: wholeNumber(0, 65535, "health-port"),
   logLevel: v.picklist(["debug", "info", "warn", "error"], "log-level must be debug, info, warn or error"),
-  defaultTimeoutMs: int("default-timeout-ms", 1000, 3_600_000),
+  defaultTimeoutMs: wholeNumber(1000, 3_600_000, "default-timeout-ms"),
   defaultVolumeBytes: v.pipe(
-    int("default-volume-bytes", 4 * 1024 * 1024, Number.MAX_SAFE_INTEGER),
+    wholeNumber(4 * 1024 * 1024, Number.MAX_SAFE_INTEGER, "default-volume-bytes"),
     v.check((n) => n % (4 * 1024 * 1024) === 0, "default-volume-bytes must be a multiple of 4 MiB"),
   ),
-  shutdownGraceMs: int("shutdown-grace-ms", 0, 600_000),
+  shutdownGraceMs: wholeNumber(0, 600_000, "shutdown-grace-ms"),
   stateDir: v.pipe(v.string(), v.check(isAbsolute, "state-dir must be an absolute path")),
   hostRoot: v.pipe(v.string(), v.check(isAbsolute, "host-root must be an absolute path")),
   kubeletDir: v.optional(
@@ -107,9 +99,9 @@ const RawSchema = v.object({
       "topology-keys must be Node label keys, e.g. topology.kubernetes.io/zone",
     ),
   ),
-  maxVolumesPerNode: int("max-volumes-per-node", 0, 1_000_000),
-  orphanGraceMs: int("orphan-grace-ms", 0, 86_400_000),
-  orphanSweepMs: int("orphan-sweep-ms", 1000, 3_600_000),
+  maxVolumesPerNode: wholeNumber(0, 1_000_000, "max-volumes-per-node"),
+  orphanGraceMs: wholeNumber(0, 86_400_000, "orphan-grace-ms"),
+  orphanSweepMs: wholeNumber(1000, 3_600_000, "orphan-sweep-ms"),
   nodeTools: commaList,
 });
 

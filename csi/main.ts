@@ -25,7 +25,7 @@ import { CsiController } from "./controller.ts";
 import { HostMounter } from "./host/mounter.ts";
 import { NvmeCli } from "./host/nvme-cli.ts";
 import { createIdentityService, hostToolsCheck, notReadyReasons, type ReadinessCheck } from "./identity.ts";
-import { FileStateStore } from "./node/state-store.ts";
+import { fileStateStore } from "./node/state-store.ts";
 import { createNodeService, type NodeDeps } from "./node.ts";
 
 export interface RunningCsi {
@@ -83,7 +83,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       initiator: opts.node?.initiator ?? new NvmeCli({ exec, fs: hostRootFs, logger: nodeLog }),
       mounter: opts.node?.mounter ?? new HostMounter({ exec, fs }),
       fs,
-      state: opts.node?.state ?? new FileStateStore(cfg.stateDir),
+      state: opts.node?.state ?? fileStateStore(cfg.stateDir),
       clock: realClock,
       logger: nodeLog,
       ...(cfg.kubeletDir === undefined ? {} : { kubeletDir: cfg.kubeletDir }),

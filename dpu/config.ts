@@ -2,6 +2,7 @@
 // and validated with valibot in one place. Nothing else in dpu/ reads process.env.
 import { isAbsolute } from "node:path";
 import * as v from "valibot";
+import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { HOSTNQN_PATH } from "../lib/host-nqn.ts";
 import { nqnProblem } from "../lib/spdk/nqn.ts";
@@ -42,15 +43,6 @@ const OPTIONS = {
 } as const satisfies Record<string, { env: readonly string[]; default: string | undefined }>;
 
 type Key = keyof typeof OPTIONS;
-
-const int = (what: string, min: number, max: number) =>
-  v.pipe(
-    v.string(),
-    v.regex(/^\d+$/, `${what} must be a whole number`),
-    v.transform(Number),
-    v.minValue(min, `${what} must be >= ${min}`),
-    v.maxValue(max, `${what} must be <= ${max}`),
-  );
 
 /** A DNS-label-like name, usable as a directory name (plugin and provider names). */
 const dirName = (what: string) =>
@@ -110,15 +102,15 @@ const RawSchema = v.object({
   tcpTrtype: trtype("DISTORT_DPU_TCP_TRTYPE"),
   rdmaTrtype: trtype("DISTORT_DPU_RDMA_TRTYPE"),
   defaultFsType: v.picklist(FS_TYPES, `DISTORT_DPU_FS_TYPE must be one of ${FS_TYPES.join(", ")}`),
-  snapTimeoutMs: int("DISTORT_DPU_SNAP_TIMEOUT_MS", 100, 600_000),
-  commandTimeoutMs: int("DISTORT_DPU_COMMAND_TIMEOUT_MS", 1000, 3_600_000),
+  snapTimeoutMs: wholeNumber(100, 600_000, "DISTORT_DPU_SNAP_TIMEOUT_MS"),
+  commandTimeoutMs: wholeNumber(1000, 3_600_000, "DISTORT_DPU_COMMAND_TIMEOUT_MS"),
   healthHost: v.pipe(v.string(), v.ip("DISTORT_HEALTH_HOST must be an IP address")),
-  healthPort: int("DISTORT_HEALTH_PORT", 0, 65535),
+  healthPort: wholeNumber(0, 65535, "DISTORT_HEALTH_PORT"),
   logLevel: v.picklist(
     ["debug", "info", "warn", "error"],
     "DISTORT_LOG_LEVEL must be debug, info, warn or error",
   ),
-  shutdownGraceMs: int("DISTORT_DPU_SHUTDOWN_GRACE_MS", 0, 600_000),
+  shutdownGraceMs: wholeNumber(0, 600_000, "DISTORT_DPU_SHUTDOWN_GRACE_MS"),
 });
 
 export interface DpuConfig {

@@ -25,7 +25,7 @@ import { type DpuConfig, parseDpuConfig, USAGE } from "./config.ts";
 import { type BlockDevices, snapNbdBlockDevices } from "./devices/block-devices.ts";
 import { DeviceManager } from "./devices/device-manager.ts";
 import { type HostFilesystem, hostFilesystem } from "./devices/host-filesystem.ts";
-import { type DeviceStore, FileDeviceStore } from "./devices/state-store.ts";
+import { type DeviceStore, fileDeviceStore } from "./devices/state-store.ts";
 import { createIdentityService } from "./identity.ts";
 import { Readiness } from "./readiness.ts";
 import { SnapRpc } from "./snap/snap-rpc.ts";
@@ -88,7 +88,7 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
   const rpc = o.wrapSnapRpc ? o.wrapSnapRpc(client) : client;
   const methods = new SpdkMethods(rpc);
   const snap = new SnapRpc(rpc);
-  const fileStore = new FileDeviceStore(cfg.stateDir);
+  const fileStore = fileDeviceStore(cfg.stateDir);
   const store = o.wrapStore ? o.wrapStore(fileStore) : fileStore;
   const initSteps: { name: string; run: () => Promise<void> }[] = [];
   if (kube && cfg.nodeName) {

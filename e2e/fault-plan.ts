@@ -1,6 +1,7 @@
 // The fault suite's schedule as a pure function of a seed: per round, which phase of a volume's life
 // is hit, which component is killed, and when (a delay after the phase starts, or an observed step).
 // Kept free of I/O so that a failing seed can be replayed exactly and the schedule unit-tested.
+import { seededRandom, shuffled } from "../lib/seeded-random.ts";
 
 export const PHASES = ["create", "attach", "detach", "delete"] as const;
 export type Phase = (typeof PHASES)[number];
@@ -66,31 +67,10 @@ export interface RoundPlan {
   dataSeed: string;
 }
 
-/** mulberry32: a tiny, well-mixed 32-bit PRNG; the same seed always yields the same sequence. */
-export function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function pick<T>(rng: () => number, xs: readonly T[]): T {
   const x = xs[Math.floor(rng() * xs.length)];
   if (x === undefined) throw new Error("pick from an empty list");
   return x;
-}
-
-function shuffled<T>(rng: () => number, xs: readonly T[]): T[] {
-  const out = [...xs];
-  for (let i = out.length - 1; i > 0; i--) {
-    const j = Math.floor(rng() * (i + 1));
-    [out[i], out[j]] = [out[j] as T, out[i] as T];
-  }
-  return out;
 }
 
 /**
@@ -103,11 +83,11 @@ export function faultPlan(seed: number, rounds: number, storageNodes = 2): Round
   if (!Number.isInteger(rounds) || rounds < 0)
     throw new Error(`rounds must be a whole number, got ${rounds}`);
   if (!Number.isInteger(storageNodes) || storageNodes < 1) throw new Error("at least one storage node");
-  const rng = mulberry32(seed);
+  const rng = seededRandom(seed);
   const plan: RoundPlan[] = [];
   while (plan.length < rounds) {
-    const phases = shuffled(rng, PHASES);
-    const components = shuffled(rng, COMPONENTS);
+    const phases = shuffled(PHASES, rng);
+    const components = shuffled(COMPONENTS, rng);
     for (let i = 0; i < PHASES.length; i++) {
       const phase = phases[i] as Phase;
       const component = components[i] as Component;

@@ -13,6 +13,7 @@ import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
+import { socketAnswers } from "../lib/unix-socket.ts";
 import { type ControlPlane, freePort, startControlPlane } from "./cluster/control-plane.ts";
 import { installCrds } from "./cluster/crds.ts";
 import { ensureHelm } from "./cluster/helm-tool.ts";
@@ -27,7 +28,6 @@ import {
 import { FABRIC_LABEL } from "./harness/stack.ts";
 import { buildDriveSysfs, type SimNodeDrive } from "./harness/storage-node.ts";
 import { ProcessTable } from "./procs.ts";
-import { socketAnswers } from "./sim/spdk/unix-socket.ts";
 
 export const LAB_NAMESPACE = "distort-system";
 export const LAB_RELEASE = "distort";

@@ -1,18 +1,12 @@
 // The manager's configuration: environment variables (the Deployment sets them) parsed and
 // validated with valibot into one typed object. Pure: main.ts hands in process.env.
 import * as v from "valibot";
+import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { validateTimings } from "../lib/kube/leader.ts";
 
-const int = (min: number, max = Number.MAX_SAFE_INTEGER) =>
-  v.pipe(
-    v.string(),
-    v.trim(),
-    v.regex(/^\d+$/, "must be a whole number"),
-    v.transform(Number),
-    v.minValue(min),
-    v.maxValue(max),
-  );
+/** A whole number, surrounding spaces allowed. */
+const int = (min: number, max?: number) => v.pipe(v.string(), v.trim(), wholeNumber(min, max));
 const bool = v.pipe(
   v.string(),
   v.trim(),

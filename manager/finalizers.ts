@@ -1,7 +1,7 @@
 // Finalizer edits as resourceVersion-guarded read-modify-write, bound to one object incarnation
 // (UID), so an edit meant for a deleted claim never lands on a same-named replacement.
-import { StorageError } from "../lib/errors.ts";
 import type { KubeObject, ResourceClient } from "../lib/kube/resource.ts";
+import { retryOnConflict } from "../lib/kube/retry-on-conflict.ts";
 
 /**
  * Applies `edit` to the finalizers of `name` if it is still the object with `uid`. `edit` returns
@@ -16,25 +16,13 @@ export async function editFinalizers<T extends KubeObject>(
   edit: (current: readonly string[]) => string[] | undefined,
   attempts = 5,
 ): Promise<T | undefined> {
-  let last: unknown;
-  for (let i = 0; i < attempts; i++) {
+  return retryOnConflict(`finalizers of ${name}`, attempts, async () => {
     const obj = await client.get(name, namespace);
-    if (!obj || obj.metadata.uid !== uid) return undefined;
+    if (!obj || obj.metadata.uid !== uid) return { done: undefined };
     const current = obj.metadata.finalizers ?? [];
     const next = edit(current);
-    if (!next || (next.length === current.length && next.every((f, j) => f === current[j]))) return obj;
-    try {
-      return await client.replace({ ...obj, metadata: { ...obj.metadata, finalizers: next } });
-    } catch (err) {
-      if (err instanceof StorageError && err.kind === "conflict") {
-        last = err;
-        continue;
-      }
-      if (err instanceof StorageError && err.kind === "not-found") return undefined;
-      throw err;
-    }
-  }
-  throw new StorageError("conflict", `finalizers of ${name}: ${attempts} conflicting writes in a row`, {
-    cause: last,
+    if (!next || (next.length === current.length && next.every((f, j) => f === current[j])))
+      return { done: obj };
+    return { write: () => client.replace({ ...obj, metadata: { ...obj.metadata, finalizers: next } }) };
   });
 }

@@ -28,7 +28,7 @@ import { silentLogger } from "../../lib/log.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../../lib/volume-context.ts";
 import { HostMounter } from "../host/mounter.ts";
 import { createNodeService } from "../node.ts";
-import { FileStateStore } from "./state-store.ts";
+import { fileStateStore } from "./state-store.ts";
 
 const MIB = 1024 * 1024;
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:5d3a1c2b-0e4f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -76,7 +76,7 @@ beforeAll(async () => {
     initiator,
     mounter: new HostMounter({ exec: hostExec, fs: hostFs("/") }),
     fs: hostFs("/"),
-    state: new FileStateStore(join(root, "state")),
+    state: fileStateStore(join(root, "state")),
     clock: realClock,
     logger: silentLogger,
     deviceWaitMs: 10_000,

@@ -2,7 +2,7 @@
 // after failure, and idle keys forgotten.
 
 import { expect, test } from "bun:test";
-import { seededRandom } from "../spdk/testing.ts";
+import { seededRandom } from "../seeded-random.ts";
 import { KeyedMutex } from "./keyed-mutex.ts";
 
 const tick = (ms: number) => new Promise((r) => setTimeout(r, ms));

@@ -2,9 +2,9 @@
 // crashed predecessor, and refuse to start when a live server still answers on the path.
 
 import { chmod, lstat, mkdir, unlink } from "node:fs/promises";
-import { connect } from "node:net";
 import { dirname } from "node:path";
 import { StorageError } from "../errors";
+import { socketAnswers } from "../unix-socket.ts";
 
 /** Socket file mode: owner and group (e.g. the sidecar or SNAP driver group), nobody else. */
 export const SOCKET_MODE = 0o660;
@@ -32,7 +32,7 @@ export async function prepareSocketPath(socketPath: string, probeTimeoutMs = 100
       `${socketPath} exists and is not a socket; refusing to replace it`,
     );
   }
-  if (await answers(socketPath, probeTimeoutMs)) {
+  if (await socketAnswers(socketPath, probeTimeoutMs)) {
     throw new StorageError("precondition", `already serving: another process is listening on ${socketPath}`, {
       details: { socketPath },
     });
@@ -47,23 +47,4 @@ export async function prepareSocketPath(socketPath: string, probeTimeoutMs = 100
 /** Restricts a freshly bound socket to SOCKET_MODE. */
 export async function restrictSocket(socketPath: string): Promise<void> {
   await chmod(socketPath, SOCKET_MODE);
-}
-
-/**
- * True when a connect() to the socket succeeds. A connect that neither succeeds nor fails within
- * the timeout counts as an answer: a hung server still owns the path, and stealing it would leave
- * two processes each believing they serve it.
- */
-function answers(socketPath: string, timeoutMs: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const sock = connect(socketPath);
-    const done = (alive: boolean) => {
-      clearTimeout(timer);
-      sock.destroy();
-      resolve(alive);
-    };
-    const timer = setTimeout(() => done(true), timeoutMs);
-    sock.once("connect", () => done(true));
-    sock.once("error", () => done(false));
-  });
 }

@@ -4,6 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import { ManualClock, settle } from "../clock.ts";
 import { StorageError } from "../errors.ts";
+import { seededRandom } from "../seeded-random.ts";
 import { WorkQueue, type WorkQueueOptions } from "./queue.ts";
 
 function queue(over: Partial<WorkQueueOptions> = {}) {
@@ -21,17 +22,6 @@ async function drain(q: WorkQueue): Promise<string[]> {
     q.done(k);
   }
   return out;
-}
-
-/** A small deterministic PRNG so the concurrency test is reproducible. */
-function mulberry32(seed: number): () => number {
-  let a = seed;
-  return () => {
-    a = (a + 0x6d2b79f5) | 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 describe("WorkQueue basics", () => {
@@ -112,7 +102,7 @@ describe("WorkQueue basics", () => {
 describe("concurrency", () => {
   test("8 workers with random delays never process one key twice at once, and every add is served", async () => {
     const { q } = queue();
-    const rand = mulberry32(42);
+    const rand = seededRandom(42);
     const keys = ["a", "b", "c", "d", "e"];
     const inFlight = new Set<string>();
     const lastAdd = new Map<string, number>();

@@ -1,8 +1,8 @@
 // Status writes through the /status subresource with optimistic concurrency: read the latest
 // object, compute the new status from it, write with its resourceVersion, and on conflict start
 // over from a fresh read. A computed status equal to the stored one is not written.
-import { StorageError } from "../errors.ts";
 import type { KubeObject, ResourceClient } from "./resource.ts";
+import { retryOnConflict } from "./retry-on-conflict.ts";
 
 export type WithStatus<S> = KubeObject & { status?: S };
 
@@ -32,24 +32,11 @@ export async function updateStatus<S, T extends WithStatus<S>>(
   compute: (latest: T) => S | undefined,
   attempts = 5,
 ): Promise<T | undefined> {
-  let lastErr: unknown;
-  for (let i = 0; i < attempts; i++) {
+  return retryOnConflict(`status of ${name}`, attempts, async () => {
     const latest = await client.get(name, namespace);
-    if (!latest) return undefined;
+    if (!latest) return { done: undefined };
     const next = compute(latest);
-    if (next === undefined || jsonEqual(next, latest.status)) return latest;
-    try {
-      return await client.replaceStatus({ ...latest, status: next });
-    } catch (err) {
-      if (err instanceof StorageError && err.kind === "conflict") {
-        lastErr = err;
-        continue;
-      }
-      if (err instanceof StorageError && err.kind === "not-found") return undefined;
-      throw err;
-    }
-  }
-  throw new StorageError("conflict", `status of ${name}: ${attempts} conflicting writes in a row`, {
-    cause: lastErr,
+    if (next === undefined || jsonEqual(next, latest.status)) return { done: latest };
+    return { write: () => client.replaceStatus({ ...latest, status: next }) };
   });
 }

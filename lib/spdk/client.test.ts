@@ -9,16 +9,10 @@ import { join } from "node:path";
 import { ManualClock, settle } from "../clock.ts";
 import { StorageError } from "../errors.ts";
 import { silentLogger } from "../log.ts";
+import { seededRandom, shuffled } from "../seeded-random.ts";
 import { SpdkClient, type SpdkClientOptions } from "./client.ts";
 import { SpdkError } from "./errors.ts";
-import {
-  FakeSpdkServer,
-  loadTranscript,
-  type RequestHandler,
-  seededRandom,
-  shuffled,
-  type WireRequest,
-} from "./testing.ts";
+import { FakeSpdkServer, loadTranscript, type RequestHandler, type WireRequest } from "./testing.ts";
 
 const root = await mkdtemp(join(tmpdir(), "distort-spdk-client-"));
 afterAll(() => rm(root, { recursive: true, force: true }));

@@ -167,25 +167,3 @@ export function loadTranscript(): TranscriptRecord[] {
     .filter((line) => line.trim() !== "")
     .map((line) => v.parse(RecordSchema, JSON.parse(line)));
 }
-
-/** A deterministic pseudo-random generator (mulberry32), so shuffled tests replay exactly. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-/** Fisher-Yates shuffle with the given generator; returns a new array. */
-export function shuffled<T>(items: readonly T[], random: () => number): T[] {
-  const out = [...items];
-  for (let i = out.length - 1; i > 0; i--) {
-    const j = Math.floor(random() * (i + 1));
-    [out[i], out[j]] = [out[j] as T, out[i] as T];
-  }
-  return out;
-}

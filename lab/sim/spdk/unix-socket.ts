@@ -2,25 +2,10 @@
 // file, refuse a live one, and on a simulated crash leave the socket file behind the way a killed
 // process does (a socket nobody listens on: connect() gets ECONNREFUSED, not ENOENT).
 import { existsSync, linkSync, lstatSync, mkdirSync, renameSync, unlinkSync } from "node:fs";
-import { connect, type Server } from "node:net";
+import type { Server } from "node:net";
 import { dirname } from "node:path";
+import { socketAnswers } from "../../../lib/unix-socket.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
-
-/** True when something accepts a connection on `path` within `timeoutMs`. */
-export function socketAnswers(path: string, timeoutMs = 500): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = connect(path);
-    const done = (v: boolean) => {
-      clearTimeout(timer);
-      s.destroy();
-      resolve(v);
-    };
-    // A connect that hangs means a live owner that is busy: count it as an answer.
-    const timer = setTimeout(() => done(true), timeoutMs);
-    s.once("connect", () => done(true));
-    s.once("error", () => done(false));
-  });
-}
 
 /**
  * Readies `path` for listen(): creates its directory, removes a stale socket, and throws
