@@ -104,12 +104,12 @@ export class AttachmentController {
     this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName));
     this.queue = new WorkQueue({ name: "attachments", clock: o.clock });
     const enqueue = (a: NVMeVolumeAttachment) => this.queue.add(objectKey(a.metadata));
-    this.attachments.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
+    this.attachments.onChange(enqueue);
     // Export (re)created or target restarted: the ACL must be re-applied for its attachments.
     const byPartition = (p: NVMePartition) => {
       for (const a of this.attachments.list()) if (a.spec.partitionUID === p.metadata.uid) enqueue(a);
     };
-    this.partitions.on({ add: byPartition, update: (_o, n) => byPartition(n), delete: byPartition });
+    this.partitions.onChange(byPartition);
     o.manager.add({
       name: "attachments",
       queue: this.queue,

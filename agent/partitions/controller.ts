@@ -123,7 +123,7 @@ export class PartitionController {
       onSummary: (s) => void this.reportRestart(s),
     });
     const enqueue = (p: NVMePartition) => this.queue.add(objectKey(p.metadata));
-    this.partitions.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
+    this.partitions.onChange(enqueue);
     // A drive or an attachment change can unblock (or block) the partitions that use it.
     const bySerial = (d: NVMeDevice) => {
       for (const p of this.partitions.list()) if (p.spec.deviceSerial === d.spec.serial) enqueue(p);
@@ -140,7 +140,7 @@ export class PartitionController {
     const byUid = (a: NVMeVolumeAttachment) => {
       for (const p of this.partitions.list()) if (p.metadata.uid === a.spec.partitionUID) enqueue(p);
     };
-    this.attachments.on({ add: byUid, update: (_o, n) => byUid(n), delete: byUid });
+    this.attachments.onChange(byUid);
     o.manager.add({
       name: "partitions",
       queue: this.queue,

@@ -63,11 +63,11 @@ export class SnapshotController {
     this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName));
     this.queue = new WorkQueue({ name: "snapshots", clock: o.clock });
     const enqueue = (s: NVMeSnapshot) => this.queue.add(objectKey(s.metadata));
-    this.snapshots.on({ add: enqueue, update: (_o, n) => enqueue(n), delete: enqueue });
+    this.snapshots.onChange(enqueue);
     const bySource = (p: NVMePartition) => {
       for (const s of this.snapshots.list()) if (s.spec.sourcePartitionUID === p.metadata.uid) enqueue(s);
     };
-    this.partitions.on({ add: bySource, update: (_o, n) => bySource(n), delete: bySource });
+    this.partitions.onChange(bySource);
     o.manager.add({
       name: "snapshots",
       queue: this.queue,

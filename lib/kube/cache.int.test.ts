@@ -106,6 +106,9 @@ test("watch cache follows create/update/delete and survives a forced watch expir
     update: (_o, n) => seen.push(`update ${n.metadata.name}`),
     delete: (o) => seen.push(`delete ${o.metadata.name}`),
   });
+  // onChange sees every change with the object as it now is: an update's new state.
+  const changed: string[] = [];
+  cache.onChange((o) => changed.push(`${o.metadata.name} ${o.spec.sizeBytes / 2 ** 30}Gi`));
   await cache.start();
   try {
     expect(cache.keys()).toEqual([`${ns}/before`]);
@@ -116,6 +119,7 @@ test("watch cache follows create/update/delete and survives a forced watch expir
     await parts.delete("x", ns);
     await eventually(() => !cache.get(`${ns}/x`), 5000, "delete");
     expect(seen).toEqual(["add before", "add x", "update x", "delete x"]);
+    expect(changed).toEqual(["before 1Gi", "x 1Gi", "x 2Gi", "x 2Gi"]);
     expect(cache.list().every((o) => !("managedFields" in o.metadata))).toBe(true);
 
     // Resume from a resourceVersion long compacted out of the apiserver's window: 410 Gone.

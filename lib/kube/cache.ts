@@ -93,6 +93,14 @@ export class WatchCache<T extends KubeObject> {
     return this;
   }
 
+  /**
+   * Calls `fn` on every add, update and delete with the object as it now is (the new state of an
+   * update, the last known state of a delete): what a controller needs to queue a key.
+   */
+  onChange(fn: (obj: T) => void): this {
+    return this.on({ add: fn, update: (_old, obj) => fn(obj), delete: fn });
+  }
+
   get hasSynced(): boolean {
     return this.synced;
   }
