@@ -73,8 +73,10 @@ export class StandIn {
     this.chains.set(key, next);
   }
 
+  // Reactions read the stand-in's own cache, not the API server: a test that counts the CSI
+  // controller's requests must not see the stand-in's reads of the object it just wrote.
   private async reactPartition(name: string): Promise<void> {
-    const p = await this.parts.get(name, this.ns);
+    const p = this.partCache.get(objectKey({ name, namespace: this.ns }));
     if (!p) return;
     if (p.metadata.deletionTimestamp) {
       if (this.auto.release) await this.releasePartition(name);
@@ -90,7 +92,7 @@ export class StandIn {
   }
 
   private async reactAttachment(name: string): Promise<void> {
-    const a = await this.atts.get(name, this.ns);
+    const a = this.attCache.get(objectKey({ name, namespace: this.ns }));
     if (!a) return;
     if (a.metadata.deletionTimestamp) {
       if (this.auto.release) await this.releaseAttachment(name);
