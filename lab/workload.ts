@@ -2,6 +2,7 @@
 // in a mounted directory, or a raw block device) and reads it back byte for byte, printing one
 // JSON result line on stdout; or holds until terminated. lab/kubelet.ts runs it as a Pod's container.
 import { createCipheriv, createHash, type Hash } from "node:crypto";
+import { existsSync, writeFileSync } from "node:fs";
 import { type FileHandle, open } from "node:fs/promises";
 import { join } from "node:path";
 
@@ -9,6 +10,9 @@ import { join } from "node:path";
 export type WorkloadMode = "write" | "verify" | "write-verify" | "hold";
 /** Every mode, in the order the usage names them. */
 export const WORKLOAD_MODES: readonly WorkloadMode[] = ["write", "verify", "write-verify", "hold"];
+
+/** Where kubelet has a container leave its termination message (terminationMessagePath's default). */
+const TERMINATION_LOG = "/dev/termination-log";
 
 /** The file a workload uses inside a mounted volume's directory. */
 export const WORKLOAD_FILE = "distort-workload.bin";
@@ -298,6 +302,9 @@ if (import.meta.main) {
   const stop = args.thenHold ? terminated() : undefined;
   const result = await runWorkload(args);
   process.stdout.write(`${JSON.stringify(result)}\n`);
+  // In a real container kubelet reads the termination message from this file (the Pod's default
+  // terminationMessagePath); the kubelet stand-in reads stdout instead.
+  if (existsSync(TERMINATION_LOG)) writeFileSync(TERMINATION_LOG, JSON.stringify(result));
   if (stop) await stop;
   process.exit(result.ok ? 0 : 1);
 }

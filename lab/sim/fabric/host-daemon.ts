@@ -1,7 +1,7 @@
 // The lab consumer node's "kernel" NVMe-oF host: one process per node that owns the FUSE mount of
 // namespace files, the fabric controllers and the loop devices, and serves the control socket the
 // CSI node's initiator talks to. Killing or restarting the CSI node does not touch its I/O.
-// Usage: bun lab/sim/fabric/host-daemon.ts --fabric-dir=DIR --state-dir=DIR --socket=PATH
+// Usage: bun lab/sim/fabric/host-daemon.ts (--fabric-dir=DIR | --fabric=tcp) --state-dir=DIR --socket=PATH
 //        [--kato-ms=N] [--log-level=info]
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -12,12 +12,13 @@ import { hostExec, runChecked } from "../../../lib/exec.ts";
 import { createLogger, type Logger } from "../../../lib/log.ts";
 import { stopOnSignals } from "../../../lib/signals.ts";
 import { mountBlockFiles } from "../fuse/block-files.ts";
-import { createFabric } from "../spdk/fabric.ts";
+import { createFabric, createTcpFabric } from "../spdk/fabric.ts";
 import { serveHostControl } from "./host-control.ts";
 import { NvmeHost } from "./nvme-host.ts";
 
 export interface HostDaemonArgs {
-  fabricDir: string;
+  /** The unix-socket fabric's directory, or "tcp" for the fabric over real TCP (--fabric=tcp). */
+  fabric: { dir: string } | "tcp";
   stateDir: string;
   socket: string;
   katoMs: number | undefined;
@@ -42,10 +43,14 @@ export function parseHostDaemonArgs(argv: readonly string[]): HostDaemonArgs {
   const kato = got.get("kato-ms");
   if (kato !== undefined && !/^\d+$/.test(kato)) throw new Error(`bad --kato-ms ${kato}`);
   for (const k of got.keys())
-    if (!["fabric-dir", "state-dir", "socket", "kato-ms", "log-level"].includes(k))
+    if (!["fabric-dir", "fabric", "state-dir", "socket", "kato-ms", "log-level"].includes(k))
       throw new Error(`unknown flag --${k}`);
+  const kind = got.get("fabric");
+  if (kind !== undefined && kind !== "tcp") throw new Error(`--fabric takes tcp, got ${kind}`);
+  if (kind !== undefined && got.has("fabric-dir"))
+    throw new Error("give --fabric=tcp or --fabric-dir, not both");
   return {
-    fabricDir: need("fabric-dir"),
+    fabric: kind === "tcp" ? "tcp" : { dir: need("fabric-dir") },
     stateDir: need("state-dir"),
     socket: need("socket"),
     katoMs: kato === undefined ? undefined : Number(kato),
@@ -91,7 +96,7 @@ if (import.meta.main) {
     await detachLeftovers(mountpoint, log);
     const files = await mountBlockFiles({ mountpoint, logger: log });
     const host = new NvmeHost({
-      fabric: createFabric(args.fabricDir),
+      fabric: args.fabric === "tcp" ? createTcpFabric() : createFabric(args.fabric.dir),
       files,
       exec: hostExec,
       hostId: hostId(args.stateDir),

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { silentLogger } from "../../../lib/log.ts";
 import { SpdkClient } from "../../../lib/spdk/client.ts";
 import { type SimDrive, type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
-import { createFabric, type SimFabric } from "../spdk/fabric.ts";
+import { createFabric, type UnixSimFabric } from "../spdk/fabric.ts";
 import type { ExtentInUse } from "../spdk/lvol-store.ts";
 
 export interface ExportSpec {
@@ -32,7 +32,7 @@ export const TEST_LVSTORE = "lvs0";
 
 export interface TestTarget {
   readonly dir: string;
-  readonly fabric: SimFabric;
+  readonly fabric: UnixSimFabric;
   readonly emulator: SpdkEmulator;
   /** A production SPDK client on the emulator's socket. */
   readonly rpc: SpdkClient;

@@ -1,8 +1,8 @@
-// SimFabric: the simulated NVMe-oF network. A directory shared by emulator instances (in one
-// process or several) where each target listener (trtype, traddr, trsvcid) is a unix socket; an
-// initiator connects an admin and an I/O queue to it, presents host and subsystem NQNs (each queue
-// authenticating with DH-HMAC-CHAP when the target asks), and then carries block commands and
-// keep-alives.
+// SimFabric: the simulated NVMe-oF network. Either a directory shared by emulator instances (in
+// one process or several) where each target listener (trtype, traddr, trsvcid) is a unix socket, or
+// real TCP between the nodes' addresses (the real-cluster lab); an initiator connects an admin and
+// an I/O queue to a listener, presents host and subsystem NQNs (each queue authenticating with
+// DH-HMAC-CHAP when the target asks), and then carries block commands and keep-alives.
 import { mkdirSync } from "node:fs";
 import { createServer, connect as netConnect, type Server, type Socket } from "node:net";
 import { join } from "node:path";
@@ -26,16 +26,23 @@ export interface FabricAddress {
   readonly trsvcid: string;
 }
 
-/** The shared registry of listeners. Stateless apart from its directory; cheap to create per user. */
+/** How listeners are reached: stateless apart from a unix fabric's directory; cheap to create per user. */
 export interface SimFabric {
+  /**
+   * Starts listening on `addr`. A stale socket (nothing answers) is replaced; a live one means
+   * the address is in use (ErrnoError EBUSY), as a second listen() on a port fails. On the TCP
+   * fabric an address the machine does not have fails with EADDRNOTAVAIL.
+   */
+  listen(addr: FabricAddress, onConnection: (conn: FabricServerConnection) => void): Promise<FabricListener>;
+  /** Opens one queue's stream to the listener at `addr`; FabricConnectError ENODEV when none answers. */
+  dial(addr: FabricAddress): Promise<Socket>;
+}
+
+/** The fabric of unix sockets in one directory (bare-process lab and tests). */
+export interface UnixSimFabric extends SimFabric {
   readonly dir: string;
   /** The unix socket standing for `addr`. */
   socketPath(addr: FabricAddress): string;
-  /**
-   * Starts listening on `addr`. A stale socket (nothing answers) is replaced; a live one means
-   * the address is in use (ErrnoError EBUSY), as a second listen() on a port fails.
-   */
-  listen(addr: FabricAddress, onConnection: (conn: FabricServerConnection) => void): Promise<FabricListener>;
 }
 
 /** A bound listener; close() stops accepting and drops its open connections. */
@@ -49,7 +56,7 @@ export interface FabricListener {
 const MAX_SOCKET_PATH = 107;
 
 /** A fabric rooted at `dir` (created if missing). Keep `dir` short: socket paths are limited. */
-export function createFabric(dir: string): SimFabric {
+export function createFabric(dir: string): UnixSimFabric {
   mkdirSync(dir, { recursive: true });
   const socketPath = (addr: FabricAddress) => {
     const safe = (s: string) => s.replace(/[^A-Za-z0-9.:_-]/g, "_");
@@ -62,6 +69,7 @@ export function createFabric(dir: string): SimFabric {
   return {
     dir,
     socketPath,
+    dial: (addr) => dialUnix(socketPath(addr)),
     async listen(addr, onConnection) {
       const path = socketPath(addr);
       await takeSocketPath(path);
@@ -77,6 +85,64 @@ export function createFabric(dir: string): SimFabric {
         async close(opts = {}) {
           for (const c of conns) c.destroy();
           await closeServer(server, path, opts.crash === true);
+        },
+      };
+    },
+  };
+}
+
+/**
+ * RDMA listeners of the TCP fabric sit this far above their service id: the lab has no RDMA, and a
+ * TCP and an RDMA listener on one address and port are two listeners in NVMe-oF but one TCP port.
+ */
+export const TCP_FABRIC_RDMA_PORT_OFFSET = 20000;
+
+/** The TCP port standing for `addr` on the TCP fabric. */
+export function tcpFabricPort(addr: FabricAddress): number {
+  const port = Number(addr.trsvcid);
+  if (!Number.isInteger(port) || port < 1 || port > 65535) {
+    throw new ErrnoError(Errno.EINVAL, `trsvcid ${JSON.stringify(addr.trsvcid)} is not a TCP port`);
+  }
+  const p = addr.trtype.toUpperCase() === "RDMA" ? port + TCP_FABRIC_RDMA_PORT_OFFSET : port;
+  if (p > 65535) throw new ErrnoError(Errno.EINVAL, `RDMA service id ${port} has no TCP stand-in port`);
+  return p;
+}
+
+/**
+ * The fabric as real TCP: a listener binds traddr:trsvcid on this machine (in the real-cluster
+ * lab, the node's address in its network namespace), an initiator connects there, so the fabric
+ * crosses the lab's network and a partition, a dead node or an address the node lacks behave as
+ * on a real network. The frames are the emulator's (fabric-protocol.ts), not NVMe/TCP PDUs.
+ */
+export function createTcpFabric(): SimFabric {
+  return {
+    dial: (addr) => dialTcp(addr.traddr, tcpFabricPort(addr)),
+    async listen(addr, onConnection) {
+      const port = tcpFabricPort(addr);
+      const conns = new Set<Socket>();
+      const server: Server = createServer((sock) => {
+        sock.setNoDelay(true);
+        conns.add(sock);
+        sock.on("close", () => conns.delete(sock));
+        onConnection(new FabricServerConnection(sock));
+      });
+      await new Promise<void>((resolve, reject) => {
+        server.once("error", (err: NodeJS.ErrnoException) => {
+          const errno =
+            err.code === "EADDRINUSE"
+              ? Errno.EBUSY
+              : err.code === "EADDRNOTAVAIL"
+                ? Errno.EADDRNOTAVAIL
+                : Errno.EIO;
+          reject(new ErrnoError(errno, `listen on ${addr.traddr}:${port}: ${err.message}`));
+        });
+        server.listen({ host: addr.traddr, port, exclusive: true }, () => resolve());
+      });
+      return {
+        addr,
+        async close() {
+          for (const c of conns) c.destroy();
+          await new Promise<void>((resolve) => server.close(() => resolve()));
         },
       };
     },
@@ -159,8 +225,7 @@ export interface ConnectOptions extends FabricAddress {
  * fabric-auth.ts's authenticateHost (ENOKEY, ECONNREFUSED) when DH-HMAC-CHAP fails.
  */
 export async function connectController(fabric: SimFabric, opts: ConnectOptions): Promise<FabricController> {
-  const path = fabric.socketPath(opts);
-  const admin = new FabricQueue(await dial(path));
+  const admin = new FabricQueue(await fabric.dial(opts));
   let io: FabricQueue | undefined;
   try {
     const peerPort = String(32768 + Math.floor(Math.random() * 28000));
@@ -180,7 +245,7 @@ export async function connectController(fabric: SimFabric, opts: ConnectOptions)
       limit,
     );
     const connected = verdict(a.msg);
-    io = new FabricQueue(await dial(path));
+    io = new FabricQueue(await fabric.dial(opts));
     const ioConnect = { ...base, qid: 1, cntlid: connected.ctrlr.cntlid };
     verdict((await withTimeout(authenticated(io, ioConnect, opts.dhchap), limit)).msg);
     return new FabricController(admin, io, connected, opts.kato ?? 0);
@@ -221,11 +286,31 @@ function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
   });
 }
 
-function dial(path: string): Promise<Socket> {
+function dialUnix(path: string): Promise<Socket> {
   return new Promise<Socket>((resolve, reject) => {
     const s = netConnect(path);
     s.once("connect", () => resolve(s));
     s.once("error", () => reject(new FabricConnectError(Errno.ENODEV, `nothing listens on ${path}`)));
+  });
+}
+
+/** A TCP connect bounded like the kernel's: an unreachable address fails instead of hanging. */
+function dialTcp(host: string, port: number, timeoutMs = 5000): Promise<Socket> {
+  return new Promise<Socket>((resolve, reject) => {
+    const s = netConnect({ host, port });
+    const t = setTimeout(() => {
+      s.destroy();
+      reject(new FabricConnectError(Errno.ENODEV, `no answer from ${host}:${port}`));
+    }, timeoutMs);
+    s.once("connect", () => {
+      clearTimeout(t);
+      s.setNoDelay(true);
+      resolve(s);
+    });
+    s.once("error", (err) => {
+      clearTimeout(t);
+      reject(new FabricConnectError(Errno.ENODEV, `nothing listens on ${host}:${port} (${err.message})`));
+    });
   });
 }
 

@@ -7,7 +7,7 @@ import { isIP } from "node:net";
 import * as v from "valibot";
 import { createLogger, type Logger } from "../../../lib/log.ts";
 import { startSpdkEmulator } from "./emulator.ts";
-import { createFabric } from "./fabric.ts";
+import { createFabric, createTcpFabric } from "./fabric.ts";
 import type { Trtype } from "./nvmf-target.ts";
 import { type SimDrive, SimDriveSchema } from "./sim-drive.ts";
 
@@ -19,6 +19,8 @@ export interface NvmfTgtArgs {
   readonly dataDir: string;
   readonly drivesFile: string | undefined;
   readonly fabricDir: string | undefined;
+  /** --sim-fabric=tcp: listeners are real TCP sockets on their traddr (the real-cluster lab). */
+  readonly tcpFabric?: boolean;
   readonly hostNqn: string | undefined;
   readonly transports: readonly Trtype[];
   /** --sim-host-addresses: the IP addresses the node has; undefined = any. */
@@ -36,6 +38,7 @@ export const USAGE = `usage: nvmf-tgt.ts [options]
       --sim-data-dir <dir>   drive backing files and lvol metadata (required)
       --sim-drives <file>    JSON array of drives: {pciAddress, serial, model, sizeBytes, ...}
       --sim-fabric-dir <dir> shared SimFabric directory (listeners and remote attaches)
+      --sim-fabric tcp       the fabric over real TCP: listeners bind traddr:trsvcid
       --sim-host-nqn <nqn>   default host NQN of the initiator side
       --sim-transports <l>   comma list of built-in transports; default tcp,rdma
       --sim-host-addresses <l> comma list of the node's IP addresses; listeners elsewhere are
@@ -90,6 +93,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
   let dataDir: string | undefined;
   let drivesFile: string | undefined;
   let fabricDir: string | undefined;
+  let tcpFabric = false;
   let hostNqn: string | undefined;
   let transports: Trtype[] = ["TCP", "RDMA"];
   let hostAddresses: string[] | undefined;
@@ -132,6 +136,12 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
       case "--sim-fabric-dir":
         fabricDir = value();
         break;
+      case "--sim-fabric": {
+        const kind = value();
+        if (kind !== "tcp") throw new UsageError(`--sim-fabric takes tcp, got ${kind}`);
+        tcpFabric = true;
+        break;
+      }
       case "--sim-host-nqn":
         hostNqn = value();
         break;
@@ -160,6 +170,9 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
     }
   }
   if (dataDir === undefined) throw new UsageError("--sim-data-dir is required");
+  if (tcpFabric && fabricDir !== undefined) {
+    throw new UsageError("--sim-fabric=tcp and --sim-fabric-dir are two fabrics: give one");
+  }
   return {
     coreMask,
     socketPath,
@@ -167,6 +180,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
     dataDir,
     drivesFile,
     fabricDir,
+    ...(tcpFabric ? { tcpFabric } : {}),
     hostNqn,
     transports,
     ...(hostAddresses ? { hostAddresses } : {}),
@@ -197,7 +211,7 @@ export async function run(
     waitForRpc: args.waitForRpc,
     dataDir: args.dataDir,
     drives: args.drivesFile ? loadDrives(args.drivesFile) : [],
-    fabric: args.fabricDir ? createFabric(args.fabricDir) : undefined,
+    fabric: args.tcpFabric ? createTcpFabric() : args.fabricDir ? createFabric(args.fabricDir) : undefined,
     hostNqn: args.hostNqn,
     transports: args.transports,
     ...(args.hostAddresses ? { hostAddresses: args.hostAddresses } : {}),
