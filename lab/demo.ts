@@ -9,7 +9,10 @@ import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
 
 export interface DemoNode {
   name: string;
+  /** The kubelet root as this process sees it (mount points are compared against it). */
   kubeletRoot: string;
+  /** The node's mount table; default this process's (the bare lab shares the host's mounts). */
+  mountinfo?: () => string;
 }
 
 export interface DemoOptions {
@@ -20,6 +23,8 @@ export interface DemoOptions {
   storageClass?: string;
   bytes?: number;
   timeoutMs?: number;
+  /** The workload image; default the kubelet stand-in's name for the lab workload. */
+  image?: string;
 }
 
 /** The JSON line a lab workload prints and the kubelet stand-in puts in the termination message. */
@@ -34,7 +39,13 @@ export interface WorkloadReport {
 const DRIVER = "storage.distort.io";
 
 /** A Pod running the lab workload on `node` against PVC `claim`. */
-export function workloadPod(name: string, node: string, claim: string, args: string[]): k8s.V1Pod {
+export function workloadPod(
+  name: string,
+  node: string,
+  claim: string,
+  args: string[],
+  image = "distort.io/lab-workload",
+): k8s.V1Pod {
   return {
     metadata: { name },
     spec: {
@@ -43,7 +54,9 @@ export function workloadPod(name: string, node: string, claim: string, args: str
       containers: [
         {
           name: "workload",
-          image: "distort.io/lab-workload",
+          image,
+          // Built on the lab's nodes, never pulled.
+          imagePullPolicy: image === "distort.io/lab-workload" ? undefined : "Never",
           args,
           volumeMounts: [{ name: "data", mountPath: "/data" }],
         },
@@ -64,8 +77,8 @@ export function workloadReport(pod: k8s.V1Pod): WorkloadReport | undefined {
   }
 }
 
-function mounted(prefix: string, suffix: string): string | undefined {
-  return readFileSync("/proc/self/mountinfo", "utf8")
+function mounted(node: DemoNode, prefix: string, suffix: string): string | undefined {
+  return (node.mountinfo ? node.mountinfo() : readFileSync("/proc/self/mountinfo", "utf8"))
     .split("\n")
     .map((l) => l.split(" ")[4] ?? "")
     .find((m) => m.startsWith(prefix) && m.endsWith(suffix));
@@ -106,7 +119,7 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
   const args = ["write-verify", `--bytes=${bytes}`, "--seed=distort-lab"];
   await core.createNamespacedPod({
     namespace: ns,
-    body: workloadPod("writer", first.name, "demo-data", args),
+    body: workloadPod("writer", first.name, "demo-data", args, o.image),
   });
   say(`created Pod ${ns}/writer (writes ${bytes / 1024 / 1024} MiB, pinned to ${first.name})`);
 
@@ -124,12 +137,13 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
   say(`unpublished, unstaged and detached from ${first.name}`);
   await core.createNamespacedPod({
     namespace: ns,
-    body: workloadPod("reader", second.name, "demo-data", [
-      "verify",
-      `--bytes=${bytes}`,
-      "--seed=distort-lab",
-      "--then-hold",
-    ]),
+    body: workloadPod(
+      "reader",
+      second.name,
+      "demo-data",
+      ["verify", `--bytes=${bytes}`, "--seed=distort-lab", "--then-hold"],
+      o.image,
+    ),
   });
   say(`created Pod ${ns}/reader on ${second.name} (reads the data back, then keeps the volume in use)`);
   const read = await follow("reader", second);
@@ -200,10 +214,18 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
         );
         if (va?.status?.attached)
           step("attached", `attached: VolumeAttachment ${va.metadata?.name} to ${node.name}`);
-        const staged = mounted(`${node.kubeletRoot}/plugins/kubernetes.io/csi/${DRIVER}/`, "/globalmount");
+        const staged = mounted(
+          node,
+          `${node.kubeletRoot}/plugins/kubernetes.io/csi/${DRIVER}/`,
+          "/globalmount",
+        );
         if (staged) step("staged", `staged on ${node.name}: ${staged.slice(node.kubeletRoot.length + 1)}`);
         const uid = pod.metadata?.uid ?? "";
-        const published = mounted(`${node.kubeletRoot}/pods/${uid}/volumes/kubernetes.io~csi/`, "/mount");
+        const published = mounted(
+          node,
+          `${node.kubeletRoot}/pods/${uid}/volumes/kubernetes.io~csi/`,
+          "/mount",
+        );
         if (published)
           step("published", `published on ${node.name}: ${published.slice(node.kubeletRoot.length + 1)}`);
       }
@@ -213,6 +235,12 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
       // A workload with --then-hold reports its line in status.message and keeps running.
       if (pod.status?.phase === "Running" && pod.status.message?.startsWith("{"))
         return JSON.parse(pod.status.message) as WorkloadReport;
+      // Under a real kubelet a holding workload's result line is the first line of its log.
+      if (pod.status?.phase === "Running" && o.image) {
+        const log = await core.readNamespacedPodLog({ name: podName, namespace: ns }).catch(() => "");
+        const first = String(log).split("\n")[0] ?? "";
+        if (first.startsWith("{")) return JSON.parse(first) as WorkloadReport;
+      }
       if (pod.status?.phase === "Failed")
         throw new Error(
           `${podName} failed: ${pod.status.message ?? JSON.stringify(pod.status.containerStatuses)}`,

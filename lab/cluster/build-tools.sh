@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Go-built control-plane tools (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) from the Go module proxy into a cache keyed by version. Idempotent: a
+# kube-scheduler, kubectl) and the node tools (kubelet, kube-proxy) from the Go module proxy into a cache keyed by version. Idempotent: a
 # tool already in the cache is kept, and only the missing kube binaries are compiled.
 # Usage: lab/cluster/build-tools.sh [etcd|kube|all]   (env: DISTORT_CACHE, KUBE_VERSION, ETCD_VERSION)
 set -euo pipefail
@@ -11,7 +11,8 @@ CACHE=${DISTORT_CACHE:-$HOME/.cache/distort}
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 # kube-scheduler is here because WaitForFirstConsumer volumes bind only once a scheduler has picked a
 # node (it writes volume.kubernetes.io/selected-node); the lab runs the real one.
-KUBE_BINS=${KUBE_BINS:-kube-apiserver kube-controller-manager kube-scheduler kubectl}
+# kubelet and kube-proxy run the real-cluster lab's nodes.
+KUBE_BINS=${KUBE_BINS:-kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy}
 what=${1:-all}
 
 log() { printf '[build-tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

