@@ -15,6 +15,8 @@ export interface Profile {
   /** Values files relative to the chart directory. */
   files: string[];
   set: string[];
+  /** --set-string flags (image tags, which --set would turn into numbers when all digits). */
+  setString?: string[];
 }
 
 /** The default values, every examples/*.yaml, and the switches the examples leave off. */
@@ -59,7 +61,11 @@ export async function runHelm(helm: string, args: string[]): Promise<HelmResult>
 }
 
 export function valueArgs(p: Profile): string[] {
-  return [...p.files.flatMap((f) => ["-f", join(CHART_DIR, f)]), ...p.set.flatMap((s) => ["--set", s])];
+  return [
+    ...p.files.flatMap((f) => ["-f", join(CHART_DIR, f)]),
+    ...p.set.flatMap((s) => ["--set", s]),
+    ...(p.setString ?? []).flatMap((s) => ["--set-string", s]),
+  ];
 }
 
 export interface KubeDoc {

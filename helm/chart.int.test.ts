@@ -10,6 +10,7 @@ import { parseCsiConfig } from "../csi/config.ts";
 import { parseParameters } from "../csi/controller/parameters.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { splitSimArgs } from "../lab/csi-node.ts";
 import { DRIVER_NAME } from "../lib/volume-context.ts";
 import { parseConfig as parseManagerConfig } from "../manager/config.ts";
 import {
@@ -239,7 +240,10 @@ describe("what the templates hand the binaries", () => {
         parseManagerConfig(envOf(manager, { POD_NAME: "m-0" }), { hostname: "h", randomSuffix: "r" }),
       ).not.toThrow();
       const agent = podSpec(named(objs, "DaemonSet", "-agent")).containers[0] as Container;
-      const agentCfg = parseAgentConfig(envOf(agent, { NODE_NAME: "node-a" }));
+      // Downward-API values as kubelet fills them (the lab takes its portal from status.hostIP).
+      const agentCfg = parseAgentConfig(
+        envOf(agent, { NODE_NAME: "node-a", DISTORT_PORTAL_ADDRESS: "198.18.0.11" }),
+      );
       expect(agentCfg.namespace).toBe("distort-system");
       const ctl = podSpec(named(objs, "Deployment", "-csi-controller")).containers.find(
         (c) => c.name === "distort-csi",
@@ -249,7 +253,9 @@ describe("what the templates hand the binaries", () => {
         (c) => c.name === "distort-csi",
       ) as Container;
       const nodeArgs = (node.args ?? []).map((a) => a.replace("$(NODE_NAME)", "node-a"));
-      const nodeCfg = parseCsiConfig(nodeArgs, {});
+      // The lab's node binary takes its --sim-* option off before the csi binary's parser.
+      const labNode = (node as { command?: string[] }).command?.[0]?.endsWith("/distort-csi-lab");
+      const nodeCfg = parseCsiConfig(labNode ? splitSimArgs(nodeArgs).csi : nodeArgs, {});
       expect(nodeCfg.nodeId).toBe("node-a");
       // The node plugin publishes and unpublishes only below kubelet's directory.
       expect(nodeCfg.kubeletDir).toStartWith("/");
@@ -322,7 +328,8 @@ describe("what the templates hand the binaries", () => {
   });
 
   // The host NQN in /etc/nvme is the node's identity on the fabric: a node plugin that could
-  // rewrite it could claim another host's ACL entries, so no DISTORT pod mounts it writable.
+  // rewrite it could claim another host's ACL entries, so no DISTORT pod mounts it writable
+  // (neither the host's /etc/nvme nor the directory csi.node.nvmeConfigDir puts at /etc/nvme).
   for (const p of profiles()) {
     test(`${p.name}: /etc/nvme is mounted read-only wherever it is mounted`, async () => {
       const objs = await objectsOf(p);
@@ -333,8 +340,10 @@ describe("what the templates hand the binaries", () => {
           (spec.volumes ?? []).filter((v) => v.hostPath?.path === "/etc/nvme").map((v) => v.name),
         );
         for (const c of [...spec.containers, ...((spec.initContainers as Container[] | undefined) ?? [])]) {
-          const mounts = (c as { volumeMounts?: { name: string; readOnly?: boolean }[] }).volumeMounts ?? [];
-          for (const m of mounts.filter((x) => etcNvme.has(x.name))) {
+          const mounts =
+            (c as { volumeMounts?: { name: string; mountPath: string; readOnly?: boolean }[] })
+              .volumeMounts ?? [];
+          for (const m of mounts.filter((x) => etcNvme.has(x.name) || x.mountPath === "/etc/nvme")) {
             seen.push(`${w.metadata.name}/${c.name}`);
             expect({ at: `${w.metadata.name}/${c.name}`, readOnly: m.readOnly === true }).toEqual({
               at: `${w.metadata.name}/${c.name}`,

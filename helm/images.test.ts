@@ -30,7 +30,7 @@ describe("images", () => {
     expect(names).toEqual(["agent", "csi", "dpu", "manager"]);
     expect(
       Object.keys(values.images)
-        .filter((k) => k !== "pullPolicy" && k !== "pullSecrets")
+        .filter((k) => k !== "tag" && k !== "pullPolicy" && k !== "pullSecrets")
         .sort(),
     ).toEqual(names);
   });

@@ -127,8 +127,11 @@ function lines(all: Record<string, Grant[]>): string[] {
 }
 
 const flags = (p: Profile) => ({
-  // The lab profile turns snapshots on in its values file.
-  snapshots: p.set.includes("snapshots.enabled=true") || p.name === "examples/lab.yaml",
+  // The lab profiles turn snapshots on in their values files.
+  snapshots:
+    p.set.includes("snapshots.enabled=true") ||
+    p.name === "examples/lab.yaml" ||
+    p.name === "examples/lab-cluster.yaml",
   dpuCluster: p.name.includes("dpu-cluster"),
   dpu: p.name.includes("dpu-cluster") || p.set.includes("dpu.enabled=true"),
 });

@@ -180,6 +180,38 @@ const BINDINGS: Binding[] = [
     exact: false, // a Lease name must be a DNS subdomain; the manager only checks non-empty
   },
   {
+    path: "agent.spdk.hugepages.sizeMiB",
+    // 0 renders no DISTORT_SPDK_MEM_SIZE_MB at all (agent.yaml).
+    binary: (s) => agentAccepts(s === "0" ? {} : { DISTORT_SPDK_MEM_SIZE_MB: s }),
+    candidates: [0, 1, 255, 256, 1_048_576, 1_048_577, -1],
+    exact: true,
+  },
+  {
+    path: "manager.placementBackoff.initialMs",
+    binary: (s) => managerAccepts({ DISTORT_PLACEMENT_BACKOFF_INITIAL_MS: s }),
+    candidates: [9, 10, 60_000, 1.5],
+    exact: true,
+  },
+  {
+    path: "manager.placementBackoff.maxMs",
+    binary: (s) =>
+      managerAccepts({ DISTORT_PLACEMENT_BACKOFF_INITIAL_MS: "10", DISTORT_PLACEMENT_BACKOFF_MAX_MS: s }),
+    candidates: [9, 10, 60_000, 10 ** 9],
+    exact: true,
+  },
+  {
+    path: "csi.controller.orphanGraceMs",
+    binary: (s) => csiAccepts("orphan-grace-ms", s),
+    candidates: [-1, 0, 86_400_000, 86_400_001],
+    exact: true,
+  },
+  {
+    path: "csi.controller.orphanSweepMs",
+    binary: (s) => csiAccepts("orphan-sweep-ms", s),
+    candidates: [999, 1000, 3_600_000, 3_600_001],
+    exact: true,
+  },
+  {
     path: "csi.defaultTimeoutMs",
     binary: (s) => csiAccepts("default-timeout-ms", s),
     candidates: [999, 1000, 3_600_000, 3_600_001],

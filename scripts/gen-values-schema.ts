@@ -25,6 +25,7 @@ const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 const name = (what: string) => v.pipe(v.string(), v.regex(DNS_SUBDOMAIN), v.description(what));
 const absPath = (what: string) => v.pipe(v.string(), v.regex(/^\//), v.description(what));
+const absPathOrNone = (what: string) => v.pipe(v.string(), v.regex(/^$|^\//), v.description(what));
 // A Go duration as the sidecars' flags take it.
 const duration = (what: string) => v.pipe(v.string(), v.regex(/^([0-9]+(ms|s|m|h))+$/), v.description(what));
 const QUANTITY = /^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$/;
@@ -46,7 +47,15 @@ const image = v.strictObject({
   repository: text("image repository"),
   tag: text("image tag; empty means the chart's appVersion"),
 });
-const sidecarImage = v.strictObject({ image: text("full image reference") });
+const sidecarImage = v.strictObject({
+  image: text("full image reference"),
+  repository: v.optional(text("image repository; when set it wins over image")),
+  tag: v.optional(text("tag of repository; empty means images.tag, else the chart's appVersion")),
+  command: v.optional(
+    v.pipe(v.array(v.string()), v.description("replaces the image's entrypoint (a drop-in equivalent)")),
+  ),
+});
+const strings = (what: string) => v.pipe(v.array(v.string()), v.description(what));
 
 /**
  * nvmf_tgt reactor mask as the agent's DISTORT_SPDK_CORE_MASK takes it: 0x-prefixed hex selecting
@@ -106,6 +115,7 @@ const StorageClassSchema = v.pipe(
 export const ValuesSchema = v.strictObject({
   logLevel: LogLevel,
   images: v.strictObject({
+    tag: text("tag of every image whose own tag is empty; empty means the chart's appVersion"),
     manager: image,
     agent: image,
     csi: image,
@@ -114,6 +124,10 @@ export const ValuesSchema = v.strictObject({
     pullSecrets: v.array(v.strictObject({ name: name("imagePullSecret name") })),
   }),
   sidecars: v.strictObject({
+    pullPolicy: v.pipe(
+      v.picklist(["", "Always", "IfNotPresent", "Never"]),
+      v.description("imagePullPolicy of the sidecars; empty leaves Kubernetes' default"),
+    ),
     provisioner: sidecarImage,
     attacher: sidecarImage,
     resizer: sidecarImage,
@@ -145,6 +159,11 @@ export const ValuesSchema = v.strictObject({
     placementWorkers: int(1, 256),
     heartbeatStalenessMs: ms(1000, Number.MAX_SAFE_INTEGER, "age after which a storage node is stale"),
     spreadPolicy: v.picklist(["most-free-device", "least-loaded-node"]),
+    // Bounds of manager/config.ts; maxMs >= initialMs is checked by the template (manager.yaml).
+    placementBackoff: v.strictObject({
+      initialMs: ms(10, Number.MAX_SAFE_INTEGER, "first retry delay of an unplaceable partition"),
+      maxMs: ms(10, Number.MAX_SAFE_INTEGER, "largest retry delay"),
+    }),
     resyncMs: ms(0, Number.MAX_SAFE_INTEGER, "full resync period; 0 disables"),
     healthPort: port("/healthz, /readyz and /metrics"),
     podDisruptionBudget: v.strictObject({ enabled: v.boolean(), maxUnavailable: int(1, 9) }),
@@ -163,8 +182,8 @@ export const ValuesSchema = v.strictObject({
       hugepages: v.strictObject({
         pageSize: v.picklist(["2Mi", "1Gi"]),
         sizeMiB: v.pipe(
-          int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max),
-          v.description("hugepage memory for nvmf_tgt (MiB)"),
+          v.union([v.literal(0), int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)]),
+          v.description("hugepage memory for nvmf_tgt (MiB); 0 requests no hugepages"),
         ),
       }),
       setupScript: text("SPDK setup script; empty when drives are already bound"),
@@ -188,7 +207,12 @@ export const ValuesSchema = v.strictObject({
     verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
     healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
     stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
+    modulesDir: absPathOrNone("host directory of kernel modules; empty mounts none"),
     resources: resources("agent container"),
+    extraContainers: anyList("containers beside the agent in its Pod (rendered through tpl)"),
+    extraEnv: anyList("EnvVars appended to the agent container's"),
+    extraVolumes: anyList("Volumes appended to the agent Pod's"),
+    extraVolumeMounts: anyList("VolumeMounts appended to the agent container's"),
   }),
   csi: v.strictObject({
     kubeletDir: absPath("kubelet root directory"),
@@ -222,6 +246,9 @@ export const ValuesSchema = v.strictObject({
       snapshotter: v.strictObject({ workerThreads: int(1, 1000), timeout: duration("CSI call timeout") }),
       kubeApiQps: int(1, 10000),
       kubeApiBurst: int(1, 10000),
+      // Bounds of csi/config.ts.
+      orphanGraceMs: ms(0, 86_400_000, "age at which an unclaimed, annotated partition is orphaned"),
+      orphanSweepMs: ms(1000, 3_600_000, "orphan sweep period"),
       resources: v.strictObject({
         driver: resources("distort-csi container"),
         sidecar: resources("each sidecar container"),
@@ -231,15 +258,25 @@ export const ValuesSchema = v.strictObject({
       affinity: anyObject("CSI controller affinity"),
     }),
     node: v.strictObject({
+      image: v.strictObject({
+        repository: text("node plugin image repository; empty means images.csi"),
+        tag: text("its tag; empty means images.tag, else the chart's appVersion"),
+      }),
+      command: strings("replaces the node plugin image's entrypoint; empty keeps it"),
+      extraArgs: strings("arguments appended to distort-csi's"),
       healthPort: port("distort-csi /healthz on the node (hostNetwork)"),
       livenessProbePort: port("livenessprobe sidecar on the node"),
       registrarHealthPort: port("node-driver-registrar /healthz on the node"),
+      nvmeConfigDir: absPath("host directory of the node's hostnqn, mounted read-only at /etc/nvme"),
+      modulesDir: absPathOrNone("host directory of kernel modules; empty mounts none"),
       resources: v.strictObject({
         driver: resources("distort-csi node container"),
         sidecar: resources("each sidecar container"),
       }),
       nodeSelector: stringMap("CSI node plugin nodeSelector"),
       tolerations: anyList("CSI node plugin tolerations"),
+      extraVolumes: anyList("Volumes appended to the node plugin Pod's"),
+      extraVolumeMounts: anyList("VolumeMounts appended to the distort-csi container's"),
     }),
   }),
   snapshots: v.strictObject({

@@ -36,7 +36,48 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "distort.fullname" .ctx) .component -}}
 {{- end -}}
 
+{{/* The tag of an image whose own tag is empty: images.tag, else the chart's appVersion. */}}
+{{- define "distort.defaultTag" -}}
+{{- default .Chart.AppVersion .Values.images.tag -}}
+{{- end -}}
+
+{{/* A DISTORT image, repository:tag; pass (dict "ctx" $ "image" "agent"). */}}
 {{- define "distort.image" -}}
 {{- $img := index .ctx.Values.images .image -}}
-{{- printf "%s:%s" $img.repository (default .ctx.Chart.AppVersion $img.tag) -}}
+{{- printf "%s:%s" $img.repository (default (include "distort.defaultTag" .ctx) $img.tag) -}}
+{{- end -}}
+
+{{/* The CSI node plugin's image: csi.node.image when it names a repository, else images.csi. */}}
+{{- define "distort.csiNodeImage" -}}
+{{- $img := .Values.csi.node.image -}}
+{{- if $img.repository -}}
+{{- printf "%s:%s" $img.repository (default (include "distort.defaultTag" .) $img.tag) -}}
+{{- else -}}
+{{- include "distort.image" (dict "ctx" . "image" "csi") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The image, pull policy and command lines of one CSI sidecar container; pass
+(dict "ctx" $ "sidecar" "provisioner") and optionally "image" (an override of the whole reference).
+A sidecar with a repository gets repository:(its tag, else images.tag, else appVersion); one
+without, its full image reference.
+*/}}
+{{- define "distort.sidecarImage" -}}
+{{- $s := index .ctx.Values.sidecars .sidecar -}}
+{{- $ref := $s.image -}}
+{{- if $s.repository -}}
+{{- $ref = printf "%s:%s" $s.repository (default (include "distort.defaultTag" .ctx) $s.tag) -}}
+{{- end -}}
+{{- if not (default $ref .image) -}}
+{{- fail (printf "sidecars.%s needs an image or a repository" .sidecar) -}}
+{{- end -}}
+image: {{ default $ref .image }}
+{{- with .ctx.Values.sidecars.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- with $s.command }}
+command:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}

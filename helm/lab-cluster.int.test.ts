@@ -1,0 +1,386 @@
+// The real-cluster lab's profile (examples/lab-cluster.yaml) as `helm template` renders it: every
+// image is the lab's own and never pulled, the agent Pod adopts the emulated nvmf_tgt beside it
+// over shared directories, the CSI node plugin is distort-csi-lab on the node's simulated NVMe host
+// with DISTORT's registrar and liveness equivalents, the lab's timers reach the binaries, and the
+// host paths agree with lab/cluster/storage-prep.ts. The production render keeps upstream images
+// and the chart's own containers and mounts, and the new knobs refuse what they cannot render.
+import { beforeAll, describe, expect, test } from "bun:test";
+import { dirname } from "node:path";
+import { parseAgentConfig } from "../agent/config.ts";
+import { parseCsiConfig } from "../csi/config.ts";
+import { ensureHelm } from "../lab/cluster/helm-tool.ts";
+import { NODE_PATHS, storageLayout } from "../lab/cluster/storage-prep.ts";
+import { splitSimArgs } from "../lab/csi-node.ts";
+import { FABRIC_LABEL } from "../lab/harness/stack.ts";
+import { USAGE as NVMF_TGT_USAGE, parseArgs as parseNvmfTgtArgs } from "../lab/sim/spdk/nvmf-tgt.ts";
+import { parseConfig as parseManagerConfig } from "../manager/config.ts";
+import { CHART_DIR, type KubeDoc, type Profile, render, runHelm } from "./chart-support.ts";
+
+const TAG = "0a1b2c3-dirty-4d5e6f";
+const NODE_IP = "198.18.0.11";
+const LAB: Profile = {
+  name: "lab-cluster",
+  files: ["examples/lab-cluster.yaml"],
+  set: [],
+  setString: [`images.tag=${TAG}`],
+};
+
+interface Mount {
+  name: string;
+  mountPath: string;
+  readOnly?: boolean;
+}
+interface Container {
+  name: string;
+  image: string;
+  imagePullPolicy?: string;
+  command?: string[];
+  args?: string[];
+  env?: { name: string; value?: string; valueFrom?: { fieldRef?: { fieldPath: string } } }[];
+  resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
+  volumeMounts?: Mount[];
+}
+interface Volume {
+  name: string;
+  hostPath?: { path: string; type?: string };
+  emptyDir?: { medium?: string };
+}
+interface PodSpec {
+  containers: Container[];
+  initContainers?: Container[];
+  volumes?: Volume[];
+}
+
+let helm: string;
+let lab: KubeDoc[];
+let prod: KubeDoc[];
+
+const podSpec = (o: KubeDoc) => (o.spec as { template: { spec: PodSpec } }).template.spec;
+const workload = (objs: KubeDoc[], kind: string, component: string) => {
+  const o = objs.find(
+    (x) => x.kind === kind && x.metadata.labels?.["app.kubernetes.io/component"] === component,
+  );
+  if (!o) throw new Error(`no ${kind} for ${component}`);
+  return o;
+};
+const container = (spec: PodSpec, name: string) => {
+  const c = spec.containers.find((x) => x.name === name);
+  if (!c) throw new Error(`no container ${name}`);
+  return c;
+};
+const workloads = (objs: KubeDoc[]) => objs.filter((o) => o.kind === "Deployment" || o.kind === "DaemonSet");
+const allContainers = (spec: PodSpec) => [...(spec.initContainers ?? []), ...spec.containers];
+/** Env as a running container sees it: values, and downward-API fields filled in as kubelet does. */
+const envOf = (c: Container) =>
+  Object.fromEntries(
+    (c.env ?? []).map((e) => {
+      const field = e.valueFrom?.fieldRef?.fieldPath;
+      const filled =
+        field === "status.hostIP" ? NODE_IP : field === "spec.nodeName" ? "storage-a" : undefined;
+      return [e.name, e.value ?? filled ?? ""];
+    }),
+  );
+const mountOf = (c: Container, volume: string) => c.volumeMounts?.find((m) => m.name === volume);
+const hostPathOf = (spec: PodSpec, volume: string) => spec.volumes?.find((v) => v.name === volume)?.hostPath;
+
+beforeAll(async () => {
+  helm = await ensureHelm();
+  lab = (await render(helm, LAB, "distort", "distort-system")).objects;
+  prod = (await render(helm, { name: "default", files: [], set: [] }, "distort", "distort-system")).objects;
+}, 600_000);
+
+describe("lab-cluster.yaml", () => {
+  test("every container runs a distort.lab image of the lab's tag, never pulled", () => {
+    const seen = new Set<string>();
+    for (const w of workloads(lab))
+      for (const c of allContainers(podSpec(w))) {
+        const at = `${w.metadata.name}/${c.name}`;
+        expect({ at, image: c.image.replace(/^distort\.lab\/[a-z-]+:/, "<lab>:") }).toEqual({
+          at,
+          image: `<lab>:${TAG}`,
+        });
+        expect({ at, pull: c.imagePullPolicy }).toEqual({ at, pull: "Never" });
+        seen.add(c.image.slice("distort.lab/".length, c.image.indexOf(":")));
+      }
+    expect([...seen].sort()).toEqual(
+      [
+        "agent-lab",
+        "csi",
+        "csi-attacher",
+        "csi-lab",
+        "csi-provisioner",
+        "csi-resizer",
+        "csi-snapshotter",
+        "manager",
+      ].sort(),
+    );
+  });
+
+  test("the agent Pod: the agent adopts the emulated nvmf_tgt beside it over shared directories", () => {
+    const spec = podSpec(workload(lab, "DaemonSet", "agent"));
+    expect(spec.containers.map((c) => c.name)).toEqual(["agent", "nvmf-tgt"]);
+    const agent = container(spec, "agent");
+    const tgt = container(spec, "nvmf-tgt");
+    const cfg = parseAgentConfig(envOf(agent));
+    expect(cfg.backends).toEqual(["spdk"]);
+    // Adopts (no command of its own), takes no DPDK memory, binds no drivers.
+    expect(cfg.nvmfTgtCommand).toEqual([]);
+    expect(cfg.spdkMemSizeMb).toBeUndefined();
+    expect(cfg.spdkSetup).toBe("");
+    expect(cfg.portalAddress).toBe(NODE_IP);
+    expect(agent.env?.find((e) => e.name === "DISTORT_PORTAL_ADDRESS")?.valueFrom?.fieldRef?.fieldPath).toBe(
+      "status.hostIP",
+    );
+    const layout = storageLayout(NODE_PATHS.storage);
+    expect(cfg.hostRoot).toBe(layout.hostRoot);
+    expect(cfg.reportPeriodMs).toBe(2000);
+    expect(cfg.verifyPeriodMs).toBe(5000);
+
+    // The emulator's command line, as the emulator parses it (with kubelet's $(NODE_IP)).
+    expect(tgt.image).toBe(agent.image);
+    expect(tgt.command).toEqual(["/usr/local/bin/nvmf_tgt"]);
+    const argv = (tgt.args ?? []).map((a) => a.replace("$(NODE_IP)", envOf(tgt).NODE_IP ?? ""));
+    expect(argv).toContain("--sim-fabric=tcp");
+    // The TCP fabric is the coordinator's change to the emulator (issue 13); until it is merged the
+    // emulator does not know the flag, and the rest of the line must still parse.
+    const known = NVMF_TGT_USAGE.includes("--sim-fabric ")
+      ? argv
+      : argv.filter((a) => a !== "--sim-fabric=tcp");
+    const parsed = parseNvmfTgtArgs(known);
+    if (parsed === "help") throw new Error("the emulator was asked for help");
+    expect(parsed.socketPath).toBe(cfg.spdkSocket);
+    expect(parsed.coreMask).toBe(cfg.coreMask);
+    expect(parsed.dataDir).toBe(layout.dataDir);
+    expect(parsed.drivesFile).toBe(layout.drivesFile);
+    expect(parsed.hostAddresses).toEqual([NODE_IP]);
+
+    // Shared: the socket directory, the storage directory (same path in both), the key directory.
+    const socketDir = dirname(cfg.spdkSocket);
+    for (const c of [agent, tgt]) {
+      expect({ c: c.name, at: mountOf(c, "spdk-socket")?.mountPath }).toEqual({ c: c.name, at: socketDir });
+      expect({ c: c.name, at: mountOf(c, "lab-storage")?.mountPath }).toEqual({
+        c: c.name,
+        at: NODE_PATHS.storage,
+      });
+      expect({ c: c.name, at: mountOf(c, "state")?.mountPath }).toEqual({
+        c: c.name,
+        at: dirname(cfg.keyDir),
+      });
+    }
+    expect(hostPathOf(spec, "lab-storage")?.path).toBe(NODE_PATHS.storage);
+    expect(hostPathOf(spec, "spdk-socket")?.path).toBe(socketDir);
+
+    // No hugepages and no modules directory, which the lab's nodes do not have.
+    expect(spec.volumes?.some((v) => v.emptyDir?.medium?.startsWith("HugePages"))).toBe(false);
+    expect(spec.volumes?.some((v) => v.hostPath?.path === "/lib/modules")).toBe(false);
+    for (const c of spec.containers) {
+      const keys = [...Object.keys(c.resources?.requests ?? {}), ...Object.keys(c.resources?.limits ?? {})];
+      expect({ c: c.name, huge: keys.filter((k) => k.startsWith("hugepages")) }).toEqual({
+        c: c.name,
+        huge: [],
+      });
+      expect({ c: c.name, limits: Object.keys(c.resources?.limits ?? {}).sort() }).toEqual({
+        c: c.name,
+        limits: ["cpu", "memory"],
+      });
+    }
+  });
+
+  test("the CSI node plugin: distort-csi-lab on the node's NVMe host, DISTORT's registrar and liveness", () => {
+    const spec = podSpec(workload(lab, "DaemonSet", "csi-node"));
+    const driver = container(spec, "distort-csi");
+    expect(driver.image).toBe(`distort.lab/csi-lab:${TAG}`);
+    expect(driver.command).toEqual(["/usr/local/bin/distort-csi-lab"]);
+    const { csi, hostSocket } = splitSimArgs((driver.args ?? []).map((a) => a.replace("$(NODE_NAME)", "n")));
+    expect(hostSocket).toBe(NODE_PATHS.nvmeHostSocket);
+    const cfg = parseCsiConfig(csi, {});
+    expect(cfg.mode).toBe("node");
+    expect(cfg.topologyKeys).toEqual([FABRIC_LABEL]);
+    expect(cfg.nodeTools).toContain("losetup");
+    // The host daemon's socket directory is the node's, at the same path in the container.
+    const hostDir = spec.volumes?.find((v) => v.hostPath?.path === NODE_PATHS.nvmeHostDir);
+    expect(hostDir).toBeDefined();
+    expect(mountOf(driver, hostDir?.name ?? "")?.mountPath).toBe(NODE_PATHS.nvmeHostDir);
+    // The node's own host NQN, read-only at /etc/nvme.
+    expect(hostPathOf(spec, "etc-nvme")?.path).toBe(NODE_PATHS.nvmeConfigDir);
+    expect(mountOf(driver, "etc-nvme")).toEqual({ name: "etc-nvme", mountPath: "/etc/nvme", readOnly: true });
+    expect(spec.volumes?.some((v) => v.hostPath?.path === "/lib/modules")).toBe(false);
+
+    const registrar = container(spec, "node-driver-registrar");
+    expect(registrar.image).toBe(`distort.lab/csi:${TAG}`);
+    expect(registrar.command).toEqual(["/usr/local/bin/distort-csi", "--mode=registrar"]);
+    expect(registrar.args).toContain(
+      "--kubelet-registration-path=/var/lib/kubelet/plugins/storage.distort.io/csi.sock",
+    );
+    const liveness = container(spec, "liveness-probe");
+    expect(liveness.image).toBe(`distort.lab/csi:${TAG}`);
+    expect(liveness.command).toEqual(["/usr/local/bin/distort-csi", "--mode=liveness"]);
+  });
+
+  test("the CSI controller: the four upstream sidecars built here, DISTORT's liveness, short orphan timers", () => {
+    const dep = workload(lab, "Deployment", "csi-controller");
+    expect((dep.spec as { replicas: number }).replicas).toBe(1);
+    const spec = podSpec(dep);
+    expect(spec.containers.map((c) => c.name)).toEqual([
+      "distort-csi",
+      "csi-provisioner",
+      "csi-attacher",
+      "csi-resizer",
+      "csi-snapshotter",
+      "liveness-probe",
+    ]);
+    for (const name of ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"]) {
+      const c = container(spec, name);
+      expect({ name, image: c.image, command: c.command }).toEqual({
+        name,
+        image: `distort.lab/${name}:${TAG}`,
+        command: undefined,
+      });
+    }
+    expect(container(spec, "liveness-probe").command).toEqual([
+      "/usr/local/bin/distort-csi",
+      "--mode=liveness",
+    ]);
+    const cfg = parseCsiConfig(container(spec, "distort-csi").args ?? [], {});
+    expect([cfg.orphanGraceMs, cfg.orphanSweepMs]).toEqual([5000, 2000]);
+  });
+
+  test("two managers with lab/lab.ts's timers; no DPU; snapshots and the lab's classes", async () => {
+    const dep = workload(lab, "Deployment", "manager");
+    expect((dep.spec as { replicas: number }).replicas).toBe(2);
+    const cfg = parseManagerConfig(
+      { ...envOf(container(podSpec(dep), "manager")), POD_NAME: "m-0" },
+      { hostname: "h", randomSuffix: "r" },
+    );
+    expect(cfg.leaderElection).toMatchObject({
+      leaseDurationMs: 4000,
+      renewDeadlineMs: 3000,
+      retryPeriodMs: 500,
+    });
+    expect(cfg.placementBackoff).toEqual({ initialMs: 200, maxMs: 2000 });
+    expect(cfg.stalenessMs).toBe(20000);
+    expect(lab.some((o) => o.metadata.labels?.["app.kubernetes.io/component"] === "dpu")).toBe(false);
+    expect(lab.filter((o) => o.kind === "VolumeSnapshotClass")).toHaveLength(1);
+    const bareLab = (
+      await render(helm, { name: "lab", files: ["examples/lab.yaml"], set: [] }, "distort", "distort-system")
+    ).objects;
+    const classes = (objs: KubeDoc[]) => objs.filter((o) => o.kind === "StorageClass");
+    expect(classes(lab)).toEqual(classes(bareLab));
+    expect(classes(lab).map((c) => c.metadata.name)).toEqual(["distort-lab", "distort-lab-immediate"]);
+  });
+});
+
+describe("the production render", () => {
+  test("upstream sidecar images with the image's own entrypoint and Kubernetes' pull policy", () => {
+    for (const w of workloads(prod))
+      for (const c of allContainers(podSpec(w))) {
+        expect(c.image.startsWith("distort.lab/")).toBe(false);
+        if (c.image.startsWith("registry.k8s.io/sig-storage/"))
+          expect({ c: c.name, command: c.command, pull: c.imagePullPolicy }).toEqual({
+            c: c.name,
+            command: undefined,
+            pull: undefined,
+          });
+        else
+          expect({ c: c.name, image: c.image }).toEqual({
+            c: c.name,
+            image: expect.stringMatching(/^distort\/[a-z]+:0\.1\.0$/),
+          });
+      }
+    const node = podSpec(workload(prod, "DaemonSet", "csi-node"));
+    expect(container(node, "distort-csi").command).toBeUndefined();
+    expect(container(node, "node-driver-registrar").image).toBe(
+      "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0",
+    );
+    expect(hostPathOf(node, "etc-nvme")?.path).toBe("/etc/nvme");
+    expect(hostPathOf(node, "modules")?.path).toBe("/lib/modules");
+  });
+
+  test("the agent alone in its Pod, with hugepages, the modules directory and nvmf_tgt's -s", () => {
+    const spec = podSpec(workload(prod, "DaemonSet", "agent"));
+    expect(spec.containers.map((c) => c.name)).toEqual(["agent"]);
+    const agent = container(spec, "agent");
+    expect(agent.resources?.limits?.["hugepages-2Mi"]).toBe("2048Mi");
+    expect(agent.resources?.requests?.["hugepages-2Mi"]).toBe("2048Mi");
+    expect(parseAgentConfig(envOf(agent)).spdkMemSizeMb).toBe(2048);
+    expect(spec.volumes?.find((v) => v.name === "hugepages")?.emptyDir?.medium).toBe("HugePages-2Mi");
+    expect(hostPathOf(spec, "modules")?.path).toBe("/lib/modules");
+  });
+});
+
+describe("the knobs", () => {
+  const template = (...args: string[]) =>
+    runHelm(helm, ["template", "distort", CHART_DIR, "--namespace", "distort-system", ...args]);
+  const objectsOf = async (p: Profile) => (await render(helm, p, "distort", "distort-system")).objects;
+
+  test("images.tag tags every DISTORT image whose own tag is empty; a per-image tag wins", async () => {
+    const objs = await objectsOf({
+      name: "tag",
+      files: [],
+      set: ["dpu.enabled=true"],
+      setString: ["images.tag=abc1234", "images.dpu.tag=9.9", "sidecars.resizer.repository=example/resizer"],
+    });
+    const images = new Set(workloads(objs).flatMap((w) => allContainers(podSpec(w)).map((c) => c.image)));
+    expect(images).toContain("distort/manager:abc1234");
+    expect(images).toContain("distort/agent:abc1234");
+    expect(images).toContain("distort/csi:abc1234");
+    expect(images).toContain("distort/dpu:9.9");
+    // A sidecar given by repository takes images.tag; one given by reference keeps its own.
+    expect(images).toContain("example/resizer:abc1234");
+    expect(images).toContain("registry.k8s.io/sig-storage/csi-provisioner:v6.4.0");
+  });
+
+  test("--set turns an all-digit tag into a number: the schema refuses it instead of rendering it", async () => {
+    const r = await template("--set", "images.tag=1234567");
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toContain("/images/tag");
+    const ok = await template("--set-string", "images.tag=1234567");
+    expect(ok.code).toBe(0);
+    expect(ok.stdout).toContain("image: distort/manager:1234567");
+  });
+
+  test("hugepages sizeMiB 0 with a supervised nvmf_tgt: no hugepages volume, resource or -s", async () => {
+    const objs = await objectsOf({ name: "nohuge", files: [], set: ["agent.spdk.hugepages.sizeMiB=0"] });
+    const spec = podSpec(workload(objs, "DaemonSet", "agent"));
+    const agent = container(spec, "agent");
+    expect(JSON.stringify(agent.resources)).not.toContain("hugepages");
+    expect(spec.volumes?.some((v) => v.name === "hugepages")).toBe(false);
+    expect(agent.volumeMounts?.some((m) => m.name === "hugepages")).toBe(false);
+    const cfg = parseAgentConfig(envOf(agent));
+    expect(cfg.spdkMemSizeMb).toBeUndefined();
+    expect(cfg.nvmfTgtCommand).toEqual(["/usr/local/bin/nvmf_tgt"]);
+    const r = await template("--set", "agent.spdk.hugepages.sizeMiB=100");
+    expect(r.code).not.toBe(0);
+  });
+
+  test("refuses a sidecar without image or repository, and a placement backoff the manager refuses", async () => {
+    const r1 = await template("--set", "sidecars.attacher.image=");
+    expect(r1.code).not.toBe(0);
+    expect(r1.stderr).toContain("sidecars.attacher needs an image or a repository");
+    // The DPU attacher override still stands in for an empty image.
+    const r2 = await template(
+      "--set",
+      "sidecars.attacher.image=",
+      "--set",
+      "csi.controller.attacherImage=x/att:1",
+    );
+    expect(r2.code).toBe(0);
+    const r3 = await template(
+      "--set",
+      "manager.placementBackoff.initialMs=5000,manager.placementBackoff.maxMs=1000",
+    );
+    expect(r3.code).not.toBe(0);
+    expect(r3.stderr).toContain("manager.placementBackoff.maxMs");
+  });
+
+  test("extraContainers see chart values through tpl", async () => {
+    const r = await template(
+      "--set",
+      "agent.extraContainers[0].name=side",
+      "--set",
+      "agent.extraContainers[0].image=x/{{ .Values.agent.spdk.coreMask }}",
+    );
+    expect(r.code).toBe(0);
+    expect(r.stdout).toContain("image: x/0x1");
+  });
+});
