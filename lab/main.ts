@@ -1,24 +1,17 @@
-// `bun run lab`: builds what is missing (once, cached), starts the whole lab in the background
-// (state in .lab/), walks a PVC and two Pods through it and prints the status table; the lab keeps
-// running. `bun run lab -- down` stops it and removes every process, mount, loop device and socket
-// it made, showing the machine before and after. `--once` brings the lab up, walks through, and
-// takes it down again (what a smoke test wants).
-import {
-  appendFileSync,
-  existsSync,
-  mkdirSync,
-  readFileSync,
-  rmSync,
-  symlinkSync,
-  writeFileSync,
-} from "node:fs";
+// `bun run lab`: builds what is missing (once, cached), starts the real-cluster lab in the
+// background (state in .lab/): a control plane and three real kubelet nodes with DISTORT installed
+// by `helm install`; then walks a PVC and two Pods through it (written on one node, read on
+// another) and prints the Pods and the status table; the lab keeps running. `bun run lab -- down`
+// stops it and removes everything it made, listing the machine before and after. `--once` brings
+// the lab up, walks through, and takes it down again (what a smoke test wants).
+import { appendFileSync, existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { connect } from "../lib/kube/connection.ts";
 import { ensureHelm } from "./cluster/helm-tool.ts";
+import { diffFootprint, type HostFootprint, hostFootprint, teardownLeftovers } from "./cluster/host-footprint.ts";
+import { type RealLab, startRealLab } from "./cluster/real-lab.ts";
 import { ensureSidecars, ensureTools } from "./cluster/tools.ts";
 import { runDemo } from "./demo.ts";
-import { DEFAULT_CONSUMER_NODES, type Lab, startLab } from "./lab.ts";
-import { type MachineState, machineState, stateDiff, sweepLab } from "./sweep.ts";
 
 const ROOT = join(import.meta.dir, "..");
 const DIR = join(ROOT, ".lab");
@@ -32,7 +25,8 @@ interface LabFile {
   state: "starting" | "ready" | "failed" | "stopped";
   error?: string;
   kubeconfig?: string;
-  nodes?: { name: string; kubeletRoot: string }[];
+  nodes?: { name: string; holderPid: number }[];
+  workloadImage?: string;
   readyMs?: number;
 }
 
@@ -53,32 +47,31 @@ function alive(pid: number): boolean {
   }
 }
 
-/** The background process: runs the lab until SIGTERM, then stops it and sweeps its mounts and loops. */
+/** The background process: runs the lab until SIGTERM, then stops it. */
 async function serve(): Promise<void> {
   const t0 = performance.now();
   const write = (s: Omit<LabFile, "pid">) => writeFileSync(STATE, JSON.stringify({ pid: process.pid, ...s }));
   write({ state: "starting" });
-  let lab: Lab | undefined;
+  let lab: RealLab | undefined;
   let stopping = false;
   const stop = async (code: number) => {
     if (stopping) return;
     stopping = true;
     say("stopping the lab");
     await lab?.stop().catch((err) => say(`stop: ${String(err)}`));
-    const swept = await sweepLab(DIR);
-    say(`swept: ${swept.killed} processes, ${swept.unmounted} mounts, ${swept.detached} loop devices`);
     write({ state: code === 0 ? "stopped" : "failed", ...(code === 0 ? {} : { error: "start failed" }) });
     process.exit(code);
   };
   process.on("SIGTERM", () => void stop(0));
   process.on("SIGINT", () => void stop(0));
   try {
-    lab = await startLab({ dir: DIR, progress: say });
+    lab = await startRealLab({ dir: DIR, progress: say });
     const readyMs = Math.round(performance.now() - t0);
     write({
       state: "ready",
       kubeconfig: lab.kubeconfigPath,
-      nodes: lab.consumers.map((c) => ({ name: c.name, kubeletRoot: c.kubeletRoot })),
+      nodes: lab.nodes.map((n) => ({ name: n.name, holderPid: n.holderPid })),
+      ...(lab.images.images.workload ? { workloadImage: lab.images.images.workload.ref } : {}),
       readyMs,
     });
     say(`lab ready in ${(readyMs / 1000).toFixed(1)} s`);
@@ -86,7 +79,6 @@ async function serve(): Promise<void> {
     say(`lab failed: ${err instanceof Error ? err.message : String(err)}`);
     write({ state: "failed", error: err instanceof Error ? err.message : String(err) });
     await lab?.stop();
-    await sweepLab(DIR);
     process.exit(1);
   }
 }
@@ -113,16 +105,9 @@ async function followLog(path: string, until: () => boolean): Promise<void> {
   }
 }
 
-function printState(title: string, s: MachineState): void {
-  say(`${title}:`);
-  say(`  loop devices (${s.loops.length}): ${s.loops.length ? "" : "none"}`);
-  for (const l of s.loops) say(`    ${l}`);
-  say(
-    `  mounts: ${s.mounts.length} in total, ${s.mounts.filter((m) => m.startsWith(DIR)).length} under .lab`,
-  );
-  for (const m of s.mounts.filter((m) => m.startsWith(DIR))) say(`    ${m}`);
-  say(`  lab processes (${s.labProcesses.length}): ${s.labProcesses.length ? "" : "none"}`);
-  for (const p of s.labProcesses) say(`    ${p}`);
+function kubectl(kubeconfig: string, args: string[]): string {
+  const p = Bun.spawnSync([join(DIR, "bin", "kubectl"), `--kubeconfig=${kubeconfig}`, ...args]);
+  return p.stdout.toString() + p.stderr.toString();
 }
 
 async function up(once: boolean): Promise<number> {
@@ -132,27 +117,26 @@ async function up(once: boolean): Promise<number> {
     return 0;
   }
   if (existsSync(DIR)) {
-    await sweepLab(DIR);
+    await teardownLeftovers(DIR);
     rmSync(DIR, { recursive: true, force: true });
   }
   mkdirSync(join(DIR, "logs"), { recursive: true });
-  const baseline = machineState(DIR);
-  writeFileSync(BASELINE, JSON.stringify(baseline));
+  writeFileSync(BASELINE, JSON.stringify(await hostFootprint()));
   const t0 = performance.now();
-  say("== host packages (mkfs, losetup, parted...) and the tools (built once, then cached)");
-  const deps = Bun.spawnSync(["bash", join(ROOT, "scripts/host-deps.sh")], {
-    stdout: "inherit",
-    stderr: "inherit",
-  });
+  say("== host packages (containerd, runc, CNI, buildah, mmdebstrap, mkfs...) and the tools (built once, then cached)");
+  const deps = Bun.spawnSync(["bash", join(ROOT, "scripts/host-deps.sh")], { stdout: "inherit", stderr: "inherit" });
   if (deps.exitCode !== 0) {
     say("host packages are missing; see above");
     return 1;
   }
-  await ensureTools();
+  const tools = await ensureTools();
   await ensureSidecars();
   await ensureHelm();
   const toolsMs = Math.round(performance.now() - t0);
   say(`   tools ready in ${(toolsMs / 1000).toFixed(1)} s`);
+  const bin = join(DIR, "bin");
+  mkdirSync(bin, { recursive: true });
+  symlinkSync(tools.kubectl, join(bin, "kubectl"));
 
   say("== starting the lab in the background (logs in .lab/logs/)");
   const log = join(DIR, "logs", "lab.log");
@@ -174,46 +158,60 @@ async function up(once: boolean): Promise<number> {
     return 1;
   }
   const startMs = Math.round(performance.now() - t0);
-  const bin = join(DIR, "bin");
-  mkdirSync(bin, { recursive: true });
-  symlinkSync((await ensureTools()).kubectl, join(bin, "kubectl"));
 
-  say("\n== a PVC and two Pods: write on one node, read on the other");
+  say("\n== a PVC and two Pods: write on one node, read on another");
   const conn = connect(state.kubeconfig);
   let code = 0;
+  const nodes = state.nodes ?? [];
+  const consumer = (name: string) => {
+    const n = nodes.find((x) => x.name === name);
+    if (!n) throw new Error(`the lab has no node ${name}`);
+    return {
+      name,
+      kubeletRoot: "/var/lib/kubelet",
+      mountinfo: () => readFileSync(`/proc/${n.holderPid}/mountinfo`, "utf8"),
+    };
+  };
   try {
     await runDemo({
       conn,
-      nodes: state.nodes ?? DEFAULT_CONSUMER_NODES.map((name) => ({ name, kubeletRoot: "" })),
+      nodes: [consumer("node-c"), consumer("node-b")],
       say: (l) => say(`  ${l}`),
+      ...(state.workloadImage ? { image: state.workloadImage } : {}),
+      timeoutMs: 240_000,
     });
   } catch (err) {
     say(`  walk-through failed: ${err instanceof Error ? err.message : String(err)}`);
     code = 1;
   }
 
+  say("\n== kubectl get pods -A -o wide");
+  process.stdout.write(kubectl(state.kubeconfig, ["get", "pods", "-A", "-o", "wide"]));
   say("\n== status (bun run status)");
   const status = Bun.spawnSync(
     [process.execPath, join(ROOT, "cli/status.ts"), `--kubeconfig=${state.kubeconfig}`, "-A"],
-    {
-      cwd: ROOT,
-    },
+    { cwd: ROOT },
   );
   process.stdout.write(status.stdout.toString());
   process.stderr.write(status.stderr.toString());
 
   say(
-    `\nlab up in ${(startMs / 1000).toFixed(1)} s (tools ${(toolsMs / 1000).toFixed(1)} s, components ${((state.readyMs ?? 0) / 1000).toFixed(1)} s)`,
+    `\nlab up in ${(startMs / 1000).toFixed(1)} s (tools ${(toolsMs / 1000).toFixed(1)} s, cluster and install ${((state.readyMs ?? 0) / 1000).toFixed(1)} s)`,
   );
-  if (once) {
-    await down();
-    return code;
-  }
+  if (once) return (await down()) || code;
   const rel = relative(process.cwd(), DIR) || ".";
   say(`  export KUBECONFIG=$PWD/${join(rel, "cluster", "kubeconfig")} PATH=$PWD/${join(rel, "bin")}:$PATH`);
-  say("  kubectl get pvc,pods -n demo; kubectl get distort -A; bun run status");
+  say("  kubectl get pods -A -o wide; kubectl get pvc,pods -n demo; kubectl get distort -A; bun run status");
   say("  bun run lab -- down    # stops everything and removes what the lab made");
   return code;
+}
+
+function printFootprint(title: string, f: HostFootprint, baseline: HostFootprint | undefined): void {
+  say(`${title}:`);
+  const lines = baseline ? diffFootprint(baseline, f) : [];
+  say(`  ${lines.length === 0 ? "nothing of the lab" : `${lines.length} differences from before the lab:`}`);
+  for (const l of lines.slice(0, 200)) say(`    ${l}`);
+  if (lines.length > 200) say(`    ... and ${lines.length - 200} more`);
 }
 
 async function down(): Promise<number> {
@@ -221,33 +219,25 @@ async function down(): Promise<number> {
     say("no lab here (.lab does not exist)");
     return 0;
   }
-  let baseline: MachineState | undefined;
+  let baseline: HostFootprint | undefined;
   try {
-    baseline = JSON.parse(readFileSync(BASELINE, "utf8")) as MachineState;
+    baseline = JSON.parse(readFileSync(BASELINE, "utf8")) as HostFootprint;
   } catch {}
-  const before = machineState(DIR);
-  printState("before down", before);
+  printFootprint("before down", await hostFootprint(), baseline);
   const s = readState();
   if (s && alive(s.pid)) {
     process.kill(s.pid, "SIGTERM");
-    const until = Date.now() + 60_000;
-    while (alive(s.pid) && Date.now() < until) await Bun.sleep(100);
+    const until = Date.now() + 120_000;
+    while (alive(s.pid) && Date.now() < until) await Bun.sleep(200);
     if (alive(s.pid)) process.kill(s.pid, "SIGKILL");
   }
-  await sweepLab(DIR);
+  // Whatever a crashed lab left (its records are in .lab): nodes, network, mounts, loop devices.
+  await teardownLeftovers(DIR);
   rmSync(DIR, { recursive: true, force: true });
-  const after = machineState(DIR);
-  printState("after down", after);
-  if (baseline) {
-    const diff = stateDiff(baseline, after).filter((l) => !l.includes("mounts:") || l.includes(DIR));
-    if (diff.length === 0)
-      say("the machine is as the lab found it: same loop devices, no mounts or processes of the lab");
-    else {
-      say("differences from before the lab started:");
-      for (const d of diff) say(`  ${d}`);
-      return 1;
-    }
-  }
+  const after = await hostFootprint();
+  printFootprint("after down", after, baseline);
+  if (baseline && diffFootprint(baseline, after).length > 0) return 1;
+  say("the machine is as the lab found it");
   return 0;
 }
 

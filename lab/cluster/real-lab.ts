@@ -4,18 +4,21 @@
 // values. Node-level stand-ins (the NVMe host driver of each node, the drives' files and sysfs)
 // play the machine's hardware and kernel; every DISTORT process is a container under a kubelet.
 import { mkdirSync, writeFileSync } from "node:fs";
+import type { Subprocess } from "bun";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMeDevice, type NVMeDeviceClaim } from "../../api/index.ts";
 import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
 import { kubeError, ResourceClient } from "../../lib/kube/resource.ts";
+import { socketAnswers } from "../../lib/unix-socket.ts";
 import { FABRIC_LABEL } from "../harness/stack.ts";
 import { type ControlPlane, startControlPlane } from "./control-plane.ts";
 import { ensureHelm } from "./helm-tool.ts";
-import { type BuiltImages, buildImages, importArchive } from "./images.ts";
+import { type BuiltImages, buildImages, importAll } from "./images.ts";
 import { BRIDGE_ADDRESS, SERVICE_CIDR } from "./node-network.ts";
-import { type LabNode, startNodes } from "./nodes.ts";
-import { prepareStorageNode } from "./storage-prep.ts";
+import { type LabNode, startNodes, teardownNodes } from "./nodes.ts";
+import { pauseImageSpec, writeOciArchive } from "./oci-image.ts";
+import { type LabDrive, NODE_PATHS, prepareLabNode } from "./storage-prep.ts";
 import { ensureSidecars, ensureTools } from "./tools.ts";
 
 export const REAL_LAB_NAMESPACE = "distort-system";
@@ -31,7 +34,7 @@ const GiB = 1024 ** 3;
 export interface RealLabNodeSpec {
   name: string;
   storage: boolean;
-  drives: { serial: string; pciAddress: string; sizeBytes: number }[];
+  drives: LabDrive[];
 }
 
 /** Two storage nodes, two consumer nodes; node-b is both. */
@@ -71,6 +74,9 @@ export interface RealLab {
   nodes: LabNode[];
   specs: RealLabNodeSpec[];
   images: BuiltImages;
+  helmBin: string;
+  /** Pid of a node's NVMe host driver (the kernel stand-in), while it runs. */
+  nvmeHostPid(node: string): number | undefined;
   /** Runs helm with the lab's kubeconfig; resolves with stdout, throws with stderr. */
   helm(args: string[]): Promise<string>;
   /** The `helm install|upgrade` arguments the lab uses (chart, namespace, values file, tag). */
@@ -95,16 +101,20 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
   say(`images ready: ${Object.keys(images.images).length} tagged ${images.tag} (${ms()})`);
 
   let cp: ControlPlane | undefined;
-  let nodes: { nodes: LabNode[]; stop(): Promise<void> } | undefined;
+  let nodes: LabNode[] = [];
+  const hosts = new Map<string, Subprocess>();
   const stop = async () => {
-    await nodes?.stop();
+    await stopNvmeHosts(hosts);
+    await Promise.all(nodes.map((n) => n.stop()));
+    await teardownNodes(dir);
     await cp?.stop();
   };
   try {
-    // The node network comes first: the API server listens on the bridge address.
-    for (const s of specs.filter((x) => x.storage)) {
-      prepareStorageNode(join(dir, "nodes", s.name, "var-lib"), s.drives);
+    for (const s of specs) {
+      await prepareLabNode(join(dir, "nodes", s.name), s.storage ? { drives: s.drives } : {});
     }
+    const pause = writeOciArchive(pauseImageSpec(`distort.lab/pause:${images.tag}`));
+    // The node network exists once the first node is up; the API server listens on the bridge.
     cp = await startControlPlane({
       dir: join(dir, "cluster"),
       controllerManager: true,
@@ -119,24 +129,18 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
         name: s.name,
         labels: { [FABRIC_LABEL]: "lab", ...(s.storage ? { [STORAGE_LABEL]: "true" } : {}) },
       })),
-      { dir, progress: (l) => say(l), pauseImage: images.images.pause },
+      { dir, sandboxImage: pause.ref, images: [pause.path], progress: (l) => say(l) },
     );
-    say(`nodes ready: ${nodes.nodes.map((n) => `${n.name} ${n.ip}`).join(", ")} (${ms()})`);
-    for (const n of nodes.nodes) {
-      for (const img of Object.values(images.images))
-        await importArchive(n.containerdSocket, img.archive, img.ref);
-    }
-    say(`images imported into ${nodes.nodes.length} nodes (${ms()})`);
-    for (const n of nodes.nodes) await n.startNvmeHost();
-    say(`NVMe host drivers running on ${nodes.nodes.length} nodes (${ms()})`);
+    say(`nodes Ready: ${nodes.map((n) => `${n.name} ${n.ip}`).join(", ")} (${ms()})`);
+    await Promise.all(nodes.map((n) => importAll(n.containerdSocket, Object.values(images.images))));
+    say(`images imported into ${nodes.length} nodes (${ms()})`);
+    for (const n of nodes) hosts.set(n.name, await startNvmeHost(n));
+    say(`NVMe host drivers running on ${nodes.length} nodes (${ms()})`);
 
     const conn = connect(cp.kubeconfigPath);
     const kubeconfigPath = cp.kubeconfigPath;
     const helm = async (args: string[]) => {
-      const p = Bun.spawn([helmBin, ...args, `--kubeconfig=${kubeconfigPath}`], {
-        stdout: "pipe",
-        stderr: "pipe",
-      });
+      const p = Bun.spawn([helmBin, ...args, `--kubeconfig=${kubeconfigPath}`], { stdout: "pipe", stderr: "pipe" });
       const [out, err, code] = [
         await new Response(p.stdout).text(),
         await new Response(p.stderr).text(),
@@ -150,17 +154,18 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       CHART_DIR,
       `--namespace=${REAL_LAB_NAMESPACE}`,
       `--values=${join(CHART_DIR, REAL_LAB_VALUES)}`,
-      `--set=images.tag=${images.tag}`,
+      // --set would turn an all-digit short commit into a number, which the schema refuses.
+      `--set-string=images.tag=${images.tag}`,
     ];
     await installAddons(conn, images);
-    await helm(["install", ...chartArgs(), "--create-namespace", "--wait", "--timeout=5m"]);
+    await helm(["install", ...chartArgs(), "--create-namespace", "--wait", "--timeout=6m"]);
     say(`helm install ${REAL_LAB_RELEASE} done (${ms()})`);
     await claimAllDrives(conn, REAL_LAB_NAMESPACE, specs);
     await waitCsiNodes(
       conn,
       specs.map((s) => s.name),
     );
-    say(`drives claimed, CSI driver registered on every node (${ms()})`);
+    say(`drives claimed, the CSI driver registered by every kubelet (${ms()})`);
     const lab: RealLab = {
       dir,
       kubeconfigPath,
@@ -168,22 +173,76 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       namespace: REAL_LAB_NAMESPACE,
       release: REAL_LAB_RELEASE,
       cp,
-      nodes: nodes.nodes,
+      nodes,
       specs,
       images,
+      helmBin,
       helm,
       chartArgs,
+      nvmeHostPid: (name) => hosts.get(name)?.pid,
       stop,
     };
-    writeFileSync(
-      join(dir, "real-lab.json"),
-      JSON.stringify({ tag: images.tag, nodes: specs.map((s) => s.name) }),
-    );
     return lab;
   } catch (err) {
     await stop();
     throw err;
   }
+}
+
+/** The NVMe host driver's state directory inside a node: per node, so loop-device sweeps never cross nodes. */
+export function nvmeHostStateDir(node: string): string {
+  return `${NODE_PATHS.nvmeHostDir}/state-${node}`;
+}
+
+/**
+ * Starts a node's NVMe-oF host driver: the stand-in for the node kernel's nvme-tcp, a node-level
+ * process in the node's network and mount namespaces (as the kernel is there before any Pod), with
+ * its control socket where the CSI node plugin's hostPath finds it. Tied to this process by a
+ * parent-death signal; its pid is recorded under the node for `lab down` after a crash.
+ */
+async function startNvmeHost(n: LabNode): Promise<Subprocess> {
+  const log = join(n.paths.logs, "nvme-host.log");
+  const argv = [
+    "setpriv",
+    "--pdeathsig",
+    "KILL",
+    "--",
+    "nsenter",
+    `--net=/run/netns/${n.netns}`,
+    `--mount=/proc/${n.holderPid}/ns/mnt`,
+    "--",
+    process.execPath,
+    join(ROOT, "lab/sim/fabric/host-daemon.ts"),
+    "--fabric=tcp",
+    `--state-dir=${nvmeHostStateDir(n.name)}`,
+    `--socket=${NODE_PATHS.nvmeHostSocket}`,
+  ];
+  const p = Bun.spawn(argv, { cwd: ROOT, stdout: Bun.file(log), stderr: Bun.file(log), stdin: "ignore" });
+  writeFileSync(join(n.paths.root, "nvme-host.pid"), String(p.pid));
+  const socket = join(n.paths.run, NODE_PATHS.nvmeHostSocket.slice("/run/".length));
+  const deadline = Date.now() + 30_000;
+  while (!(await socketAnswers(socket).catch(() => false))) {
+    if (p.exitCode !== null) throw new Error(`nvme host of ${n.name} exited with ${p.exitCode}; see ${log}`);
+    if (Date.now() > deadline) throw new Error(`nvme host of ${n.name} not ready after 30 s; see ${log}`);
+    await Bun.sleep(100);
+  }
+  return p;
+}
+
+/** Stops the NVMe host drivers (TERM: they detach their loop devices and unmount), KILL after 15 s. */
+async function stopNvmeHosts(hosts: Map<string, Subprocess>): Promise<void> {
+  await Promise.all(
+    [...hosts.values()].map(async (p) => {
+      if (p.exitCode !== null || p.signalCode !== null) return;
+      p.kill("SIGTERM");
+      const done = await Promise.race([p.exited.then(() => true), Bun.sleep(15_000).then(() => false)]);
+      if (!done) {
+        p.kill("SIGKILL");
+        await p.exited;
+      }
+    }),
+  );
+  hosts.clear();
 }
 
 /**
