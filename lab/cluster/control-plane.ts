@@ -172,7 +172,10 @@ export async function signClientCertificate(
       ca.caCertPath,
       "-CAkey",
       ca.caKeyPath,
-    ].concat(["-CAcreateserial", "-days", "30", "-extfile", ext, "-out", certPath]),
+      // A random serial each: -CAcreateserial shares one serial file, which parallel signings corrupt.
+      "-set_serial",
+      `0x${randomBytes(16).toString("hex")}`,
+    ].concat(["-days", "30", "-extfile", ext, "-out", certPath]),
     outDir,
   );
   return { certPath, keyPath };
