@@ -4,7 +4,7 @@
 // stop the host exactly as before (processes, mounts, netns, links, routes, iptables, cgroups, sysctls).
 // busybox wget runs under `timeout`: its own -T option crashes Debian's busybox-static 1.35.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ControlPlane, startControlPlane } from "./control-plane.ts";
@@ -22,7 +22,14 @@ import {
   SERVICE_CIDR,
   teardownNetwork,
 } from "./node-network.ts";
-import { type LabNode, nodeProcesses, rssKb, startNodes, teardownNodes } from "./nodes.ts";
+import {
+  type LabNode,
+  nodeProcesses,
+  nodeProcessesByCgroup,
+  rssKb,
+  startNodes,
+  teardownNodes,
+} from "./nodes.ts";
 import { busyboxImageSpec, pauseImageSpec, writeOciArchive } from "./oci-image.ts";
 import { eventually } from "./test-support.ts";
 import { toolPaths } from "./tools.ts";
@@ -245,7 +252,53 @@ test("a busybox DaemonSet runs on every node; Pods reach Pods on other nodes and
     30_000,
     "kubectl logs shows the start line",
   );
+
+  // ServiceAccount admission, the token controller and the root CA publisher: every Pod gets a
+  // token and the lab CA.
+  const sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+  expect(kubectlOk(["exec", on("n1").name, "--", "cat", `${sa}/namespace`])).toBe("default");
+  expect(kubectlOk(["exec", on("n1").name, "--", "cat", `${sa}/ca.crt`])).toBe(cp!.caPem);
+  expect(kubectlOk(["exec", on("n1").name, "--", "cat", `${sa}/token`])).toMatch(
+    /^ey[\w-]+\.[\w-]+\.[\w-]+$/,
+  );
 }, 180_000);
+
+test("a Deployment's replicas become available", async () => {
+  const deploy = {
+    apiVersion: "apps/v1",
+    kind: "Deployment",
+    metadata: { name: "sleeper", namespace: "default" },
+    spec: {
+      replicas: 2,
+      selector: { matchLabels: { app: "sleeper" } },
+      template: {
+        metadata: { labels: { app: "sleeper" } },
+        spec: {
+          terminationGracePeriodSeconds: 1,
+          containers: [
+            {
+              name: "sleeper",
+              image: "distort.lab/workload:nodes-int",
+              imagePullPolicy: "Never",
+              command: ["sleep", "3600"],
+            },
+          ],
+        },
+      },
+    },
+  };
+  kubectlOk(["apply", "-f", "-"], JSON.stringify(deploy));
+  await eventually(
+    () => {
+      const d = JSON.parse(kubectlOk(["get", "deployment", "sleeper", "-n", "default", "-o", "json"])) as {
+        status?: { availableReplicas?: number };
+      };
+      return d.status?.availableReplicas === 2;
+    },
+    120_000,
+    "2 sleeper replicas available",
+  );
+}, 150_000);
 
 test("kill -9 of a node's kubelet and containerd: NotReady, then Ready again after start with its Pod kept", async () => {
   const n3 = nodes[2]!;
@@ -290,7 +343,7 @@ test("kill -9 of a node's kubelet and containerd: NotReady, then Ready again aft
   expect(kept.restarts).toBe(pod.restarts);
 }, 240_000);
 
-test("restartKubelet keeps the node's Pods; stop leaves the host as it was", async () => {
+test("restartKubelet keeps Pods; pause exits on TERM; after a crash teardownNodes and stop leave the host as it was", async () => {
   const n1 = nodes[0]!;
   const pod = dsPods().find((p) => p.node === "n1")!;
   const oldKubelet = n1.pids().kubelet;
@@ -304,7 +357,32 @@ test("restartKubelet keeps the node's Pods; stop leaves the host as it was", asy
   expect(again.uid).toBe(pod.uid);
   expect(again.restarts).toBe(pod.restarts);
 
+  // The sandbox (pause) process exits on SIGTERM, though it is PID 1 of its namespace.
+  const n2 = nodes[1]!;
+  const pause = nodeProcesses(n2).find((pid) =>
+    readFileSync(`/proc/${pid}/cmdline`, "utf8").includes("trap 'exit 0' TERM INT"),
+  );
+  expect(pause).toBeDefined();
+  process.kill(pause!, "SIGTERM");
+  await eventually(() => !existsSync(`/proc/${pause}`), 10_000, "pause process gone after SIGTERM");
+
+  // A crashed lab: n2's holder and daemons die without any cleanup; its shims and containers
+  // live on. teardownNodes(dir), as `lab down` calls it from another process, removes them all.
+  const { holder, containerd, kubelet, kubeProxy } = n2.pids();
+  for (const pid of [holder, containerd, kubelet, kubeProxy]) if (pid) process.kill(pid, "SIGKILL");
+  const orphans = await eventually(
+    () => {
+      const left = nodeProcessesByCgroup(n2.cgroupRoot);
+      return left.length > 0 && !left.includes(holder) ? left : undefined;
+    },
+    10_000,
+    "n2's containers outliving its daemons",
+  );
+  expect(orphans.length).toBeGreaterThan(0);
   const t0 = performance.now();
+  await teardownNodes(dir);
+  say(`teardownNodes ${Math.round(performance.now() - t0)} ms`);
+  expect(nodeProcessesByCgroup(n2.cgroupRoot)).toEqual([]);
   await teardown();
   say(`teardown ${Math.round(performance.now() - t0)} ms`);
   const after = snapshotHost({ processFilter: ours });

@@ -748,6 +748,11 @@ export function rssKb(pids: number[]): number {
   return total;
 }
 
+/** Pids in a node's cgroup root (its Pods' containers and sandboxes), in any hierarchy. */
+export function nodeProcessesByCgroup(cgroupRoot: string): number[] {
+  return cgroupPids(cgroupRoot).filter(alive);
+}
+
 /** Every pid belonging to a node: in its mount or network namespace or its cgroup root. */
 export function nodeProcesses(node: LabNode): number[] {
   const mnt = readlinkSync(`/proc/${node.holderPid}/ns/mnt`);
