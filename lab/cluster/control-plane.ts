@@ -310,6 +310,9 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
   const procs: Subprocess[] = [];
   let stopped = false;
 
+  // With real nodes gone, kube-apiserver's graceful shutdown can wait out connections of kubelets
+  // that died with their network namespace; the lab's state is disposable, so wait less.
+  const graceMs = opts.cluster ? 3_000 : 10_000;
   const stop = async () => {
     if (stopped) return;
     stopped = true;
@@ -317,7 +320,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     for (const p of [...procs].reverse()) {
       if (p.exitCode !== null || p.signalCode !== null) continue;
       p.kill("SIGTERM");
-      const done = await Promise.race([p.exited.then(() => true), Bun.sleep(10_000).then(() => false)]);
+      const done = await Promise.race([p.exited.then(() => true), Bun.sleep(graceMs).then(() => false)]);
       if (!done) {
         p.kill("SIGKILL");
         await p.exited;

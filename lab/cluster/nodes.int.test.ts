@@ -40,8 +40,14 @@ const labNs = new Set<string>();
 const ours = (p: ProcessInfo) =>
   isLabProcess(p) &&
   (p.cmdline.includes(dir) || /:\/dlab-/m.test(p.cgroup) || labNs.has(p.mntns) || labNs.has(p.netns));
-/** Another engineer's buildah (podman CNI) may touch the host meanwhile; none of it is the lab's doing. */
-const foreign = (line: string) => /podman/.test(line);
+/**
+ * The machine is shared: other engineers' image builds (podman CNI, distort-images-* cgroups) and
+ * labs (loop devices and mounts under their own /tmp/distort-* directories) come and go meanwhile.
+ * None of that is this lab's doing; everything of this lab is named dlab*, lives in `dir` or
+ * carries no such marker.
+ */
+const foreign = (line: string) =>
+  /podman/.test(line) || (/distort-|\/tmp\//.test(line) && !line.includes(dir));
 
 let before: HostFootprint;
 let cp: ControlPlane | undefined;
@@ -356,6 +362,11 @@ test("restartKubelet keeps Pods; pause exits on TERM; after a crash teardownNode
   );
   expect(again.uid).toBe(pod.uid);
   expect(again.restarts).toBe(pod.restarts);
+
+  for (const n of nodes) {
+    const procs = nodeProcesses(n);
+    say(`node ${n.name} with its Pods: ${procs.length} processes, ${Math.round(rssKb(procs) / 1024)} MB RSS`);
+  }
 
   // The sandbox (pause) process exits on SIGTERM, though it is PID 1 of its namespace.
   const n2 = nodes[1]!;

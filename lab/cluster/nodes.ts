@@ -222,6 +222,25 @@ async function teardownRecord(dir: string, rec: NodeRecord, timeoutMs = 30_000):
     }
     await Bun.sleep(50);
   }
+  // The daemons' TCP connections close with FINs sent from the node's netns; deleting the netns
+  // before the peer acknowledged them leaves the API server holding half-open watches, and its
+  // graceful shutdown then waits for them. So wait (briefly) until no FIN is unacknowledged.
+  const unacked = () =>
+    existsSync(`/run/netns/${rec.netns}`) &&
+    Bun.spawnSync([
+      "nsenter",
+      `--net=/run/netns/${rec.netns}`,
+      "--",
+      "ss",
+      "-Htn",
+      "state",
+      "fin-wait-1",
+      "state",
+      "established",
+    ])
+      .stdout.toString()
+      .trim() !== "";
+  for (const until = Date.now() + 1_000; unacked() && Date.now() < until; ) await Bun.sleep(20);
   for (const h of cgroupHierarchies()) {
     for (const d of cgroupDirsDeepestFirst(join(h, rec.cgroupRoot))) {
       for (;;) {
