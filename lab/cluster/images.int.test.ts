@@ -1,13 +1,14 @@
 // The lab images end to end: built (or found in the cache) by buildImages, imported into a
 // containerd of the test's own (own root, state and socket, stopped by PID), and run with ctr: the
-// emulator in agent-lab answers spdk_get_version, a sidecar prints its version, the workload
-// writes and verifies a pattern.
+// emulator in agent-lab answers spdk_get_version, the workload writes and verifies a pattern, and
+// every image's binary runs in its container.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { IMAGE_NAMES, type ImageName } from "./image-plan.ts";
 import { type BuiltImages, buildImages, importArchive, type LabImage } from "./images.ts";
 import { eventually } from "./test-support.ts";
 import { SIDECAR_VERSIONS } from "./tools.ts";
@@ -69,7 +70,6 @@ function rpc(path: string, method: string): Promise<{ result?: { version?: strin
 beforeAll(async () => {
   // Cold, this builds the base (mmdebstrap) and the images: minutes. Warm, a fraction of a second.
   built = await buildImages({
-    names: ["agent-lab", "csi-provisioner", "workload"],
     progress: (l) => process.stderr.write(`[images] ${l}\n`),
   });
   writeFileSync(
@@ -225,4 +225,53 @@ describe("lab images in containerd", () => {
     );
     expect(sum.out).toContain(written.sha256);
   }, 120_000);
+
+  // Each binary reaches its own code (a usage or configuration error it prints), so the image has
+  // the libraries and paths it needs; nothing is left running.
+  const RUNS: Record<ImageName, { argv: string[]; env?: string[]; says: string }[]> = {
+    manager: [
+      { argv: ["distort-manager"], env: ["DISTORT_LEADER_ELECT=maybe"], says: "must be true or false" },
+    ],
+    agent: [{ argv: ["distort-agent"], says: "NODE_NAME" }],
+    "agent-lab": [
+      { argv: ["distort-agent"], says: "NODE_NAME" },
+      { argv: ["nvmf_tgt", "--help"], says: "--sim-data-dir" },
+    ],
+    csi: [{ argv: ["distort-csi", "--bogus"], says: "unknown flag --bogus" }],
+    "csi-lab": [
+      { argv: ["distort-csi", "--bogus"], says: "unknown flag --bogus" },
+      { argv: ["distort-csi-lab", "--mode=node"], says: "--sim-host-socket is required" },
+    ],
+    dpu: [
+      {
+        argv: ["distort-dpu"],
+        env: ["DISTORT_DPU_FS_TYPE=bogus"],
+        says: "DISTORT_DPU_FS_TYPE must be one of",
+      },
+    ],
+    workload: [{ argv: ["distort-workload", "bogus"], says: "the first argument must be one of" }],
+    "csi-provisioner": [{ argv: ["/csi-provisioner", "--version"], says: SIDECAR_VERSIONS.provisioner }],
+    "csi-attacher": [{ argv: ["/csi-attacher", "--version"], says: SIDECAR_VERSIONS.attacher }],
+    "csi-resizer": [{ argv: ["/csi-resizer", "--version"], says: SIDECAR_VERSIONS.resizer }],
+    "csi-snapshotter": [{ argv: ["/csi-snapshotter", "--version"], says: SIDECAR_VERSIONS.snapshotter }],
+    "snapshot-controller": [
+      { argv: ["/snapshot-controller", "--version"], says: SIDECAR_VERSIONS.snapshotter },
+    ],
+  };
+
+  test("every image's binaries run in its container", async () => {
+    const seen: Record<string, boolean> = {};
+    for (const name of IMAGE_NAMES) {
+      const img = image(name);
+      await importArchive(sock, img);
+      for (const [i, r] of RUNS[name].entries()) {
+        const env = (r.env ?? []).flatMap((e) => ["--env", e]);
+        const out = await ctr("run", ...runFlags(`${name}-${i}`), ...env, img.ref, `${name}-${i}`, ...r.argv);
+        seen[`${name}: ${r.argv.join(" ")}`] = out.out.includes(r.says);
+      }
+    }
+    expect(Object.values(seen).length).toBe(Object.values(RUNS).flat().length);
+    expect(Object.entries(seen).filter(([, ok]) => !ok)).toEqual([]);
+    expect((await refs()).sort()).toEqual(IMAGE_NAMES.map((n) => image(n).ref).sort());
+  }, 600_000);
 });

@@ -95,6 +95,7 @@ export function imageCachePaths(root = cacheRoot()) {
     lock: join(images, ".lock"),
     buildahRoot: join(buildah, "root"),
     buildahRunroot: join(buildah, "runroot"),
+    buildahVarLib: join(buildah, "var-lib"),
     tmp: join(buildah, "tmp"),
   };
 }
@@ -220,10 +221,21 @@ function alive(pid: number): boolean {
   }
 }
 
-/** buildah with the lab's own storage (vfs, under the cache) so nothing lands in /var/lib/containers. */
+/**
+ * buildah with the lab's own storage (vfs, under the cache), in a private mount namespace whose
+ * /var/lib is a directory of the cache: buildah (containers/image) keeps a blob-info cache at
+ * /var/lib/containers/cache for root whatever --root says, and its build mounts die with it.
+ */
 function buildahArgv(paths: CachePaths, ...args: string[]): string[] {
   return [
-    "buildah",
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount --bind "$0" /var/lib && exec buildah "$@"',
+    paths.buildahVarLib,
     "--root",
     paths.buildahRoot,
     "--runroot",
@@ -411,6 +423,7 @@ export async function buildImages(opts: BuildImagesOptions = {}): Promise<BuiltI
       paths.lock,
       async () => {
         mkdirSync(paths.tmp, { recursive: true });
+        mkdirSync(paths.buildahVarLib, { recursive: true });
         let baseRef: string | undefined;
         for (const name of missing) {
           const key = keys[name] as string;
