@@ -1,9 +1,20 @@
 // Builds the lab's images from images/*.Containerfile with no daemon and no registry: a Debian base
 // from mmdebstrap, the binaries from `bun build --compile`, buildah (vfs, chroot) to assemble and
 // write OCI archives, all cached by content; and imports an archive into a node's containerd.
-// Run `bun lab/cluster/images.ts` to build (or find cached) every image and print what it did.
+// Run `bun lab/cluster/images.ts [name...]` to build (or find cached) images and print what it did;
+// `--prune[=days]` removes cache entries unused for that long (default 7).
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  utimesSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join } from "node:path";
 import {
   archiveRef,
@@ -466,8 +477,39 @@ export async function buildImages(opts: BuildImagesOptions = {}): Promise<BuiltI
       bytes: statSync(archive).size,
       digest: await manifestDigest(archive),
     };
+    // The directory's mtime records the last use, which pruneImageCache goes by.
+    const now = new Date();
+    utimesSync(dirname(archive), now, now);
   }
   return { tag, images, steps, totalMs: Math.round(performance.now() - t0) };
+}
+
+/**
+ * Removes what buildImages left in the cache and has not used for `olderThanDays`: archive
+ * directories (their mtime is their last use), compiled binaries, busybox copies and base tars
+ * of other keys. Only names of the forms buildImages writes are touched, so other files in the
+ * images directory survive. Returns the removed paths. Safe while another lab runs: what it still
+ * uses was touched recently, and a removed entry is rebuilt when next needed.
+ */
+export function pruneImageCache(opts: { cache?: string; olderThanDays?: number } = {}): string[] {
+  const paths = imageCachePaths(opts.cache ?? cacheRoot());
+  const cutoff = Date.now() - (opts.olderThanDays ?? 7) * 86_400_000;
+  const current = paths.base(baseKey());
+  const removed: string[] = [];
+  const sweep = (dir: string, pattern: RegExp) => {
+    if (!existsSync(dir)) return;
+    for (const entry of readdirSync(dir)) {
+      const p = join(dir, entry);
+      if (!pattern.test(entry) || p === current || statSync(p).mtimeMs >= cutoff) continue;
+      rmSync(p, { recursive: true, force: true });
+      removed.push(p);
+    }
+  };
+  sweep(paths.images, /^[0-9a-f]{24}$/);
+  sweep(paths.images, /^base-[0-9a-f]{16}\.tar$/);
+  sweep(join(paths.images, "bin"), /^[0-9a-f]{24}$/);
+  sweep(join(paths.images, "busybox"), /^[0-9a-f]{16}$/);
+  return removed;
 }
 
 interface BuildDeps {
@@ -633,6 +675,12 @@ export async function importAll(
 }
 
 if (import.meta.main) {
+  const prune = process.argv.slice(2).find((a) => /^--prune(=\d+)?$/.test(a));
+  if (prune) {
+    const days = prune.includes("=") ? Number(prune.split("=")[1]) : 7;
+    for (const p of pruneImageCache({ olderThanDays: days })) process.stdout.write(`removed ${p}\n`);
+    process.exit(0);
+  }
   const names = process.argv.slice(2);
   const unknown = names.filter((n) => !(IMAGE_NAMES as readonly string[]).includes(n));
   if (unknown.length > 0) {
