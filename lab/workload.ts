@@ -1,6 +1,7 @@
 // The lab's container workload: writes a deterministic pseudo-random pattern to a volume (a file
 // in a mounted directory, or a raw block device) and reads it back byte for byte, printing one
-// JSON result line on stdout; or holds until terminated. lab/kubelet.ts runs it as a Pod's container.
+// JSON result line on stdout (and as the termination message under a kubelet); or holds until
+// terminated. lab/kubelet.ts runs it as a Pod's container; images/lab/workload.Containerfile compiles it.
 import { createCipheriv, createHash, type Hash } from "node:crypto";
 import { existsSync, writeFileSync } from "node:fs";
 import { type FileHandle, open } from "node:fs/promises";
@@ -11,8 +12,8 @@ export type WorkloadMode = "write" | "verify" | "write-verify" | "hold";
 /** Every mode, in the order the usage names them. */
 export const WORKLOAD_MODES: readonly WorkloadMode[] = ["write", "verify", "write-verify", "hold"];
 
-/** Where kubelet has a container leave its termination message (terminationMessagePath's default). */
-const TERMINATION_LOG = "/dev/termination-log";
+/** Where kubelet reads a container's termination message by default. */
+export const TERMINATION_LOG = "/dev/termination-log";
 
 /** The file a workload uses inside a mounted volume's directory. */
 export const WORKLOAD_FILE = "distort-workload.bin";
@@ -301,10 +302,11 @@ if (import.meta.main) {
   }
   const stop = args.thenHold ? terminated() : undefined;
   const result = await runWorkload(args);
-  process.stdout.write(`${JSON.stringify(result)}\n`);
-  // In a real container kubelet reads the termination message from this file (the Pod's default
-  // terminationMessagePath); the kubelet stand-in reads stdout instead.
-  if (existsSync(TERMINATION_LOG)) writeFileSync(TERMINATION_LOG, JSON.stringify(result));
+  const line = `${JSON.stringify(result)}\n`;
+  process.stdout.write(line);
+  // Under a real kubelet the result is also the container's termination message: kubelet creates
+  // this file in every container (terminationMessagePath's default). Elsewhere it is absent.
+  if (existsSync(TERMINATION_LOG)) writeFileSync(TERMINATION_LOG, line);
   if (stop) await stop;
   process.exit(result.ok ? 0 : 1);
 }
