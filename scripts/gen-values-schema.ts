@@ -46,7 +46,25 @@ const image = v.strictObject({
   repository: text("image repository"),
   tag: text("image tag; empty means the chart's appVersion"),
 });
-const sidecarImage = v.strictObject({ image: text("full image reference") });
+/**
+ * A CSI sidecar: its image, an optional command replacing the image's entrypoint, optional
+ * resources replacing the Pod's sidecar resources. `distortEquivalent`: an empty image selects
+ * DISTORT's own equivalent in the csi image (nodeDriverRegistrar, livenessProbe).
+ */
+const sidecar = (distortEquivalent: boolean) =>
+  v.strictObject({
+    image: distortEquivalent
+      ? text("full image reference; empty: DISTORT's own equivalent in the csi image")
+      : v.pipe(v.string(), v.minLength(1), v.description("full image reference")),
+    command: v.pipe(
+      v.array(v.pipe(v.string(), v.minLength(1))),
+      v.description("replaces the image's entrypoint; empty keeps it"),
+    ),
+    resources: v.union([
+      v.pipe(v.strictObject({}), v.description("empty: the Pod's sidecar resources")),
+      resources("this sidecar's requests and limits"),
+    ]),
+  });
 
 /**
  * nvmf_tgt reactor mask as the agent's DISTORT_SPDK_CORE_MASK takes it: 0x-prefixed hex selecting
@@ -114,12 +132,12 @@ export const ValuesSchema = v.strictObject({
     pullSecrets: v.array(v.strictObject({ name: name("imagePullSecret name") })),
   }),
   sidecars: v.strictObject({
-    provisioner: sidecarImage,
-    attacher: sidecarImage,
-    resizer: sidecarImage,
-    snapshotter: sidecarImage,
-    nodeDriverRegistrar: sidecarImage,
-    livenessProbe: sidecarImage,
+    provisioner: sidecar(false),
+    attacher: sidecar(false),
+    resizer: sidecar(false),
+    snapshotter: sidecar(false),
+    nodeDriverRegistrar: sidecar(true),
+    livenessProbe: sidecar(true),
   }),
   priorityClass: v.strictObject({
     create: v.boolean(),

@@ -40,3 +40,47 @@ app.kubernetes.io/component: {{ .component }}
 {{- $img := index .ctx.Values.images .image -}}
 {{- printf "%s:%s" $img.repository (default .ctx.Chart.AppVersion $img.tag) -}}
 {{- end -}}
+
+{{/*
+A CSI sidecar container's image, pull policy and command; pass (dict "ctx" $ "sidecar" "<key
+under .Values.sidecars>" "image" "<override, may be empty>"). An empty image is DISTORT's own
+equivalent in the csi image (only nodeDriverRegistrar and livenessProbe have one), pulled like the
+DISTORT images; distort.sidecarModeArg then gives its --mode. A non-empty command replaces the
+image's entrypoint.
+*/}}
+{{- define "distort.sidecarImage" -}}
+{{- $s := index .ctx.Values.sidecars .sidecar -}}
+{{- $image := default $s.image .image -}}
+{{- if $image -}}
+image: {{ $image }}
+{{- else -}}
+{{- if not (has .sidecar (list "nodeDriverRegistrar" "livenessProbe")) -}}
+{{- fail (printf "sidecars.%s.image is empty: only nodeDriverRegistrar and livenessProbe have a DISTORT equivalent in the csi image" .sidecar) -}}
+{{- end -}}
+image: {{ include "distort.image" (dict "ctx" .ctx "image" "csi") }}
+imagePullPolicy: {{ .ctx.Values.images.pullPolicy }}
+{{- end -}}
+{{- with $s.command }}
+command:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The first argument of a sidecar that runs DISTORT's equivalent through the csi image's entrypoint
+(empty image, empty command): "- --mode=<mode>". Nothing otherwise: an upstream image takes the
+upstream flags alone, and a command chosen in values carries its own mode. Pass (dict "ctx" $
+"sidecar" "nodeDriverRegistrar" "mode" "registrar").
+*/}}
+{{- define "distort.sidecarModeArg" -}}
+{{- $s := index .ctx.Values.sidecars .sidecar -}}
+{{- if and (not $s.image) (not $s.command) -}}
+- --mode={{ .mode }}
+{{- end -}}
+{{- end -}}
+
+{{/* A sidecar's resources: its own from values when set, else `default` (the Pod's sidecar resources). */}}
+{{- define "distort.sidecarResources" -}}
+{{- $s := index .ctx.Values.sidecars .sidecar -}}
+{{- toYaml (default .default $s.resources) -}}
+{{- end -}}
