@@ -149,7 +149,9 @@ export interface CsiConfig {
 export const USAGE = `usage: distort-csi [--flag=value ...]
 ${Object.values(OPTIONS)
   .map((o) => `  --${o.flag.padEnd(22)} env ${o.env.join(" | ").padEnd(34)} default ${o.default ?? "(none)"}`)
-  .join("\n")}`;
+  .join("\n")}
+  --mode=registrar and --mode=liveness run DISTORT's node-driver-registrar and livenessprobe
+  equivalents with the upstream sidecars' flags instead (csi/sidecar/config.ts).`;
 
 /** Reads "--flag=value" and "--flag value" pairs; unknown flags and missing values are errors. */
 function readFlags(argv: readonly string[]): Partial<Record<Key, string>> {

@@ -1,6 +1,7 @@
 // The distort-csi process: parses flags and environment, serves Identity plus the Controller
 // and/or Node service on the CSI UNIX socket, serves /healthz, /readyz and /metrics, and on
-// SIGTERM lets in-flight calls finish before it exits.
+// SIGTERM lets in-flight calls finish before it exits. --mode=registrar|liveness run the sidecar
+// equivalents instead (csi/sidecar/).
 import { hostname } from "node:os";
 import { Controller, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../lib/clock.ts";
@@ -27,6 +28,8 @@ import { NvmeCli } from "./host/nvme-cli.ts";
 import { createIdentityService, hostToolsCheck, notReadyReasons, type ReadinessCheck } from "./identity.ts";
 import { fileStateStore } from "./node/state-store.ts";
 import { createNodeService, type NodeDeps } from "./node.ts";
+import { sidecarModeOf } from "./sidecar/config.ts";
+import { runSidecarProcess } from "./sidecar/process.ts";
 
 export interface RunningCsi {
   /** "unix:///..." of the CSI socket. */
@@ -196,10 +199,11 @@ async function withRetries<T>(fn: () => Promise<T>, logger: Logger, attempts = 6
   }
 }
 
-if (import.meta.main) {
+/** The driver process: configuration, logger, start, signals. */
+async function main(argv: readonly string[]): Promise<void> {
   let cfg: CsiConfig;
   try {
-    cfg = parseCsiConfig(process.argv.slice(2), process.env);
+    cfg = parseCsiConfig(argv, process.env);
   } catch (err) {
     process.stderr.write(`distort-csi: ${errorMessage(err)}\n${USAGE}\n`);
     process.exit(2);
@@ -216,4 +220,11 @@ if (import.meta.main) {
     process.exit(1);
   }
   stopOnSignals(logger, "csi", () => running.stop());
+}
+
+if (import.meta.main) {
+  const argv = process.argv.slice(2);
+  const sidecar = sidecarModeOf(argv);
+  if (sidecar === undefined) await main(argv);
+  else await runSidecarProcess(sidecar, argv, process.env);
 }

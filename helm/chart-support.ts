@@ -10,13 +10,22 @@ import type { KubeConnection } from "../lib/kube/connection.ts";
 export const CHART_DIR = join(import.meta.dir, "distort");
 const HELM_HOME = join(tmpdir(), "distort-helm-home");
 
+/** --set flags that swap upstream's registrar and liveness probe for DISTORT's equivalents. */
+export const DISTORT_SIDECARS: readonly string[] = ["nodeDriverRegistrar", "livenessProbe"].flatMap((s) => [
+  `sidecars.${s}.image=`,
+  `sidecars.${s}.resources.requests.cpu=5m`,
+  `sidecars.${s}.resources.requests.memory=64Mi`,
+  `sidecars.${s}.resources.limits.cpu=500m`,
+  `sidecars.${s}.resources.limits.memory=192Mi`,
+]);
+
 export interface Profile {
   name: string;
   /** Values files relative to the chart directory. */
   files: string[];
-  set: string[];
+  set: readonly string[];
   /** --set-string flags (image tags, which --set would turn into numbers when all digits). */
-  setString?: string[];
+  setString?: readonly string[];
 }
 
 /** The default values, every examples/*.yaml, and the switches the examples leave off. */
@@ -30,6 +39,8 @@ export function profiles(): Profile[] {
     ...examples,
     // VolumeSnapshotClass and csi-snapshotter render only when asked for.
     { name: "snapshots", files: [], set: ["snapshots.enabled=true"] },
+    // DISTORT's own node-driver-registrar and livenessprobe (csi/sidecar/) in place of upstream's.
+    { name: "distort-sidecars", files: [], set: DISTORT_SIDECARS },
   ];
 }
 

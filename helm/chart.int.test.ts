@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
 import { parseCsiConfig } from "../csi/config.ts";
 import { parseParameters } from "../csi/controller/parameters.ts";
+import { parseLivenessConfig, parseRegistrarConfig, sidecarModeOf } from "../csi/sidecar/config.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { splitSimArgs } from "../lab/csi-node.ts";
@@ -218,6 +219,7 @@ const named = (objs: KubeDoc[], kind: string, suffix: string) =>
 interface Container {
   name: string;
   image: string;
+  command?: string[];
   args?: string[];
   env?: { name: string; value?: string; valueFrom?: unknown }[];
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
@@ -259,6 +261,15 @@ describe("what the templates hand the binaries", () => {
       expect(nodeCfg.nodeId).toBe("node-a");
       // The node plugin publishes and unpublishes only below kubelet's directory.
       expect(nodeCfg.kubeletDir).toStartWith("/");
+      // Sidecars that run DISTORT's equivalents (distort-csi --mode=registrar|liveness).
+      for (const w of [named(objs, "DaemonSet", "-csi-node"), named(objs, "Deployment", "-csi-controller")])
+        for (const c of podSpec(w).containers) {
+          const argv = [...(c.command ?? []).slice(1), ...(c.args ?? [])];
+          const mode = sidecarModeOf(argv);
+          if (mode === "registrar")
+            expect(parseRegistrarConfig(argv, {}).csiSocketPath).toBe("/csi/csi.sock");
+          if (mode === "liveness") expect(parseLivenessConfig(argv, {}).csiSocketPath).toBe("/csi/csi.sock");
+        }
       for (const sc of byKind(objs, "StorageClass")) {
         const params = sc.parameters as Record<string, string>;
         try {

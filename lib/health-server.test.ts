@@ -109,6 +109,14 @@ describe("serveHealth", () => {
     expect(await ok.text()).toBe("");
   });
 
+  test("failureStatus 500 answers failing probes with 500, passing ones still 200", async () => {
+    const { s } = await start({ failureStatus: 500, healthz: () => Promise.reject(new Error("no socket")) });
+    const bad = await fetch(`${s.url}/healthz`);
+    expect([bad.status, await bad.text()]).toEqual([500, "healthz failed: no socket"]);
+    const ok = await fetch(`${s.url}/readyz`);
+    expect([ok.status, await ok.text()]).toEqual([200, "ok"]);
+  });
+
   test("logs failures once per transition, not on every probe", async () => {
     const lines: Array<{ level: string; msg: string; reason?: string }> = [];
     let healthy = false;

@@ -17,6 +17,11 @@ export interface HealthServerOptions {
   healthz: Check;
   readyz: Check;
   logger: Logger;
+  /**
+   * HTTP status of a failing probe. Default 503; the sidecar equivalents answer 500, as the
+   * upstream node-driver-registrar and livenessprobe do (kubelet fails a probe on any >= 400).
+   */
+  failureStatus?: 500 | 503;
 }
 
 export interface HealthServer {
@@ -34,8 +39,8 @@ const TEXT = "text/plain; charset=utf-8";
 const MAX_REASON = 512;
 
 /**
- * Starts the server. GET or HEAD /healthz and /readyz answer 200 "ok", or 503 "<probe> failed:
- * <reason>"; GET /metrics answers registry.render() (500 if rendering throws); anything else 404.
+ * Starts the server. GET or HEAD /healthz and /readyz answer 200 "ok", or failureStatus (503)
+ * "<probe> failed: <reason>"; GET /metrics answers registry.render() (500 if rendering throws); anything else 404.
  * Checks run on every request, concurrently if requests overlap, and should be cheap: a check
  * that never settles holds its request until the kubelet's probe timeout. Failures are logged
  * once per transition (ok -> failing and back), not on every probe. Rejects with
@@ -68,7 +73,7 @@ export async function serveHealth(opts: HealthServerOptions): Promise<HealthServ
       });
     const body = `${which} failed: ${reason}`.slice(0, MAX_REASON);
     return new Response(body, {
-      status: 503,
+      status: opts.failureStatus ?? 503,
       headers: { "content-type": TEXT, "cache-control": "no-store" },
     });
   };

@@ -9,11 +9,14 @@ const root = join(import.meta.dir, "..");
 const say = (s: string) => process.stdout.write(`${s}\n`);
 const only = process.argv.slice(2);
 const before = await hostFootprint();
-const p = Bun.spawn([process.execPath, "test", "--timeout", "1800000", ...(only.length ? only : ["e2e-cluster/"])], {
-  cwd: root,
-  stdout: "inherit",
-  stderr: "inherit",
-});
+const p = Bun.spawn(
+  [process.execPath, "test", "--timeout", "1800000", ...(only.length ? only : ["e2e-cluster/"])],
+  {
+    cwd: root,
+    stdout: "inherit",
+    stderr: "inherit",
+  },
+);
 let code = await p.exited;
 const after = await hostFootprint();
 const diff = diffFootprint(before, after);
@@ -22,6 +25,8 @@ if (diff.length > 0) {
   for (const d of diff) say(`  ${d}`);
   code = code || 1;
 } else {
-  say("the host is as the real-cluster lab found it (processes, mounts, loops, netns, links, routes, iptables, cgroups, sysctls)");
+  say(
+    "the host is as the real-cluster lab found it (processes, mounts, loops, netns, links, routes, iptables, cgroups, sysctls)",
+  );
 }
 process.exit(code);

@@ -47,15 +47,37 @@ const image = v.strictObject({
   repository: text("image repository"),
   tag: text("image tag; empty means the chart's appVersion"),
 });
-const sidecarImage = v.strictObject({
-  image: text("full image reference"),
-  repository: v.optional(text("image repository; when set it wins over image")),
-  tag: v.optional(text("tag of repository; empty means images.tag, else the chart's appVersion")),
-  command: v.optional(
-    v.pipe(v.array(v.string()), v.description("replaces the image's entrypoint (a drop-in equivalent)")),
-  ),
-});
 const strings = (what: string) => v.pipe(v.array(v.string()), v.description(what));
+/**
+ * A CSI sidecar: its image (or a repository and tag, which win over it), an optional command
+ * replacing the image's entrypoint, optional resources replacing the Pod's sidecar resources.
+ * `distortEquivalent`: no image and no repository selects DISTORT's own equivalent in the csi
+ * image (nodeDriverRegistrar, livenessProbe); the template refuses an empty one elsewhere.
+ */
+const sidecar = (distortEquivalent: boolean) =>
+  v.strictObject({
+    image: v.optional(
+      text(
+        distortEquivalent
+          ? "full image reference; empty (and no repository): DISTORT's own equivalent in the csi image"
+          : "full image reference (or give repository)",
+      ),
+    ),
+    repository: v.optional(text("image repository; when set it wins over image")),
+    tag: v.optional(text("tag of repository; empty means images.tag, else the chart's appVersion")),
+    command: v.optional(
+      v.pipe(
+        v.array(v.pipe(v.string(), v.minLength(1))),
+        v.description("replaces the image's entrypoint; empty keeps it"),
+      ),
+    ),
+    resources: v.optional(
+      v.union([
+        v.pipe(v.strictObject({}), v.description("empty: the Pod's sidecar resources")),
+        resources("this sidecar's requests and limits"),
+      ]),
+    ),
+  });
 
 /**
  * nvmf_tgt reactor mask as the agent's DISTORT_SPDK_CORE_MASK takes it: 0x-prefixed hex selecting
@@ -126,14 +148,14 @@ export const ValuesSchema = v.strictObject({
   sidecars: v.strictObject({
     pullPolicy: v.pipe(
       v.picklist(["", "Always", "IfNotPresent", "Never"]),
-      v.description("imagePullPolicy of the sidecars; empty leaves Kubernetes' default"),
+      v.description("imagePullPolicy of the sidecars that name an image; empty leaves Kubernetes' default"),
     ),
-    provisioner: sidecarImage,
-    attacher: sidecarImage,
-    resizer: sidecarImage,
-    snapshotter: sidecarImage,
-    nodeDriverRegistrar: sidecarImage,
-    livenessProbe: sidecarImage,
+    provisioner: sidecar(false),
+    attacher: sidecar(false),
+    resizer: sidecar(false),
+    snapshotter: sidecar(false),
+    nodeDriverRegistrar: sidecar(true),
+    livenessProbe: sidecar(true),
   }),
   priorityClass: v.strictObject({
     create: v.boolean(),

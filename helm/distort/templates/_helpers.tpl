@@ -58,10 +58,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/*
-The image, pull policy and command lines of one CSI sidecar container; pass
-(dict "ctx" $ "sidecar" "provisioner") and optionally "image" (an override of the whole reference).
-A sidecar with a repository gets repository:(its tag, else images.tag, else appVersion); one
-without, its full image reference.
+A CSI sidecar container's image, pull policy and command; pass (dict "ctx" $ "sidecar" "<key
+under .Values.sidecars>" and optionally "image" (an override of the whole reference, may be
+empty)). A sidecar with a repository gets repository:(its tag, else images.tag, else appVersion),
+which wins over its image. No image and no repository: DISTORT's own equivalent in the csi image
+(only nodeDriverRegistrar and livenessProbe have one), pulled like the DISTORT images;
+distort.sidecarModeArg then gives its --mode. A non-empty command replaces the image's entrypoint.
 */}}
 {{- define "distort.sidecarImage" -}}
 {{- $s := index .ctx.Values.sidecars .sidecar -}}
@@ -69,15 +71,40 @@ without, its full image reference.
 {{- if $s.repository -}}
 {{- $ref = printf "%s:%s" $s.repository (default (include "distort.defaultTag" .ctx) $s.tag) -}}
 {{- end -}}
-{{- if not (default $ref .image) -}}
-{{- fail (printf "sidecars.%s needs an image or a repository" .sidecar) -}}
-{{- end -}}
-image: {{ default $ref .image }}
+{{- $ref = default $ref .image -}}
+{{- if $ref -}}
+image: {{ $ref }}
 {{- with .ctx.Values.sidecars.pullPolicy }}
 imagePullPolicy: {{ . }}
 {{- end }}
+{{- else -}}
+{{- if not (has .sidecar (list "nodeDriverRegistrar" "livenessProbe")) -}}
+{{- fail (printf "sidecars.%s needs an image or a repository: only nodeDriverRegistrar and livenessProbe have a DISTORT equivalent in the csi image" .sidecar) -}}
+{{- end -}}
+image: {{ include "distort.image" (dict "ctx" .ctx "image" "csi") }}
+imagePullPolicy: {{ .ctx.Values.images.pullPolicy }}
+{{- end -}}
 {{- with $s.command }}
 command:
   {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The first argument of a sidecar that runs DISTORT's equivalent through the csi image's entrypoint
+(empty image, empty command): "- --mode=<mode>". Nothing otherwise: an upstream image takes the
+upstream flags alone, and a command chosen in values carries its own mode. Pass (dict "ctx" $
+"sidecar" "nodeDriverRegistrar" "mode" "registrar").
+*/}}
+{{- define "distort.sidecarModeArg" -}}
+{{- $s := index .ctx.Values.sidecars .sidecar -}}
+{{- if and (not $s.image) (not $s.repository) (not $s.command) -}}
+- --mode={{ .mode }}
+{{- end -}}
+{{- end -}}
+
+{{/* A sidecar's resources: its own from values when set, else `default` (the Pod's sidecar resources). */}}
+{{- define "distort.sidecarResources" -}}
+{{- $s := index .ctx.Values.sidecars .sidecar -}}
+{{- toYaml (default .default $s.resources) -}}
 {{- end -}}
