@@ -56,7 +56,11 @@ function demoNode(name: string): DemoNode {
   };
 }
 
-async function waitFor<T>(what: string, timeoutMs: number, fn: () => Promise<T | undefined | false>): Promise<T> {
+async function waitFor<T>(
+  what: string,
+  timeoutMs: number,
+  fn: () => Promise<T | undefined | false>,
+): Promise<T> {
   const until = Date.now() + timeoutMs;
   for (;;) {
     const v = await fn().catch(() => undefined);
@@ -78,14 +82,21 @@ test("every DISTORT process is a container under a real kubelet", async () => {
   expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(3);
   expect(count(/distort-csi\b.*--mode=controller/)).toBe(2);
   const pods = await core.listPodForAllNamespaces();
-  for (const p of pods.items) say(`${p.metadata?.namespace}/${p.metadata?.name} ${p.status?.phase} ${p.spec?.nodeName}`);
-  expect(pods.items.filter((p) => p.metadata?.namespace === lab.namespace && p.status?.phase !== "Running")).toEqual(
-    [],
-  );
+  for (const p of pods.items)
+    say(`${p.metadata?.namespace}/${p.metadata?.name} ${p.status?.phase} ${p.spec?.nodeName}`);
+  expect(
+    pods.items.filter((p) => p.metadata?.namespace === lab.namespace && p.status?.phase !== "Running"),
+  ).toEqual([]);
 });
 
 test("the installed release is helm/distort with the lab values, nothing else", async () => {
-  const diff = await chartParity({ lab });
+  const diff = await chartParity({
+    helm: lab.helmBin,
+    kubeconfig: lab.kubeconfigPath,
+    release: lab.release,
+    namespace: lab.namespace,
+    tag: lab.images.tag,
+  });
   expect(diff).toEqual([]);
 });
 
@@ -137,14 +148,21 @@ test("kubelet restart with a volume staged: reconstruction, no second stage, dat
       ? true
       : undefined,
   );
-  const report = await runWorkload("verify-after-restart", "node-b", ["verify", `--bytes=${16 * 1024 * 1024}`, "--seed=distort-lab"]);
+  const report = await runWorkload("verify-after-restart", "node-b", [
+    "verify",
+    `--bytes=${16 * 1024 * 1024}`,
+    "--seed=distort-lab",
+  ]);
   expect(report.ok).toBe(true);
 }, 400_000);
 
 /** Runs the workload in a Pod on `node` against the demo PVC and returns its report. */
 async function runWorkload(name: string, node: string, args: string[]): Promise<WorkloadReport> {
   const image = lab.images.images.workload?.ref;
-  await core.createNamespacedPod({ namespace: "demo", body: workloadPod(name, node, "demo-data", args, image) });
+  await core.createNamespacedPod({
+    namespace: "demo",
+    body: workloadPod(name, node, "demo-data", args, image),
+  });
   const report = await waitFor(`${name} to finish`, 240_000, async () => {
     const p = await core.readNamespacedPod({ name, namespace: "demo" });
     if (p.status?.phase === "Failed") throw new Error(`${name} failed: ${JSON.stringify(p.status)}`);
@@ -152,7 +170,9 @@ async function runWorkload(name: string, node: string, args: string[]): Promise<
   });
   await core.deleteNamespacedPod({ name, namespace: "demo" });
   await waitFor(`${name} gone`, 120_000, async () =>
-    (await core.readNamespacedPod({ name, namespace: "demo" }).catch(() => undefined)) === undefined ? true : undefined,
+    (await core.readNamespacedPod({ name, namespace: "demo" }).catch(() => undefined)) === undefined
+      ? true
+      : undefined,
   );
   return report;
 }
@@ -170,9 +190,13 @@ test("helm uninstall after the volumes are gone leaves nothing of DISTORT", asyn
   });
   expect(distortProcesses().map((p) => p.cmd)).toEqual([]);
   const storage = lab.conn.api(k8s.StorageV1Api);
-  expect((await storage.listCSIDriver()).items.map((d) => d.metadata?.name)).not.toContain("storage.distort.io");
+  expect((await storage.listCSIDriver()).items.map((d) => d.metadata?.name)).not.toContain(
+    "storage.distort.io",
+  );
   expect(
-    (await storage.listStorageClass()).items.filter((s) => s.provisioner === "storage.distort.io").map((s) => s.metadata?.name),
+    (await storage.listStorageClass()).items
+      .filter((s) => s.provisioner === "storage.distort.io")
+      .map((s) => s.metadata?.name),
   ).toEqual([]);
   for (const n of lab.nodes) {
     const mounts = readFileSync(`/proc/${n.holderPid}/mountinfo`, "utf8")

@@ -57,7 +57,8 @@ export function workloadPod(
           image,
           // Built on the lab's nodes, never pulled.
           imagePullPolicy: image === "distort.io/lab-workload" ? undefined : "Never",
-          args,
+          // The kubelet stand-in adds the target from the volumeMounts; a real container names it.
+          args: image === "distort.io/lab-workload" || args[0] === "hold" ? args : [...args, "--dir=/data"],
           volumeMounts: [{ name: "data", mountPath: "/data" }],
         },
       ],

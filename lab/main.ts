@@ -4,12 +4,20 @@
 // another) and prints the Pods and the status table; the lab keeps running. `bun run lab -- down`
 // stops it and removes everything it made, listing the machine before and after. `--once` brings
 // the lab up, walks through, and takes it down again (what a smoke test wants).
-import { appendFileSync, existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import {
+  appendFileSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { join, relative } from "node:path";
 import { connect } from "../lib/kube/connection.ts";
 import { ensureHelm } from "./cluster/helm-tool.ts";
-import { diffFootprint, type HostFootprint, hostFootprint, teardownLeftovers } from "./cluster/host-footprint.ts";
-import { type RealLab, startRealLab } from "./cluster/real-lab.ts";
+import { diffFootprints, type HostFootprint, snapshotHost } from "./cluster/host-footprint.ts";
+import { type RealLab, startRealLab, teardownLeftovers } from "./cluster/real-lab.ts";
 import { ensureSidecars, ensureTools } from "./cluster/tools.ts";
 import { runDemo } from "./demo.ts";
 
@@ -121,10 +129,15 @@ async function up(once: boolean): Promise<number> {
     rmSync(DIR, { recursive: true, force: true });
   }
   mkdirSync(join(DIR, "logs"), { recursive: true });
-  writeFileSync(BASELINE, JSON.stringify(await hostFootprint()));
+  writeFileSync(BASELINE, JSON.stringify(snapshotHost()));
   const t0 = performance.now();
-  say("== host packages (containerd, runc, CNI, buildah, mmdebstrap, mkfs...) and the tools (built once, then cached)");
-  const deps = Bun.spawnSync(["bash", join(ROOT, "scripts/host-deps.sh")], { stdout: "inherit", stderr: "inherit" });
+  say(
+    "== host packages (containerd, runc, CNI, buildah, mmdebstrap, mkfs...) and the tools (built once, then cached)",
+  );
+  const deps = Bun.spawnSync(["bash", join(ROOT, "scripts/host-deps.sh")], {
+    stdout: "inherit",
+    stderr: "inherit",
+  });
   if (deps.exitCode !== 0) {
     say("host packages are missing; see above");
     return 1;
@@ -208,7 +221,7 @@ async function up(once: boolean): Promise<number> {
 
 function printFootprint(title: string, f: HostFootprint, baseline: HostFootprint | undefined): void {
   say(`${title}:`);
-  const lines = baseline ? diffFootprint(baseline, f) : [];
+  const lines = baseline ? diffFootprints(baseline, f) : [];
   say(`  ${lines.length === 0 ? "nothing of the lab" : `${lines.length} differences from before the lab:`}`);
   for (const l of lines.slice(0, 200)) say(`    ${l}`);
   if (lines.length > 200) say(`    ... and ${lines.length - 200} more`);
@@ -223,7 +236,7 @@ async function down(): Promise<number> {
   try {
     baseline = JSON.parse(readFileSync(BASELINE, "utf8")) as HostFootprint;
   } catch {}
-  printFootprint("before down", await hostFootprint(), baseline);
+  printFootprint("before down", snapshotHost(), baseline);
   const s = readState();
   if (s && alive(s.pid)) {
     process.kill(s.pid, "SIGTERM");
@@ -234,9 +247,9 @@ async function down(): Promise<number> {
   // Whatever a crashed lab left (its records are in .lab): nodes, network, mounts, loop devices.
   await teardownLeftovers(DIR);
   rmSync(DIR, { recursive: true, force: true });
-  const after = await hostFootprint();
+  const after = snapshotHost();
   printFootprint("after down", after, baseline);
-  if (baseline && diffFootprint(baseline, after).length > 0) return 1;
+  if (baseline && diffFootprints(baseline, after).length > 0) return 1;
   say("the machine is as the lab found it");
   return 0;
 }

@@ -3,12 +3,12 @@
 // footprint (processes, mounts, loop devices, netns, links, routes, iptables, cgroups, sysctls)
 // and fails when anything differs afterwards.
 import { join } from "node:path";
-import { diffFootprint, hostFootprint } from "../lab/cluster/host-footprint.ts";
+import { diffFootprints, snapshotHost } from "../lab/cluster/host-footprint.ts";
 
 const root = join(import.meta.dir, "..");
 const say = (s: string) => process.stdout.write(`${s}\n`);
 const only = process.argv.slice(2);
-const before = await hostFootprint();
+const before = snapshotHost();
 const p = Bun.spawn(
   [process.execPath, "test", "--timeout", "1800000", ...(only.length ? only : ["e2e-cluster/"])],
   {
@@ -18,8 +18,8 @@ const p = Bun.spawn(
   },
 );
 let code = await p.exited;
-const after = await hostFootprint();
-const diff = diffFootprint(before, after);
+const after = snapshotHost();
+const diff = diffFootprints(before, after);
 if (diff.length > 0) {
   say("LEFT BEHIND by the real-cluster lab:");
   for (const d of diff) say(`  ${d}`);

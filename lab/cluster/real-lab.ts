@@ -3,19 +3,20 @@
 // into every node, and DISTORT installed only by `helm install` of helm/distort with the lab
 // values. Node-level stand-ins (the NVMe host driver of each node, the drives' files and sysfs)
 // play the machine's hardware and kernel; every DISTORT process is a container under a kubelet.
-import { mkdirSync, writeFileSync } from "node:fs";
-import type { Subprocess } from "bun";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
+import type { Subprocess } from "bun";
 import { kinds, type NVMeDevice, type NVMeDeviceClaim } from "../../api/index.ts";
 import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
 import { kubeError, ResourceClient } from "../../lib/kube/resource.ts";
 import { socketAnswers } from "../../lib/unix-socket.ts";
 import { FABRIC_LABEL } from "../harness/stack.ts";
+import { loopDevices } from "../sweep.ts";
 import { type ControlPlane, startControlPlane } from "./control-plane.ts";
 import { ensureHelm } from "./helm-tool.ts";
 import { type BuiltImages, buildImages, importAll } from "./images.ts";
-import { BRIDGE_ADDRESS, SERVICE_CIDR } from "./node-network.ts";
+import { BRIDGE_ADDRESS, ensureBridge, SERVICE_CIDR } from "./node-network.ts";
 import { type LabNode, startNodes, teardownNodes } from "./nodes.ts";
 import { pauseImageSpec, writeOciArchive } from "./oci-image.ts";
 import { type LabDrive, NODE_PATHS, prepareLabNode } from "./storage-prep.ts";
@@ -114,7 +115,8 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       await prepareLabNode(join(dir, "nodes", s.name), s.storage ? { drives: s.drives } : {});
     }
     const pause = writeOciArchive(pauseImageSpec(`distort.lab/pause:${images.tag}`));
-    // The node network exists once the first node is up; the API server listens on the bridge.
+    // The API server listens on the lab bridge's address: the bridge comes first.
+    ensureBridge(dir);
     cp = await startControlPlane({
       dir: join(dir, "cluster"),
       controllerManager: true,
@@ -140,7 +142,10 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
     const conn = connect(cp.kubeconfigPath);
     const kubeconfigPath = cp.kubeconfigPath;
     const helm = async (args: string[]) => {
-      const p = Bun.spawn([helmBin, ...args, `--kubeconfig=${kubeconfigPath}`], { stdout: "pipe", stderr: "pipe" });
+      const p = Bun.spawn([helmBin, ...args, `--kubeconfig=${kubeconfigPath}`], {
+        stdout: "pipe",
+        stderr: "pipe",
+      });
       const [out, err, code] = [
         await new Response(p.stdout).text(),
         await new Response(p.stderr).text(),
@@ -243,6 +248,37 @@ async function stopNvmeHosts(hosts: Map<string, Subprocess>): Promise<void> {
     }),
   );
   hosts.clear();
+}
+
+/**
+ * Removes whatever a real-cluster lab in `dir` left, whether or not the process that started it is
+ * alive (`lab down` after a crash): the NVMe host drivers recorded under each node (their loop
+ * devices are detached), then every node and the lab network (teardownNodes). Idempotent.
+ */
+export async function teardownLeftovers(dir: string): Promise<void> {
+  const nodesDir = join(dir, "nodes");
+  if (existsSync(nodesDir)) {
+    for (const name of readdirSync(nodesDir)) {
+      const pidFile = join(nodesDir, name, "nvme-host.pid");
+      if (!existsSync(pidFile)) continue;
+      const pid = Number(readFileSync(pidFile, "utf8"));
+      if (Number.isInteger(pid) && pid > 0) {
+        try {
+          process.kill(pid, "SIGKILL");
+        } catch {
+          // Already gone.
+        }
+      }
+      rmSync(pidFile, { force: true });
+    }
+  }
+  // Loop devices on a host driver's FUSE files: their backing path is the in-node state directory.
+  for (const l of loopDevices()) {
+    if (l.backFile.startsWith(`${NODE_PATHS.nvmeHostDir}/state-`)) {
+      Bun.spawnSync(["losetup", "-d", l.name]);
+    }
+  }
+  await teardownNodes(dir);
 }
 
 /**
