@@ -1180,4 +1180,42 @@ describe("listing, capacity, health, validation, expansion", () => {
     const p = await e.standIn.parts.get("pvc-grow", e.ns);
     expect(p?.metadata.annotations?.[Annotations.requestName]).toBe("pvc-grow");
   });
+
+  test("two concurrent expansions on one drive cannot overcommit it: the ledger arbitrates, one gets RESOURCE_EXHAUSTED", async () => {
+    const vols = await Promise.all(
+      ["pvc-race-a", "pvc-race-b"].map(
+        async (n) => (await e.client.unary(Controller.method.createVolume, createReq(n))).volume!,
+      ),
+    );
+    const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+    const dev = (await devices.get(e.standIn.deviceName)) as NVMeDevice;
+    const ledger = () => devices.get(e.standIn.deviceName).then((d) => d?.status?.reservations ?? []);
+    const committed = (await ledger()).reduce((n, r) => n + r.bytes, 0);
+    // Room for one of the two to grow by 1 GiB, not for both.
+    const allocatable = committed + GiB + 512 * MiB;
+    await devices.mergePatch(dev.metadata.name, undefined, { spec: { allocatableBytes: allocatable } });
+    await eventually(
+      () => e.controller.devices.get(dev.metadata.name)?.spec.allocatableBytes === allocatable,
+    );
+    const codes = await Promise.all(
+      vols.map((v) =>
+        code(
+          e.client.unary(Controller.method.controllerExpandVolume, {
+            volumeId: v.volumeId,
+            capacityRange: { requiredBytes: BigInt(2 * GiB) },
+            volumeCapability: mountCap(),
+          }),
+        ),
+      ),
+    );
+    expect(codes.sort()).toEqual([GRPC.OK, GRPC.RESOURCE_EXHAUSTED]);
+    const after = await ledger();
+    expect(after.reduce((n, r) => n + r.bytes, 0)).toBeLessThanOrEqual(allocatable);
+    const sizes = await Promise.all(
+      ["pvc-race-a", "pvc-race-b"].map(async (n) => (await e.standIn.parts.get(n, e.ns))?.spec.sizeBytes),
+    );
+    // Only the winner's spec grew; the loser's stayed at what its entry holds.
+    expect(sizes.sort()).toEqual([GiB, 2 * GiB]);
+    await devices.mergePatch(dev.metadata.name, undefined, { spec: { allocatableBytes: 1024 ** 4 } });
+  });
 });

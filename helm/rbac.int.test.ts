@@ -73,7 +73,8 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g("", "secrets", ["get"], "namespace"),
     ],
     "csi-controller": [
-      g(D, "nvmedevices", ["list", "watch"], "cluster"),
+      g(D, "nvmedevices", ["get", "list", "watch"], "cluster"),
+      g(D, "nvmedevices/status", ["update"], "cluster"),
       g(D, "rdmastoragenodes", ["list", "watch"], "cluster"),
       g("", "nodes", ["get", "list", "watch"], "cluster"),
       g("", "persistentvolumes", ["get", "list", "watch", "create", "patch", "delete"], "cluster"),
