@@ -111,7 +111,8 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g("events.k8s.io", "events", ["create", "patch"], "namespace"),
       g("coordination.k8s.io", "leases", ["get", "create", "update"], "namespace"),
     ],
-    "csi-node": [g("", "nodes", ["get", "patch"], "cluster")],
+    // No verb on Nodes beyond get: the host NQN travels in the CSI node ID (CSINode), not on the Node.
+    "csi-node": [g("", "nodes", ["get"], "cluster")],
     dpu: p.dpu ? [g("", "nodes", ["get", "patch"], "cluster"), g("", "secrets", ["get"], "namespace")] : [],
   };
 }
@@ -379,6 +380,15 @@ describe("access of each ServiceAccount, asked of the API server with its own to
     expect((await agent.request(`/api/v1/namespaces/${ns}/secrets`)).status).toBe(403);
     const node = await as("csi-node");
     expect((await node.request("/api/v1/nodes")).status).toBe(403);
+    expect(
+      (
+        await node.request("/api/v1/nodes/any", {
+          method: "PATCH",
+          contentType: "application/merge-patch+json",
+          body: JSON.stringify({ metadata: { annotations: { "storage.distort.io/host-nqn": "nqn.x:y" } } }),
+        })
+      ).status,
+    ).toBe(403);
     expect((await node.request(`/api/v1/namespaces/${ns}/secrets/absent`)).status).toBe(403);
   });
 });
