@@ -1049,6 +1049,32 @@ describe("host NQN from the CSI node ID", () => {
       nodeId: nodeC,
     });
     expect(await e.standIn.atts.get(a.metadata.name, e.ns)).toBeUndefined();
+    // A bare node name takes the NQN from CSINode, not from the Node's (rewritable) annotation...
+    e.standIn.auto.grant = true;
+    const bare = await e.client.unary(
+      Controller.method.controllerPublishVolume,
+      { volumeId: vol.volumeId, nodeId: nodeC, volumeCapability: mountCap() },
+      { timeoutMs: 10_000 },
+    );
+    expect(bare.publishContext[PublishContextKeys.hostNQN]).toBe(NQN_X);
+    await e.client.unary(Controller.method.controllerUnpublishVolume, {
+      volumeId: vol.volumeId,
+      nodeId: nodeC,
+    });
+    // ...and a node ID naming another NQN than the node registered is refused.
+    const forged = await failure(
+      e.client.unary(
+        Controller.method.controllerPublishVolume,
+        {
+          volumeId: vol.volumeId,
+          nodeId: formatNodeId(nodeC, "nqn.2014-08.org.nvmexpress:uuid:2d2d2d2d-6c1f-4c55-9a51-1f2b3c4d5e6f"),
+          volumeCapability: mountCap(),
+        },
+        { timeoutMs: 10_000 },
+      ),
+    );
+    expect(forged.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(forged.details).toContain("is not the one node");
   });
 });
 

@@ -54,9 +54,17 @@ export async function publishVolume(
     const id = parseNodeId(req.nodeId);
     const node = await c.nodes.get(id.nodeName);
     if (!node) throw notFound(`node ${id.nodeName} does not exist`);
-    // The node ID (from CSINode, written only by that node's kubelet) carries the host NQN; a bare
-    // node name is an ID of an earlier release or the DPU plugin's, whose NQN is on the Node.
-    const hostNQN = id.hostNQN ?? node.hostNQN;
+    // The node ID carries the host NQN, and must be the one kubelet keeps in the node's CSINode
+    // (written only by that node's kubelet). A bare node name (an ID csi-attacher stored from an
+    // earlier release) takes the NQN from CSINode; only without one (the DPU plugin, a node plugin
+    // not restarted yet) from the Node annotation.
+    const registered = node.registeredNodeId ? parseNodeId(node.registeredNodeId).hostNQN : undefined;
+    if (id.hostNQN && registered && id.hostNQN !== registered) {
+      throw failedPrecondition(
+        `node ID ${req.nodeId} is not the one node ${id.nodeName} registered (${node.registeredNodeId}); the CO must publish with the node ID in its CSINode`,
+      );
+    }
+    const hostNQN = id.hostNQN ?? registered ?? node.hostNQN;
     if (!hostNQN) {
       throw failedPrecondition(
         `node ${id.nodeName} has not registered its NVMe host NQN: its CSI node ID carries none and its Node has no ${HOST_NQN_ANNOTATION} annotation; the DISTORT node plugin reports it from /etc/nvme/hostnqn when it starts there`,

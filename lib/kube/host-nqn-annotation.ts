@@ -16,8 +16,13 @@ const NqnSchema = v.pipe(v.string(), v.maxLength(223), v.regex(/^nqn\.\d{4}-\d{2
 
 /** What the controller needs to know of a node. */
 export interface NodeRecord {
-  /** The registered host NQN; undefined when none (or an invalid one) is on the Node. */
+  /** The host NQN annotation; undefined when none (or an invalid one) is on the Node. */
   hostNQN?: string;
+  /**
+   * The DISTORT node ID kubelet stored in the node's CSINode (node authorization: only that
+   * node's kubelet writes it); undefined when the node plugin never registered there.
+   */
+  registeredNodeId?: string;
   labels: Record<string, string>;
 }
 
@@ -47,7 +52,12 @@ export function kubeNodeDirectory(conn: KubeConnection): NodeDirectory {
       try {
         const node = await core.readNode({ name: nodeId });
         const hostNQN = hostNQNOf(node.metadata?.annotations);
-        return { ...(hostNQN ? { hostNQN } : {}), labels: node.metadata?.labels ?? {} };
+        const registeredNodeId = await csiNodeId(conn, nodeId);
+        return {
+          ...(hostNQN ? { hostNQN } : {}),
+          ...(registeredNodeId ? { registeredNodeId } : {}),
+          labels: node.metadata?.labels ?? {},
+        };
       } catch (err) {
         const e = kubeError(err, `get node ${nodeId}`);
         if (e.kind === "not-found") return undefined;
@@ -72,6 +82,18 @@ export function kubeNodeDirectory(conn: KubeConnection): NodeDirectory {
       return [...names].sort();
     },
   };
+}
+
+/** DISTORT's node ID in CSINode `nodeName`, or undefined (no CSINode, or DISTORT not in it). */
+async function csiNodeId(conn: KubeConnection, nodeName: string): Promise<string | undefined> {
+  try {
+    const n = await conn.api(k8s.StorageV1Api).readCSINode({ name: nodeName });
+    return n.spec.drivers?.find((d) => d.name === DRIVER_NAME)?.nodeID || undefined;
+  } catch (err) {
+    const e = kubeError(err, `get csinode ${nodeName}`);
+    if (e.kind === "not-found") return undefined;
+    throw e;
+  }
 }
 
 /** The labels of Node `nodeName` (RBAC: get nodes). StorageError "not-found" when it does not exist. */
