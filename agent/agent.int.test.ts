@@ -23,6 +23,7 @@ import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { attachmentNameFor } from "../lib/volume-identity.ts";
 import { parseAgentConfig } from "./config.ts";
 import { type RunningAgent, runAgent } from "./main.ts";
 import { externalIdFor, lvstoreNameFor, nqnFor, snapshotExternalIdFor } from "./partitions/identity.ts";
@@ -89,6 +90,7 @@ test("a placed partition becomes Exported and really exists in the target; attac
   const uid = created.metadata.uid as string;
   const id = externalIdFor(uid);
   const nqn = nqnFor(id);
+  const vaName = attachmentNameFor("p1", uid);
   const exported = await eventually(
     async () => {
       const p = await parts.get("p1", ns);
@@ -122,7 +124,7 @@ test("a placed partition becomes Exported and really exists in the target; attac
   await vas.create({
     apiVersion: "storage.distort.io/v1alpha1",
     kind: "NVMeVolumeAttachment",
-    metadata: { name: `va-${uid}`, namespace: ns },
+    metadata: { name: vaName, namespace: ns },
     spec: {
       partitionName: "p1",
       partitionUID: uid,
@@ -132,18 +134,18 @@ test("a placed partition becomes Exported and really exists in the target; attac
     },
   } as NVMeVolumeAttachment);
   await eventually(
-    async () => (await vas.get(`va-${uid}`, ns))?.status?.observedAttachmentId === "att-1",
+    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-1",
     10_000,
     "AccessReady",
   );
   expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)?.hosts).toEqual([HOST_A]);
-  const va = (await vas.get(`va-${uid}`, ns)) as NVMeVolumeAttachment;
+  const va = (await vas.get(vaName, ns)) as NVMeVolumeAttachment;
   await vas.replace({
     ...va,
     spec: { ...va.spec, nodeId: "worker-2", hostNQN: HOST_B, attachmentId: "att-2" },
   });
   await eventually(
-    async () => (await vas.get(`va-${uid}`, ns))?.status?.observedAttachmentId === "att-2",
+    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-2",
     10_000,
     "takeover ready",
   );
@@ -156,8 +158,8 @@ test("a placed partition becomes Exported and really exists in the target; attac
     "AttachmentsExist",
   );
   expect(node.emulator.state().lvols.filter((l) => l.name === id)).toHaveLength(1);
-  await vas.delete(`va-${uid}`, ns);
-  await eventually(async () => !(await vas.get(`va-${uid}`, ns)), 10_000, "attachment gone");
+  await vas.delete(vaName, ns);
+  await eventually(async () => !(await vas.get(vaName, ns)), 10_000, "attachment gone");
   await eventually(async () => !(await parts.get("p1", ns)), 20_000, "partition gone");
   s = node.emulator.state();
   expect(s.lvols.filter((l) => l.name === id)).toEqual([]);
@@ -229,6 +231,7 @@ test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed t
   p.spec.targetOptions = { transport: "tcp", dhchapSecretRef: { name: "chap", key: "key" } };
   const created = await parts.create(p);
   const uid = created.metadata.uid as string;
+  const vaName = attachmentNameFor("p-chap", uid);
   const exported = await eventually(
     async () => {
       const x = await parts.get("p-chap", ns);
@@ -241,7 +244,7 @@ test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed t
   await vas.create({
     apiVersion: "storage.distort.io/v1alpha1",
     kind: "NVMeVolumeAttachment",
-    metadata: { name: `va-${uid}`, namespace: ns },
+    metadata: { name: vaName, namespace: ns },
     spec: {
       partitionName: "p-chap",
       partitionUID: uid,
@@ -251,7 +254,7 @@ test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed t
     },
   } as NVMeVolumeAttachment);
   await eventually(
-    async () => (await vas.get(`va-${uid}`, ns))?.status?.observedAttachmentId === "att-1",
+    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-1",
     10_000,
     "AccessReady",
   );
@@ -268,8 +271,8 @@ test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed t
     expect(statSync(key?.path as string).mode & 0o777).toBe(0o600);
 
     // Revocation takes the key with it: nothing secret stays behind on the node.
-    await vas.delete(`va-${uid}`, ns);
-    await eventually(async () => !(await vas.get(`va-${uid}`, ns)), 10_000, "attachment gone");
+    await vas.delete(vaName, ns);
+    await eventually(async () => !(await vas.get(vaName, ns)), 10_000, "attachment gone");
     expect((await m.keyringGetKeys()).filter((k) => k.name.startsWith("dhchap-"))).toEqual([]);
     expect(() => statSync(key?.path as string)).toThrow();
   } finally {
@@ -346,4 +349,87 @@ test("snapshot -> restore and partition -> clone carry the source's bytes; delet
     await eventually(async () => !(await parts.get(name, ns)), 20_000, `${name} gone`);
   const left = node.emulator.state().lvols.map((l) => l.name);
   for (const id of [srcId, snapId, rId, cId, `${cId}-src`]) expect(left).not.toContain(id);
+}, 120_000);
+
+test("tenancy: only the partition's own record in the release namespace reaches the ACL or holds deletion; a tenant namespace's look-alikes are ignored", async () => {
+  const tenant = await tc.namespace("tenant");
+  const exported = (name: string, namespace = ns) =>
+    eventually(
+      async () => {
+        const p = await parts.get(name, namespace);
+        return p?.status?.state === "Exported" ? p : undefined;
+      },
+      20_000,
+      `${name} Exported`,
+    );
+  const victim = await parts.create(placedPartition("p-victim", ns, device, claim, 8 * 1024 * 1024));
+  const uid = victim.metadata.uid as string;
+  const nqn = nqnFor(externalIdFor(uid));
+  await exported("p-victim");
+  const record = attachmentNameFor("p-victim", uid);
+  const attachment = (name: string, namespace: string, hostNQN: string, attachmentId: string) =>
+    vas.create({
+      apiVersion: "storage.distort.io/v1alpha1",
+      kind: "NVMeVolumeAttachment",
+      metadata: { name, namespace },
+      spec: { partitionName: "p-victim", partitionUID: uid, nodeId: "worker-2", hostNQN, attachmentId },
+    } as NVMeVolumeAttachment);
+  // A tenant copies the record's exact name and spec into its own namespace; a second look-alike
+  // sits beside the partition under another name.
+  await attachment(record, tenant, HOST_B, "att-t");
+  await attachment("look-alike", ns, HOST_B, "att-l");
+  await attachment(record, ns, HOST_A, "att-1");
+  await eventually(
+    async () => (await vas.get(record, ns))?.status?.observedAttachmentId === "att-1",
+    10_000,
+    "the record's AccessReady",
+  );
+  expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)?.hosts).toEqual([HOST_A]);
+  // The agent never took ownership of the look-alikes (no finalizer, no status).
+  for (const [name, namespace] of [
+    [record, tenant],
+    ["look-alike", ns],
+  ] as const) {
+    const o = await vas.get(name, namespace);
+    expect(o?.metadata.finalizers ?? []).toEqual([]);
+    expect(o?.status).toBeUndefined();
+  }
+
+  // A clone whose source name does not hold the UID it quotes is refused, not made from that UID.
+  const steal = placedPartition("p-steal", ns, device, claim, 8 * 1024 * 1024);
+  steal.spec.contentSource = { kind: "Partition", name: "not-the-victim", uid };
+  await parts.create(steal);
+  const refused = await eventually(
+    async () => {
+      const x = await parts.get("p-steal", ns);
+      return x?.status?.state === "Failed" ? x : undefined;
+    },
+    15_000,
+    "clone refused",
+  );
+  expect(refused.status?.conditions?.find((c) => c.type === "Ready")?.reason).toBe("ContentSourceNotFound");
+  expect(node.emulator.state().lvols.map((l) => l.name)).not.toContain(
+    externalIdFor(refused.metadata.uid as string),
+  );
+
+  // A partition placed in the tenant's namespace is not served: a marker created after it in the
+  // release namespace is exported while the tenant's never gets a finalizer or a status.
+  await parts.create(placedPartition("p-tenant", tenant, device, claim, 8 * 1024 * 1024));
+  await parts.create(placedPartition("p-marker", ns, device, claim, 8 * 1024 * 1024));
+  await exported("p-marker");
+  const t = await parts.get("p-tenant", tenant);
+  expect(t?.metadata.finalizers ?? []).toEqual([]);
+  expect(t?.status).toBeUndefined();
+
+  // Releasing the record revokes the host and lets deletion finish, the look-alikes notwithstanding.
+  await vas.delete(record, ns);
+  await eventually(async () => !(await vas.get(record, ns)), 10_000, "record gone");
+  expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)?.hosts).toEqual([]);
+  for (const name of ["p-victim", "p-steal", "p-marker"]) await parts.delete(name, ns);
+  for (const name of ["p-victim", "p-steal", "p-marker"])
+    await eventually(async () => !(await parts.get(name, ns)), 20_000, `${name} gone`);
+  expect(node.emulator.state().subsystems.find((x) => x.nqn === nqn)).toBeUndefined();
+  await parts.delete("p-tenant", tenant);
+  await vas.delete(record, tenant);
+  await vas.delete("look-alike", ns);
 }, 120_000);

@@ -9,7 +9,7 @@ import {
 } from "../api/examples.ts";
 import { kinds } from "../api/index.ts";
 import type { KubeObject, ResourceKind } from "../lib/kube/resource.ts";
-import { agentTransform, onNode } from "./caches.ts";
+import { agentTransform, inReleaseNamespace, onNode } from "./caches.ts";
 
 const shape = (kind: ResourceKind, obj: KubeObject) => agentTransform(kind, structuredClone(obj));
 
@@ -55,6 +55,11 @@ describe("agentTransform", () => {
   });
 });
 
-test("onNode selects by spec.nodeName", () => {
+test("onNode selects by spec.nodeName, and by namespace when given one", () => {
   expect(onNode("node-a")).toEqual({ fieldSelector: "spec.nodeName=node-a" });
+  expect(onNode("node-a", "distort-system")).toEqual({
+    namespace: "distort-system",
+    fieldSelector: "spec.nodeName=node-a",
+  });
+  expect(inReleaseNamespace("distort-system")).toEqual({ namespace: "distort-system" });
 });

@@ -1,12 +1,24 @@
-// What the agent caches of each kind it watches: the scope (this node's objects, where a kind has
-// a node field) and the transform that drops the fields no agent controller reads.
+// What the agent caches of each kind it watches: the scope (the release namespace, and this node's
+// objects where a kind has a node field) and the transform that drops the fields no agent reads.
 import { kinds } from "../api/index.ts";
 import type { CacheScope, ObjectTransform } from "../lib/kube/cache-set.ts";
 import type { KubeObject } from "../lib/kube/resource.ts";
 
-/** The objects of kinds with a selectable spec.nodeName that are assigned to `nodeName`. */
-export function onNode(nodeName: string): CacheScope {
-  return { fieldSelector: `spec.nodeName=${nodeName}` };
+/**
+ * The objects of kinds with a selectable spec.nodeName that are assigned to `nodeName`; for a
+ * namespaced kind, only those in `namespace` (the release namespace: DISTORT's own objects live
+ * there, and a tenant's objects in its own namespace must never reach an export or an ACL).
+ */
+export function onNode(nodeName: string, namespace?: string): CacheScope {
+  return { ...(namespace ? { namespace } : {}), fieldSelector: `spec.nodeName=${nodeName}` };
+}
+
+/**
+ * The scope of namespaced kinds with no selectable storage-node field (attachments, snapshots):
+ * the release namespace only. The CSI controller writes them there; RBAC lets no tenant do so.
+ */
+export function inReleaseNamespace(namespace: string): CacheScope {
+  return { namespace };
 }
 
 type WithStatus = KubeObject & { status?: { conditions?: unknown } };

@@ -142,6 +142,7 @@ export async function runAgent(
     conn,
     manager: controllers,
     nodeName: cfg.nodeName,
+    namespace: cfg.namespace,
     backends,
     volumeManagers,
     portal: async () => {
@@ -160,6 +161,7 @@ export async function runAgent(
     conn,
     manager: controllers,
     nodeName: cfg.nodeName,
+    namespace: cfg.namespace,
     backends,
     logger: logger.with({ controller: "attachments" }),
     clock,
@@ -170,6 +172,7 @@ export async function runAgent(
     conn,
     manager: controllers,
     nodeName: cfg.nodeName,
+    namespace: cfg.namespace,
     lvols: volumeManagers["spdk-lvol"] as SpdkLvolVolumeManager | undefined,
     logger: logger.with({ controller: "snapshots" }),
     clock,

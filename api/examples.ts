@@ -141,7 +141,8 @@ export function exampleNVMeVolumeAttachment(): NVMeVolumeAttachment {
   return {
     apiVersion: "storage.distort.io/v1alpha1",
     kind: "NVMeVolumeAttachment",
-    metadata: { name: "va-0f8fad5b-d9cb-469f-a165-70867728950e", namespace: "distort-system" },
+    // The name CSI ControllerPublishVolume derives for the example partition (attachmentNameFor).
+    metadata: { name: "pvc-0f8fad5b-c812e1edb6", namespace: "distort-system" },
     spec: {
       partitionName: "pvc-0f8fad5b",
       partitionUID: "0f8fad5b-d9cb-469f-a165-70867728950e",

@@ -13,6 +13,7 @@ import { installCrds } from "../lab/cluster/crds.ts";
 import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
+import { attachmentNameFor } from "../lib/volume-identity.ts";
 import { apiServerSamples, type Sample, sumBy, total } from "./apiserver-metrics.ts";
 import type { HeapSample } from "./heap-probe.ts";
 import { pool } from "./proc-stats.ts";
@@ -138,7 +139,8 @@ async function main(): Promise<void> {
       await atts.create({
         apiVersion: `${GROUP}/v1alpha1`,
         kind: "NVMeVolumeAttachment",
-        metadata: { name: `va-p${i}`, namespace: ns },
+        // The name ControllerPublish derives: the agent admits hosts only from that record.
+        metadata: { name: attachmentNameFor(p.metadata.name, p.metadata.uid as string), namespace: ns },
         spec: {
           partitionName: p.metadata.name,
           partitionUID: p.metadata.uid as string,

@@ -222,7 +222,7 @@ describe("buildReport", () => {
       attachments: [ready, pending, takeover, refused, revoking],
     });
     expect(Object.fromEntries(r.attachments.map((a) => [a.name, [a.phase, a.reason]]))).toEqual({
-      "va-0f8fad5b-d9cb-469f-a165-70867728950e": ["Ready", null],
+      "pvc-0f8fad5b-c812e1edb6": ["Ready", null],
       "va-pending": ["Pending", null],
       "va-takeover": ["TakingOver", "HostAllowed"],
       "va-refused": ["NotReady", "NotExported"],

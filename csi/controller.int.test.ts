@@ -18,12 +18,14 @@ import {
 } from "../gen/csi/v1/csi_pb.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { realClock } from "../lib/clock.ts";
+import { formatNodeId } from "../lib/csi-node-id.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
+import { EventRecorder } from "../lib/kube/events.ts";
 import { HOST_NQN_ANNOTATION, kubeNodeDirectory, registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
-import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
+import { DRIVER_NAME, PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
 import { FENCED_ANNOTATION, PREVIOUS_NODE_ANNOTATION } from "./controller/fencing.ts";
 import { Annotations } from "./controller/fingerprint.ts";
 import { StandIn } from "./controller/testdata/stand-in.ts";
@@ -69,6 +71,11 @@ async function env(): Promise<Env> {
     clock: realClock,
     defaultTimeoutMs: 5_000,
     defaultVolumeBytes: GiB,
+    events: new EventRecorder(tc.conn, {
+      controller: "storage.distort.io/csi",
+      instance: "test",
+      logger: silentLogger,
+    }),
   });
   const server = await serveGrpc({
     socketPath: join(root, `c${envN++}.sock`),
@@ -987,6 +994,90 @@ describe("ControllerPublishVolume fencing", () => {
   });
 });
 
+describe("host NQN from the CSI node ID", () => {
+  const NQN_X = "nqn.2014-08.org.nvmexpress:uuid:1c1c1c1c-6c1f-4c55-9a51-1f2b3c4d5e6f";
+  const csiNode = (node: string, nodeID: string) =>
+    tc.conn.api(k8s.StorageV1Api).createCSINode({
+      body: {
+        metadata: { name: node },
+        spec: { drivers: [{ name: DRIVER_NAME, nodeID, topologyKeys: [] }] },
+      },
+    });
+
+  test("publish admits the NQN the node ID carries (not a Node annotation); two Nodes with one host NQN are refused with an Event", async () => {
+    const e = await env();
+    e.standIn.auto.exportNew = true;
+    const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-dup"))).volume!;
+    const [nodeC, nodeD] = [`node-c-${suffix()}`, `node-d-${suffix()}`];
+    // Node C's annotation says something else: only what kubelet stored from the plugin counts.
+    await createNode(nodeC, {
+      [HOST_NQN_ANNOTATION]: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000cc",
+    });
+    await createNode(nodeD);
+    await csiNode(nodeC, formatNodeId(nodeC, NQN_X));
+    await csiNode(nodeD, formatNodeId(nodeD, NQN_X));
+    const publish = () =>
+      e.client.unary(
+        Controller.method.controllerPublishVolume,
+        { volumeId: vol.volumeId, nodeId: formatNodeId(nodeC, NQN_X), volumeCapability: mountCap() },
+        { timeoutMs: 10_000 },
+      );
+    const refused = await failure(publish());
+    expect(refused.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(refused.details).toContain(`all present host NQN ${NQN_X}`);
+    expect(refused.details).toContain(nodeD);
+    const ref = parseVolumeId(vol.volumeId)!;
+    expect(await e.standIn.atts.get(attachmentNameFor(ref.name, ref.uid), e.ns)).toBeUndefined();
+    const event = await eventually(async () => {
+      const list = await tc.conn.api(k8s.EventsV1Api).listNamespacedEvent({ namespace: e.ns });
+      return list.items.find((x) => x.reason === "DuplicateHostNQN" && x.regarding?.name === ref.name);
+    });
+    expect(event.type).toBe("Warning");
+    expect(event.note).toContain(nodeD);
+
+    // Once the second machine stops claiming it, the node ID's NQN is what the target admits.
+    await tc.conn.api(k8s.StorageV1Api).deleteCSINode({ name: nodeD });
+    const pending = publish();
+    const a = await eventually(() => e.standIn.atts.get(attachmentNameFor(ref.name, ref.uid), e.ns));
+    expect(a.spec).toMatchObject({ nodeId: formatNodeId(nodeC, NQN_X), hostNQN: NQN_X });
+    await e.standIn.grant(a.metadata.name);
+    expect((await pending).publishContext[PublishContextKeys.hostNQN]).toBe(NQN_X);
+    // csi-attacher detaching with the bare node name it may have stored earlier still unpublishes.
+    e.standIn.auto.release = true;
+    await e.client.unary(Controller.method.controllerUnpublishVolume, {
+      volumeId: vol.volumeId,
+      nodeId: nodeC,
+    });
+    expect(await e.standIn.atts.get(a.metadata.name, e.ns)).toBeUndefined();
+    // A bare node name takes the NQN from CSINode, not from the Node's (rewritable) annotation...
+    e.standIn.auto.grant = true;
+    const bare = await e.client.unary(
+      Controller.method.controllerPublishVolume,
+      { volumeId: vol.volumeId, nodeId: nodeC, volumeCapability: mountCap() },
+      { timeoutMs: 10_000 },
+    );
+    expect(bare.publishContext[PublishContextKeys.hostNQN]).toBe(NQN_X);
+    await e.client.unary(Controller.method.controllerUnpublishVolume, {
+      volumeId: vol.volumeId,
+      nodeId: nodeC,
+    });
+    // ...and a node ID naming another NQN than the node registered is refused.
+    const forged = await failure(
+      e.client.unary(
+        Controller.method.controllerPublishVolume,
+        {
+          volumeId: vol.volumeId,
+          nodeId: formatNodeId(nodeC, "nqn.2014-08.org.nvmexpress:uuid:2d2d2d2d-6c1f-4c55-9a51-1f2b3c4d5e6f"),
+          volumeCapability: mountCap(),
+        },
+        { timeoutMs: 10_000 },
+      ),
+    );
+    expect(forged.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(forged.details).toContain("is not the one node");
+  });
+});
+
 test("host NQN registration: written once, read back by the directory, idempotent", async () => {
   const name = `node-reg-${suffix()}`;
   await createNode(name);
@@ -1179,5 +1270,43 @@ describe("listing, capacity, health, validation, expansion", () => {
     expect(refused.details).toContain("kernel backend");
     const p = await e.standIn.parts.get("pvc-grow", e.ns);
     expect(p?.metadata.annotations?.[Annotations.requestName]).toBe("pvc-grow");
+  });
+
+  test("two concurrent expansions on one drive cannot overcommit it: the ledger arbitrates, one gets RESOURCE_EXHAUSTED", async () => {
+    const vols = await Promise.all(
+      ["pvc-race-a", "pvc-race-b"].map(
+        async (n) => (await e.client.unary(Controller.method.createVolume, createReq(n))).volume!,
+      ),
+    );
+    const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+    const dev = (await devices.get(e.standIn.deviceName)) as NVMeDevice;
+    const ledger = () => devices.get(e.standIn.deviceName).then((d) => d?.status?.reservations ?? []);
+    const committed = (await ledger()).reduce((n, r) => n + r.bytes, 0);
+    // Room for one of the two to grow by 1 GiB, not for both.
+    const allocatable = committed + GiB + 512 * MiB;
+    await devices.mergePatch(dev.metadata.name, undefined, { spec: { allocatableBytes: allocatable } });
+    await eventually(
+      () => e.controller.devices.get(dev.metadata.name)?.spec.allocatableBytes === allocatable,
+    );
+    const codes = await Promise.all(
+      vols.map((v) =>
+        code(
+          e.client.unary(Controller.method.controllerExpandVolume, {
+            volumeId: v.volumeId,
+            capacityRange: { requiredBytes: BigInt(2 * GiB) },
+            volumeCapability: mountCap(),
+          }),
+        ),
+      ),
+    );
+    expect(codes.sort()).toEqual([GRPC.OK, GRPC.RESOURCE_EXHAUSTED]);
+    const after = await ledger();
+    expect(after.reduce((n, r) => n + r.bytes, 0)).toBeLessThanOrEqual(allocatable);
+    const sizes = await Promise.all(
+      ["pvc-race-a", "pvc-race-b"].map(async (n) => (await e.standIn.parts.get(n, e.ns))?.spec.sizeBytes),
+    );
+    // Only the winner's spec grew; the loser's stayed at what its entry holds.
+    expect(sizes.sort()).toEqual([GiB, 2 * GiB]);
+    await devices.mergePatch(dev.metadata.name, undefined, { spec: { allocatableBytes: 1024 ** 4 } });
   });
 });

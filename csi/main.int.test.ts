@@ -14,6 +14,7 @@ import {
   Node,
 } from "../gen/csi/v1/csi_pb.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { formatNodeId } from "../lib/csi-node-id.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
 import pkg from "../package.json" with { type: "json" };
@@ -163,11 +164,12 @@ test("node mode registers the host NQN on its Node, reports the Node's topology,
   try {
     await eventually(() => lines.some((l) => l.includes('"csi running"')), 120_000, "node plugin start");
     const info = await client.unary(Node.method.nodeGetInfo, {});
-    expect(info.nodeId).toBe(nodeName);
+    // The host NQN travels in the node ID (kubelet keeps it in CSINode); the Node is only read.
+    expect(info.nodeId).toBe(formatNodeId(nodeName, hostNqn));
     expect(info.accessibleTopology?.segments).toEqual({ "topology.kubernetes.io/zone": "z7" });
-    expect((await core.readNode({ name: nodeName })).metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBe(
-      hostNqn,
-    );
+    expect(
+      (await core.readNode({ name: nodeName })).metadata?.annotations?.[HOST_NQN_ANNOTATION],
+    ).toBeUndefined();
     expect((await client.unary(Identity.method.probe, {})).ready).toBe(true);
     const caps = await client.unary(Identity.method.getPluginCapabilities, {});
     expect(caps.capabilities.some((c) => c.type.case === "service" && c.type.value.type === 1)).toBe(false);

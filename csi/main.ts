@@ -5,6 +5,7 @@
 import { hostname } from "node:os";
 import { Controller, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../lib/clock.ts";
+import { formatNodeId } from "../lib/csi-node-id.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
 import { type Exec, hostExec } from "../lib/exec.ts";
 import { hostFs } from "../lib/fs.ts";
@@ -15,7 +16,7 @@ import { readHostNqn } from "../lib/host-nqn.ts";
 import { CacheSet } from "../lib/kube/cache-set.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
-import { registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
+import { nodeLabels } from "../lib/kube/host-nqn-annotation.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { stopOnSignals } from "../lib/signals.ts";
@@ -66,7 +67,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
   const conn = opts.conn ?? connect(cfg.kubeconfig);
 
   if (serveNode) {
-    const nodeId = cfg.nodeId as string;
+    const nodeName = cfg.nodeId as string;
     // Staging paths, /dev and /proc/self/mountinfo are as this process sees them; only the
     // host's identity and its sysfs may sit under another root (a container mount, the lab).
     const fs = opts.node?.fs ?? hostFs("/");
@@ -74,7 +75,9 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     const exec = opts.node?.exec ?? hostExec;
     const nodeLog = logger.with({ service: "node" });
     const hostNqn = await readHostNqn(hostRootFs);
-    const labels = await withRetries(() => registerHostNQN(conn, nodeId, hostNqn), logger);
+    // The host NQN travels in the node ID kubelet stores in CSINode; the Node is only read.
+    const nodeId = formatNodeId(nodeName, hostNqn);
+    const labels = await withRetries(() => nodeLabels(conn, nodeName), logger);
     const topology = Object.fromEntries(
       cfg.topologyKeys.flatMap((k) => (labels[k] === undefined ? [] : [[k, labels[k] as string]])),
     );
@@ -93,7 +96,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     });
     services.push(register(Node, measure(node)));
     if (cfg.nodeTools.length > 0) readiness.push(hostToolsCheck(cfg.nodeTools, opts.which ?? Bun.which));
-    logger.info("host NQN registered", { node: nodeId, hostNQN: hostNqn, topology });
+    logger.info("node plugin identity", { node: nodeName, nodeId, hostNQN: hostNqn, topology });
   }
 
   let controller: CsiController | undefined;

@@ -21,14 +21,17 @@ import { realClock } from "../lib/clock.ts";
 import { toConnectError } from "../lib/grpc/status.ts";
 import { silentLogger } from "../lib/log.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
+import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
 import { CallLog, FakeFs, FakeInitiator, FakeMounter, MemoryStateStore } from "./node/test-doubles.ts";
 import { createNodeService, type NodeDeps } from "./node.ts";
 
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:cb39fbf1-e515-48f8-830b-34f0b60eceb0";
-const NQN = "nqn.2026-01.io.distort:vol-3f2a9c1e";
+const VOL_UID = "5b0c7e1a-2d3f-4a5b-8c6d-7e8f9a0b1c2d";
+/** The subsystem the controller names for VOL (from its UID). */
+const NQN = nqnFor(externalIdFor(VOL_UID));
 const NS_UUID = "7f0e2a44-1b6c-4d2e-9a51-0c3b8d9e6f12";
 const DEV = "/dev/nvme1n1";
-const VOL = "default/pvc-1/5b0c";
+const VOL = `default/pvc-1/${VOL_UID}`;
 const STAGE = "/var/lib/kubelet/plugins/kubernetes.io/csi/storage.distort.io/ab12/globalmount";
 const TARGET = "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-1/mount";
 const TARGET2 = "/var/lib/kubelet/pods/p2/volumes/kubernetes.io~csi/pvc-1/mount";
@@ -265,6 +268,22 @@ describe("bad input: right code, no port touched", () => {
       "nodeStageVolume",
       stageReq({ volumeContext: volumeContext({ [VolumeContextKeys.nqn]: "vol-1" }) }),
       I,
+    ],
+    [
+      "stage: the context names another volume's subsystem than the id's UID derives",
+      "nodeStageVolume",
+      stageReq({
+        volumeContext: volumeContext({
+          [VolumeContextKeys.nqn]: nqnFor(externalIdFor("0f8fad5b-d9cb-469f-a165-70867728950e")),
+        }),
+      }),
+      I,
+    ],
+    [
+      "stage: a volume id this driver never issued",
+      "nodeStageVolume",
+      stageReq({ volumeId: "default/pvc-1/not-a-uid" }),
+      NF,
     ],
     [
       "stage: port 0",

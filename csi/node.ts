@@ -13,6 +13,8 @@ import { InFlight } from "../lib/concurrency/in-flight.ts";
 import { StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
+import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
+import { parseVolumeId } from "./controller/volume-id.ts";
 import { alreadyExists, failedPrecondition, invalidArgument, notFound } from "./errors.ts";
 import type { FsType, Mounter } from "./host/mounter.ts";
 import type { MountEntry } from "./host/mountinfo.ts";
@@ -276,6 +278,17 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         );
       }
       const nqn = target.connect.nqn;
+      // The subsystem is named from the volume's UID (lib/volume-identity.ts): a volume context
+      // naming any other subsystem would connect this volume's mount to someone else's data.
+      const ref = parseVolumeId(volumeId);
+      if (!ref) throw notFound(`volume ${volumeId} was not issued by this driver`, { volume: volumeId });
+      const own = nqnFor(externalIdFor(ref.uid));
+      if (nqn !== own) {
+        throw invalidArgument(
+          `volume_context names subsystem ${nqn}, but volume ${volumeId} is served as ${own}`,
+          { volume: volumeId },
+        );
+      }
       const log = deps.logger.with({ volume: volumeId, nqn, attachment: target.attachmentId });
       return inFlight.run(volumeId, "NodeStageVolume", async () => {
         if (!(await fs.isDirectory(staging))) {

@@ -4,11 +4,12 @@
 import type * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { attachmentNameFor } from "../csi/controller/volume-id.ts";
-import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
+import { parseNodeId } from "../lib/csi-node-id.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { DRIVER_NAME } from "../lib/volume-context.ts";
 import { type E2eLab, partitionOf, until } from "./support.ts";
 
 /** Where a claim's volume lives on the target. */
@@ -65,11 +66,15 @@ export async function allowedHosts(rpc: SpdkMethods, nqn: string): Promise<strin
   return (s?.hosts ?? []).map((h) => h.nqn).sort();
 }
 
-/** The host NQN a consumer node registered on its Node object (what the target ACL admits). */
+/**
+ * The host NQN a consumer node's plugin reports in its CSI node ID, as kubelet stored it in the
+ * node's CSINode (what ControllerPublishVolume admits to the target ACL).
+ */
 export async function hostNqnOf(lab: E2eLab, node: string): Promise<string> {
   return until(`host NQN of ${node}`, async () => {
-    const n = await lab.core.readNode({ name: node });
-    return n.metadata?.annotations?.[HOST_NQN_ANNOTATION];
+    const n = await lab.storageApi.readCSINode({ name: node }).catch(() => undefined);
+    const id = n?.spec.drivers.find((d) => d.name === DRIVER_NAME)?.nodeID;
+    return id ? parseNodeId(id).hostNQN : undefined;
   });
 }
 

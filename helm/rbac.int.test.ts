@@ -60,19 +60,21 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
     agent: [
       g(D, "nvmedevices", ["get", "list", "watch", "create", "patch"], "cluster"),
       g(D, "nvmedevices/status", ["update"], "cluster"),
-      g(D, "nvmepartitions", ["get", "list", "watch", "update", "patch"], "cluster"),
-      g(D, "nvmepartitions/status", ["update"], "cluster"),
-      g(D, "nvmevolumeattachments", ["get", "list", "watch", "update"], "cluster"),
-      g(D, "nvmevolumeattachments/status", ["update"], "cluster"),
-      g(D, "nvmesnapshots", ["get", "list", "watch", "update"], "cluster"),
-      g(D, "nvmesnapshots/status", ["update"], "cluster"),
       g("events.k8s.io", "events", ["create", "patch"], "cluster"),
+      // Partitions, attachments and snapshots of the release namespace only (agent/caches.ts).
+      g(D, "nvmepartitions", ["get", "list", "watch", "update", "patch"], "namespace"),
+      g(D, "nvmepartitions/status", ["update"], "namespace"),
+      g(D, "nvmevolumeattachments", ["get", "list", "watch", "update"], "namespace"),
+      g(D, "nvmevolumeattachments/status", ["update"], "namespace"),
+      g(D, "nvmesnapshots", ["get", "list", "watch", "update"], "namespace"),
+      g(D, "nvmesnapshots/status", ["update"], "namespace"),
       g(D, "rdmastoragenodes", ["get", "create"], "namespace"),
       g(D, "rdmastoragenodes/status", ["update"], "namespace"),
       g("", "secrets", ["get"], "namespace"),
     ],
     "csi-controller": [
-      g(D, "nvmedevices", ["list", "watch"], "cluster"),
+      g(D, "nvmedevices", ["get", "list", "watch"], "cluster"),
+      g(D, "nvmedevices/status", ["update"], "cluster"),
       g(D, "rdmastoragenodes", ["list", "watch"], "cluster"),
       g("", "nodes", ["get", "list", "watch"], "cluster"),
       g("", "persistentvolumes", ["get", "list", "watch", "create", "patch", "delete"], "cluster"),
@@ -109,7 +111,8 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g("events.k8s.io", "events", ["create", "patch"], "namespace"),
       g("coordination.k8s.io", "leases", ["get", "create", "update"], "namespace"),
     ],
-    "csi-node": [g("", "nodes", ["get", "patch"], "cluster")],
+    // No verb on Nodes beyond get: the host NQN travels in the CSI node ID (CSINode), not on the Node.
+    "csi-node": [g("", "nodes", ["get"], "cluster")],
     dpu: p.dpu ? [g("", "nodes", ["get", "patch"], "cluster"), g("", "secrets", ["get"], "namespace")] : [],
   };
 }
@@ -380,6 +383,15 @@ describe("access of each ServiceAccount, asked of the API server with its own to
     expect((await agent.request(`/api/v1/namespaces/${ns}/secrets`)).status).toBe(403);
     const node = await as("csi-node");
     expect((await node.request("/api/v1/nodes")).status).toBe(403);
+    expect(
+      (
+        await node.request("/api/v1/nodes/any", {
+          method: "PATCH",
+          contentType: "application/merge-patch+json",
+          body: JSON.stringify({ metadata: { annotations: { "storage.distort.io/host-nqn": "nqn.x:y" } } }),
+        })
+      ).status,
+    ).toBe(403);
     expect((await node.request(`/api/v1/namespaces/${ns}/secrets/absent`)).status).toBe(403);
   });
 });

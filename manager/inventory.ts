@@ -2,7 +2,6 @@
 // reconcilers look them up (devices by serial, node and claim; partitions by device; ledger holders
 // by partition UID), plus newer device versions from its own reads and writes. Single-threaded.
 import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from "../api/index.ts";
-import { objectKey } from "../lib/kube/resource.ts";
 import {
   type DeviceUsage,
   devicePlacementKey,
@@ -11,7 +10,8 @@ import {
   type PartitionUse,
   partitionPlacementKey,
   partitionUse,
-} from "./ledger.ts";
+} from "../lib/device-ledger.ts";
+import { objectKey } from "../lib/kube/resource.ts";
 import { pickNode } from "./node-health.ts";
 import { claimKeyOf } from "./ownership.ts";
 import type { PlacementView } from "./placement/placement-core.ts";

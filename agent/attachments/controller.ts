@@ -16,9 +16,10 @@ import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { BackendName, TargetBackend } from "../backends/types.ts";
-import { onNode } from "../caches.ts";
+import { inReleaseNamespace, onNode } from "../caches.ts";
 import { desiredHosts } from "../partitions/controller.ts";
 import { hostKeysFor, type SecretReader } from "../partitions/host-keys.ts";
+import { isPartitionRecord } from "./partition-record.ts";
 
 export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
 
@@ -27,6 +28,11 @@ export interface AttachmentControllerOptions {
   /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
   manager: ControllerManager;
   nodeName: string;
+  /**
+   * The release namespace: the only one whose partitions, attachments and snapshots this agent
+   * watches and acts on (a tenant's look-alike objects in its own namespace are never seen).
+   */
+  namespace: string;
   backends: Partial<Record<BackendName, TargetBackend>>;
   logger: Logger;
   clock: Clock;
@@ -53,7 +59,7 @@ export function decideAttachment(
   siblings: readonly NVMeVolumeAttachment[],
   nodeName: string,
 ): AttachmentDecision {
-  const mine = partition?.spec.nodeName === nodeName && partition?.metadata.uid === a.spec.partitionUID;
+  const mine = partition?.spec.nodeName === nodeName && isPartitionRecord(a, partition);
   const hasFinalizer = (a.metadata.finalizers ?? []).includes(ATTACHMENT_FINALIZER);
   const nqn = partition?.status?.nqn;
   const backend = partition?.spec.backend ?? "spdk";
@@ -64,19 +70,21 @@ export function decideAttachment(
     if (owner && owner !== nodeName) {
       return { action: "ignore" };
     }
-    // A partition that is gone (its export went with it) or never exported has no ACL to revoke.
+    // A partition that is gone (its export went with it) or never exported has no ACL to revoke;
+    // an object that is not the partition's record never put a host into it.
     if (!mine || !nqn) return { action: "revoke", hosts: [] };
     return {
       action: "revoke",
       nqn,
       backend,
       hosts: desiredHosts(
-        a.spec.partitionUID,
+        partition,
         siblings.filter((s) => s.metadata.name !== a.metadata.name),
       ),
     };
   }
-  // A missing or replaced partition is reported by the CSI controller, not by every agent.
+  // A missing or replaced partition is reported by the CSI controller, not by every agent; an
+  // attachment that is not the partition's record (see isPartitionRecord) is never granted.
   if (!mine) return { action: "ignore" };
   if (!hasFinalizer) return { action: "add-finalizer" };
   if (partition.status?.state !== "Exported" || !nqn) {
@@ -86,7 +94,7 @@ export function decideAttachment(
       message: `partition ${a.spec.partitionName} is not exported yet`,
     };
   }
-  return { action: "grant", nqn, backend, hosts: desiredHosts(a.spec.partitionUID, siblings) };
+  return { action: "grant", nqn, backend, hosts: desiredHosts(partition, siblings) };
 }
 
 export class AttachmentController {
@@ -100,8 +108,8 @@ export class AttachmentController {
   constructor(private readonly o: AttachmentControllerOptions) {
     this.client = new ResourceClient(o.conn, kinds.NVMeVolumeAttachment);
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
-    this.attachments = o.manager.caches.cache(kinds.NVMeVolumeAttachment);
-    this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName));
+    this.attachments = o.manager.caches.cache(kinds.NVMeVolumeAttachment, inReleaseNamespace(o.namespace));
+    this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName, o.namespace));
     this.queue = new WorkQueue({ name: "attachments", clock: o.clock });
     const enqueue = (a: NVMeVolumeAttachment) => this.queue.add(objectKey(a.metadata));
     this.attachments.onChange(enqueue);

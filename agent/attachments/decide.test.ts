@@ -3,6 +3,7 @@
 import { describe, expect, test } from "bun:test";
 import { exampleNVMePartition, exampleNVMeVolumeAttachment } from "../../api/examples.ts";
 import type { NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
+import { desiredHosts } from "../partitions/controller.ts";
 import { ATTACHMENT_FINALIZER, type AttachmentDecision, decideAttachment } from "./controller.ts";
 
 const DELETED = "2026-02-01T10:00:00Z";
@@ -39,6 +40,27 @@ describe("decideAttachment", () => {
     ["partition on another node", att(), part((p) => (p.spec.nodeName = "node-z")), "ignore"],
     ["partition missing", att(), undefined, "ignore"],
     ["partition replaced (other uid)", att(), part((p) => (p.metadata.uid = "new")), "ignore"],
+    [
+      "same partition UID, but in a tenant's namespace: not the partition's record",
+      att((a) => (a.metadata.namespace = "tenant-b")),
+      part(),
+      "ignore",
+    ],
+    [
+      "same partition UID and namespace, but not the name CSI derives: not the record",
+      att((a) => (a.metadata.name = "forged")),
+      part(),
+      "ignore",
+    ],
+    [
+      "a look-alike being deleted is let go without touching the ACL",
+      att((a) => {
+        a.metadata.name = "forged";
+        a.metadata.deletionTimestamp = DELETED;
+      }),
+      part(),
+      "revoke",
+    ],
     [
       "deleting, ours: revoke with an export",
       att((a) => (a.metadata.deletionTimestamp = DELETED)),
@@ -104,6 +126,29 @@ describe("decideAttachment", () => {
     const g = decideAttachment(a, part(), [a], "node-a");
     expect(g).toMatchObject({
       hosts: ["nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555"],
+    });
+  });
+
+  test("look-alikes in other namespaces or under other names never reach the ACL", () => {
+    const record = att();
+    const other = "nqn.2014-08.org.nvmexpress:uuid:22222222-3333-4444-8555-666666666666";
+    const foreign = att((x) => {
+      x.metadata.namespace = "tenant-b";
+      x.spec.hostNQN = other;
+    });
+    const renamed = att((x) => {
+      x.metadata.name = "forged";
+      x.spec.hostNQN = other;
+    });
+    expect(desiredHosts(part(), [record, foreign, renamed])).toEqual([record.spec.hostNQN]);
+    expect(decideAttachment(record, part(), [record, foreign, renamed], "node-a")).toMatchObject({
+      action: "grant",
+      hosts: [record.spec.hostNQN],
+    });
+    const gone = att((x) => (x.metadata.deletionTimestamp = DELETED));
+    expect(decideAttachment(gone, part(), [gone, foreign, renamed], "node-a")).toMatchObject({
+      action: "revoke",
+      hosts: [],
     });
   });
 });

@@ -2,7 +2,7 @@
 // shared caches of this node's partitions and drives and of the attachments, and drives the
 // backend and volume-manager ports through provisioning (13 steps) and deletion (reverse).
 // Every step is idempotent; `afterStep` lets tests crash the process between any two of them.
-import type { NVMeDevice, NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
+import type { NVMeDevice, NVMePartition, NVMeSnapshot, NVMeVolumeAttachment } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
@@ -16,6 +16,7 @@ import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resou
 import { TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
+import { isPartitionRecord } from "../attachments/partition-record.ts";
 import {
   type BackendName,
   type DeviceRef,
@@ -25,8 +26,15 @@ import {
   type VolumeManager,
   type VolumeManagerName,
 } from "../backends/types.ts";
-import { onNode } from "../caches.ts";
-import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import { inReleaseNamespace, onNode } from "../caches.ts";
+import {
+  backendOf,
+  decide,
+  PARTITION_FINALIZER,
+  type ResolvedSource,
+  type Target,
+  type Why,
+} from "./decide.ts";
 import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
 import { hostKeysFor, type SecretReader } from "./host-keys.ts";
@@ -60,6 +68,11 @@ export interface PartitionControllerOptions {
   /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
   manager: ControllerManager;
   nodeName: string;
+  /**
+   * The release namespace: the only one whose partitions, attachments and snapshots this agent
+   * watches and acts on (a tenant's look-alike objects in its own namespace are never seen).
+   */
+  namespace: string;
   backends: Partial<Record<BackendName, TargetBackend>>;
   volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>>;
   /** This node's NVMe-oF endpoint for a transport; undefined while none is usable. */
@@ -83,15 +96,19 @@ export interface PartitionControllerOptions {
   restartSummaryDeadlineMs?: number;
 }
 
-/** Host NQNs a partition's target ACL must hold: those of its live attachments. */
+/**
+ * Host NQNs a partition's target ACL must hold: that of its live attachment record (the one the
+ * CSI controller made, see isPartitionRecord). Other attachments naming the same UID, in any
+ * namespace or under any other name, never reach the ACL.
+ */
 export function desiredHosts(
-  uid: string | undefined,
+  partition: Pick<NVMePartition, "metadata"> | undefined,
   attachments: readonly NVMeVolumeAttachment[],
 ): string[] {
   return [
     ...new Set(
       attachments
-        .filter((a) => a.spec.partitionUID === uid && !a.metadata.deletionTimestamp)
+        .filter((a) => isPartitionRecord(a, partition) && !a.metadata.deletionTimestamp)
         .map((a) => a.spec.hostNQN),
     ),
   ].sort();
@@ -103,6 +120,7 @@ export class PartitionController {
   readonly attachments: WatchCache<NVMeVolumeAttachment>;
   private readonly partClient: ResourceClient<NVMePartition>;
   private readonly devClient: ResourceClient<NVMeDevice>;
+  private readonly snapClient: ResourceClient<NVMeSnapshot>;
   private readonly queue: WorkQueue;
   private readonly restarts: RestartRepairs;
   /** A restart reported before the partition cache synced: its window opens once it has. */
@@ -112,10 +130,11 @@ export class PartitionController {
   constructor(private readonly o: PartitionControllerOptions) {
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
+    this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
     const caches = o.manager.caches;
-    this.partitions = caches.cache(kinds.NVMePartition, onNode(o.nodeName));
+    this.partitions = caches.cache(kinds.NVMePartition, onNode(o.nodeName, o.namespace));
     this.devices = caches.cache(kinds.NVMeDevice, onNode(o.nodeName));
-    this.attachments = caches.cache(kinds.NVMeVolumeAttachment);
+    this.attachments = caches.cache(kinds.NVMeVolumeAttachment, inReleaseNamespace(o.namespace));
     this.queue = new WorkQueue({ name: "partitions", clock: o.clock });
     this.restarts = new RestartRepairs({
       clock: o.clock,
@@ -211,7 +230,24 @@ export class PartitionController {
   }
 
   private attachmentsFor(p: NVMePartition): NVMeVolumeAttachment[] {
-    return this.attachments.list().filter((a) => a.spec.partitionUID === p.metadata.uid);
+    return this.attachments.list().filter((a) => isPartitionRecord(a, p));
+  }
+
+  /**
+   * The object p.spec.contentSource names, read by kind and name in p's own namespace from the
+   * API server (the cache holds only this node's partitions, and no snapshots of other nodes).
+   * Looked up only while it matters: a live partition of this node not Exported yet.
+   */
+  private async resolveSource(p: NVMePartition): Promise<ResolvedSource | null | undefined> {
+    const cs = p.spec.contentSource;
+    if (!cs || p.metadata.deletionTimestamp || p.status?.state === "Exported") return undefined;
+    if (p.spec.nodeName !== this.o.nodeName) return undefined;
+    if (cs.kind === "Partition") {
+      const src = await this.partClient.get(cs.name, p.metadata.namespace);
+      return src ? { uid: src.metadata.uid as string, deviceSerial: src.spec.deviceSerial } : null;
+    }
+    const snap = await this.snapClient.get(cs.name, p.metadata.namespace);
+    return snap ? { uid: snap.metadata.uid as string, deviceSerial: snap.status?.deviceSerial } : null;
   }
 
   /** Writes a status derived from the latest object; conditions keep their transition times. */
@@ -282,6 +318,7 @@ export class PartitionController {
       nodeName: this.o.nodeName,
       device: this.deviceFor(p),
       attachments: this.attachmentsFor(p).map((a) => a.metadata.name),
+      contentSource: await this.resolveSource(p),
     });
     const log = this.o.logger.with({ partition: key });
     switch (d.action) {
@@ -402,7 +439,7 @@ export class PartitionController {
       serialNumber: serialNumberFor(t.volume.externalId),
     });
     await this.step("export", key);
-    const hosts = desiredHosts(p.metadata.uid, this.attachmentsFor(p));
+    const hosts = desiredHosts(p, this.attachmentsFor(p));
     await backend.setHosts(t.nqn, hosts, await hostKeysFor(p, hosts, this.o.secrets));
     await this.step("acl", key);
     const wasExported = p.status?.state === "Exported";

@@ -119,10 +119,56 @@ describe("decide", () => {
     expect((decide(obs({ partition: p })) as { lockDevice: boolean }).lockDevice).toBe(false);
   });
 
-  test("a recorded externalId wins over the derived one (identity never changes under a live volume)", () => {
-    const p = part((x) => (x.status = { state: "Exported", externalId: "vol-recorded", conditions: [] }));
-    const d = decide(obs({ partition: p }));
-    expect(d.action === "provision" && d.target.nqn).toBe(nqnFor("vol-recorded"));
+  test("status.externalId never redirects identity: export and deletion use the UID's", () => {
+    const own = externalIdFor(part().metadata.uid as string);
+    const forged = (x: NVMePartition) =>
+      (x.status = { state: "Exported", externalId: "vol-0123456789abcdef0123", conditions: [] });
+    const d = decide(obs({ partition: part(forged) }));
+    if (d.action !== "provision") throw new Error(d.action);
+    expect(d.target.nqn).toBe(nqnFor(own));
+    expect(d.target.volume.externalId).toBe(own);
+    const del = decide(
+      obs({
+        partition: part((x) => {
+          forged(x);
+          x.metadata.deletionTimestamp = "2026-02-01T10:00:00Z";
+        }),
+      }),
+    );
+    if (del.action !== "deprovision") throw new Error(del.action);
+    expect(del.target.volume.externalId).toBe(own);
+  });
+
+  describe("contentSource is resolved by kind, name and UID in the partition's namespace", () => {
+    const SERIAL = "S4EWNX0R123456";
+    const clone = (x: NVMePartition) =>
+      (x.spec.contentSource = {
+        kind: "Snapshot",
+        name: "snap-1",
+        uid: "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+      });
+    const found = { uid: "7c9e6679-7425-40de-944b-e07fc1f90ae7", deviceSerial: SERIAL };
+    const table: [string, Observed["contentSource"], Decision["action"], string?][] = [
+      ["the named object with that UID on this drive", found, "provision"],
+      ["nothing of that name in the namespace", null, "refuse", "ContentSourceNotFound"],
+      ["not looked up", undefined, "refuse", "ContentSourceNotFound"],
+      ["that name holds another UID", { ...found, uid: "other" }, "refuse", "ContentSourceNotFound"],
+      ["on another drive", { ...found, deviceSerial: "OTHER" }, "refuse", "ContentSourceElsewhere"],
+    ];
+    for (const [name, contentSource, action, reason] of table) {
+      test(name, () => {
+        const d = decide(obs({ partition: part(clone), contentSource }));
+        expect(d.action).toBe(action);
+        if (reason) expect((d as { why: { reason: string } }).why.reason).toBe(reason);
+      });
+    }
+    test("once Exported the copy exists: a gone source no longer matters", () => {
+      const p = part((x) => {
+        clone(x);
+        x.status = { state: "Exported", conditions: [] };
+      });
+      expect(decide(obs({ partition: p, contentSource: null })).action).toBe("provision");
+    });
   });
 
   test("volume manager mapping", () => {

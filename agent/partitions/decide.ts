@@ -14,8 +14,21 @@ export interface Observed {
   nodeName: string;
   /** The NVMeDevice on this node whose serial is spec.deviceSerial, if reported. */
   device?: NVMeDevice;
-  /** NVMeVolumeAttachments naming this partition's UID (their names). */
+  /** The partition's attachment record (isPartitionRecord), if any: its name. */
   attachments: readonly string[];
+  /**
+   * For a partition with spec.contentSource: the object of that kind and name in the
+   * partition's own namespace, as read from the API server (null: there is none). Only needed
+   * until the partition is first Exported; without it such a partition is refused.
+   */
+  contentSource?: ResolvedSource | null;
+}
+
+/** What the agent found under a content source's kind and name, in the partition's namespace. */
+export interface ResolvedSource {
+  uid: string;
+  /** The drive holding it: the source partition's spec, the snapshot's status. */
+  deviceSerial?: string;
 }
 
 /** Where a refusal or a wait is reported: a condition reason plus a message for operators. */
@@ -66,7 +79,9 @@ export function backendOf(p: NVMePartition): BackendName {
 function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
   const backend = backendOf(p);
   const uid = p.metadata.uid as string;
-  const externalId = p.status?.externalId ?? externalIdFor(uid);
+  // Always from the UID: status is writable by more than the agent, and an externalId taken
+  // from it could point this export (and its deletion) at another volume's lvol or partition.
+  const externalId = externalIdFor(uid);
   const cs = p.spec.contentSource;
   return {
     backend,
@@ -165,6 +180,8 @@ export function decide(o: Observed): Decision {
       },
     };
   }
+  const sourceWhy = contentSourceProblem(p, o.contentSource);
+  if (sourceWhy) return { action: "refuse", why: sourceWhy };
   const active = d.status?.activeBackend;
   if (active && active !== t.backend) {
     return {
@@ -176,4 +193,30 @@ export function decide(o: Observed): Decision {
     };
   }
   return { action: "provision", target: t, lockDevice: !active };
+}
+
+/**
+ * Why a partition's content source may not be used, or undefined when it may: before the first
+ * export, the source must be the object of that kind, name and UID in the partition's own
+ * namespace, on the partition's drive. Resolving by the UID alone would let a partition name any
+ * volume's or snapshot's data, whoever owns it. Once Exported, the copy exists and the source
+ * may be gone.
+ */
+function contentSourceProblem(p: NVMePartition, found: ResolvedSource | null | undefined): Why | undefined {
+  const src = p.spec.contentSource;
+  if (!src || p.status?.state === "Exported") return undefined;
+  const what = `${src.kind === "Snapshot" ? "NVMeSnapshot" : "NVMePartition"} ${p.metadata.namespace}/${src.name}`;
+  if (!found || found.uid !== src.uid) {
+    return {
+      reason: "ContentSourceNotFound",
+      message: `spec.contentSource names ${what} with uid ${src.uid}, and there is no such object${found ? ` (it has uid ${found.uid})` : ""}`,
+    };
+  }
+  if (found.deviceSerial !== p.spec.deviceSerial) {
+    return {
+      reason: "ContentSourceElsewhere",
+      message: `spec.contentSource ${what} is on drive ${found.deviceSerial ?? "(none yet)"}, not on ${p.spec.deviceSerial}`,
+    };
+  }
+  return undefined;
 }

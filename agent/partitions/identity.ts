@@ -2,17 +2,12 @@
 // UID (never its namespace/name), so a crash-restart finds what an earlier pass created and a
 // deleted-and-recreated partition of the same name never adopts its predecessor's volume.
 import { createHash } from "node:crypto";
+import { externalIdFor, NQN_PREFIX, nqnFor } from "../../lib/volume-identity.ts";
 
-export const NQN_PREFIX = "nqn.2026-02.io.distort:volume-";
+export { externalIdFor, NQN_PREFIX, nqnFor };
 
 function sha256hex(s: string): string {
   return createHash("sha256").update(s).digest("hex");
-}
-
-/** "vol-" + 20 hex digits of SHA-256(uid): 80 bits, unique for any realistic number of volumes. */
-export function externalIdFor(uid: string): string {
-  if (!uid) throw new Error("a partition without a UID has no identity yet");
-  return `vol-${sha256hex(uid).slice(0, 20)}`;
 }
 
 /** "snap-" + 20 hex digits of SHA-256(NVMeSnapshot uid): the snapshot lvol's name in its lvstore. */
@@ -27,10 +22,6 @@ export function snapshotExternalIdFor(uid: string): string {
  */
 export function cloneSourceSnapshotFor(externalId: string): string {
   return `${externalId}-src`;
-}
-
-export function nqnFor(externalId: string): string {
-  return `${NQN_PREFIX}${externalId}`;
 }
 
 /** The externalId inside one of our NQNs, or undefined for a foreign subsystem. */

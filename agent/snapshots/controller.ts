@@ -15,7 +15,7 @@ import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { DeviceRef } from "../backends/types.ts";
-import { onNode } from "../caches.ts";
+import { inReleaseNamespace, onNode } from "../caches.ts";
 import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotPlace, type SnapshotWhy } from "./decide.ts";
 
 /** The SPDK operations snapshots need; both idempotent (looked up by alias before acting). */
@@ -31,6 +31,11 @@ export interface SnapshotControllerOptions {
   /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
   manager: ControllerManager;
   nodeName: string;
+  /**
+   * The release namespace: the only one whose partitions, attachments and snapshots this agent
+   * watches and acts on (a tenant's look-alike objects in its own namespace are never seen).
+   */
+  namespace: string;
   /** Undefined when this agent serves no spdk backend: its snapshots are refused. */
   lvols: SnapshotLvols | undefined;
   logger: Logger;
@@ -59,8 +64,8 @@ export class SnapshotController {
   constructor(private readonly o: SnapshotControllerOptions) {
     this.client = new ResourceClient(o.conn, kinds.NVMeSnapshot);
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
-    this.snapshots = o.manager.caches.cache(kinds.NVMeSnapshot);
-    this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName));
+    this.snapshots = o.manager.caches.cache(kinds.NVMeSnapshot, inReleaseNamespace(o.namespace));
+    this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName, o.namespace));
     this.queue = new WorkQueue({ name: "snapshots", clock: o.clock });
     const enqueue = (s: NVMeSnapshot) => this.queue.add(objectKey(s.metadata));
     this.snapshots.onChange(enqueue);

@@ -2,7 +2,7 @@
 import { describe, expect, test } from "bun:test";
 import { exampleNVMePartition, exampleNVMeSnapshot } from "../../api/examples.ts";
 import type { NVMePartition, NVMeSnapshot } from "../../api/index.ts";
-import { snapshotExternalIdFor } from "../partitions/identity.ts";
+import { externalIdFor, snapshotExternalIdFor } from "../partitions/identity.ts";
 import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotDecision } from "./decide.ts";
 
 /** A fresh snapshot of the example partition: finalizer held, nothing taken yet. */
@@ -113,19 +113,25 @@ describe("decideSnapshot", () => {
         deviceSerial: "S4EWNX0R123456",
         externalId: snapshotExternalIdFor(s.metadata.uid as string),
       },
-      sourceLvol: "vol-4b1d0c6f9a",
+      sourceLvol: externalIdFor(src().metadata.uid as string),
     });
   });
 
-  test("delete uses the recorded place, not the (possibly recreated) source", () => {
+  test("delete uses the recorded place, not the (possibly recreated) source, and the lvol named from the UID", () => {
     const s = snap((x) => {
       x.metadata.deletionTimestamp = DELETING;
       x.status = exampleNVMeSnapshot().status;
+      // A status naming another volume's lvol must not redirect the deletion to it.
+      if (x.status) x.status.externalId = "vol-0123456789abcdef0123";
     });
     const d = decideSnapshot(s, undefined, "node-a");
     expect(d).toEqual({
       action: "delete",
-      place: { nodeName: "node-a", deviceSerial: "S4EWNX0R123456", externalId: "snap-7c9e6679742540de944b" },
+      place: {
+        nodeName: "node-a",
+        deviceSerial: "S4EWNX0R123456",
+        externalId: snapshotExternalIdFor(s.metadata.uid as string),
+      },
     });
   });
 });

@@ -50,7 +50,9 @@ export function decideSnapshot(
       ? {
           nodeName: node,
           deviceSerial: serial,
-          externalId: s.status?.externalId ?? snapshotExternalIdFor(uid),
+          // From the UID, never from status: a status naming another lvol would make deletion
+          // remove that lvol.
+          externalId: snapshotExternalIdFor(uid),
         }
       : undefined;
 
@@ -98,6 +100,6 @@ export function decideSnapshot(
   return {
     action: "take",
     place: place as SnapshotPlace,
-    sourceLvol: src.status.externalId ?? externalIdFor(src.metadata.uid as string),
+    sourceLvol: externalIdFor(src.metadata.uid as string),
   };
 }

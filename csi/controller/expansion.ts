@@ -6,6 +6,7 @@ import type { ControllerExpandVolumeRequest } from "../../gen/csi/v1/csi_pb.ts";
 import { aborted, csiError, failedPrecondition, invalidArgument, notFound } from "../errors.ts";
 import { type NormalizedCapability, requireSupported } from "./capabilities.ts";
 import { resolveCapacity } from "./capacity.ts";
+import { reserveGrowth } from "./expansion-reservation.ts";
 import { readRecord } from "./fingerprint.ts";
 import type { ControllerState } from "./state.ts";
 import { capacityOf, progressOf } from "./volume-view.ts";
@@ -14,7 +15,7 @@ import { capacityOf, progressOf } from "./volume-view.ts";
  * ControllerExpandVolume: answers the capacity once the exported volume holds at least the
  * requested size, and whether the node must grow a filesystem on it. Idempotent (a volume already
  * that large answers at once); OUT_OF_RANGE when it already exceeds limit_bytes, NOT_FOUND for a
- * gone volume, FAILED_PRECONDITION for the kernel backend, ABORTED when the volume went away or
+ * gone volume, RESOURCE_EXHAUSTED when its drive's ledger has no room for the new size, FAILED_PRECONDITION for the kernel backend, ABORTED when the volume went away or
  * another call on it runs.
  */
 export async function expandVolume(
@@ -56,8 +57,11 @@ export async function expandVolume(
       );
     }
     let patched = p;
-    if (p.spec.sizeBytes < target)
+    if (p.spec.sizeBytes < target) {
+      // Room first: the spec grows only once the device's ledger holds the new size.
+      await reserveGrowth(c, p, target);
       patched = await c.partClient.mergePatch(ref.name, c.ns, { spec: { sizeBytes: target } });
+    }
     const generation = patched.metadata.generation ?? 0;
     let last: NVMePartition | undefined = patched;
     const grown = await c.budget(

@@ -70,13 +70,28 @@ const publishRows: [string, NVMeVolumeAttachment | undefined, PublishIntent, str
     "takeover",
   ],
   ["being unpublished", att({ deleting: true }), want({ nodeId: "node-b" }), "wait-gone"],
+  // Node IDs carry the host NQN now; one published under the bare name of earlier releases is
+  // the same node, and its record takes the new ID.
+  ["same node, node ID of the new format", att(), want({ nodeId: `node-a/${NQN_A}` }), "renew"],
+  [
+    "same node, both new format",
+    att({ node: `node-a/${NQN_A}` }),
+    want({ nodeId: `node-a/${NQN_A}` }),
+    "await-ready",
+  ],
+  [
+    "other node in the new format, not fenced",
+    att({ node: `node-a/${NQN_A}` }),
+    want({ nodeId: `node-b/${NQN_B}`, hostNQN: NQN_B }),
+    "refuse",
+  ],
 ];
 for (const [name, cur, w, action] of publishRows) {
   test(`publish: ${name} -> ${action}`, () => {
     const d = decidePublish(cur, w);
     expect(d.action as string).toBe(action);
     if (d.action === "refuse") {
-      expect(d.holder).toBe("node-a");
+      expect(d.holder).toStartWith("node-a");
       expect(d.message).toContain(`${FENCED_ANNOTATION}=true`);
     }
     if (d.action === "takeover") expect(d.from).toBe("node-a");
@@ -89,6 +104,15 @@ const unpublishRows: [string, NVMeVolumeAttachment | undefined, string, string][
   ["any node (empty node id)", att(), "", "delete"],
   ["stale unpublish after a takeover", att({ node: "node-b" }), "node-a", "done"],
   ["already being deleted", att({ deleting: true }), "node-a", "wait-gone"],
+  // csi-attacher detaches with the node ID it attached with (its VolumeAttachment annotation).
+  ["published under a bare name, unpublished with the new ID", att(), `node-a/${NQN_A}`, "delete"],
+  [
+    "published with the new ID, unpublished under the bare name",
+    att({ node: `node-a/${NQN_A}` }),
+    "node-a",
+    "delete",
+  ],
+  ["new format, another node", att({ node: `node-b/${NQN_B}` }), `node-a/${NQN_A}`, "done"],
 ];
 for (const [name, cur, node, action] of unpublishRows) {
   test(`unpublish: ${name} -> ${action}`, () => {

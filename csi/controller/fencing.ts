@@ -2,6 +2,7 @@
 // NVMeVolumeAttachment: who holds the volume, whether a new node may take it over (only after an
 // administrator has marked the holder fenced), and what an unpublish may remove.
 import type { NVMeVolumeAttachment } from "../../api/index.ts";
+import { sameNode } from "../../lib/csi-node-id.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 
 /**
@@ -49,7 +50,8 @@ export function decidePublish(
   if (!current) return { action: "create" };
   if (current.metadata.deletionTimestamp) return { action: "wait-gone" };
   const ann = current.metadata.annotations ?? {};
-  if (current.spec.nodeId === want.nodeId) {
+  // Node IDs of one node compare by node name: a bare name (earlier releases) and name/NQN.
+  if (sameNode(current.spec.nodeId, want.nodeId)) {
     const ro = ann[READONLY_ANNOTATION] === "true";
     const access = ann[ACCESS_ANNOTATION];
     if (ro !== want.readonly || (access !== undefined && access !== want.access)) {
@@ -63,6 +65,10 @@ export function decidePublish(
         action: "renew",
         reason: `host NQN of ${want.nodeId} changed from ${current.spec.hostNQN} to ${want.hostNQN}`,
       };
+    }
+    if (current.spec.nodeId !== want.nodeId) {
+      // Same node and host, node ID of a newer format: record the ID the CO now uses.
+      return { action: "renew", reason: `node ID of ${current.spec.nodeId} is now ${want.nodeId}` };
     }
     return { action: "await-ready" };
   }
@@ -112,7 +118,7 @@ export function decideUnpublish(
   nodeId: string,
 ): UnpublishDecision {
   if (!current) return { action: "done", why: "not published" };
-  if (nodeId !== "" && current.spec.nodeId !== nodeId)
+  if (nodeId !== "" && !sameNode(current.spec.nodeId, nodeId))
     return { action: "done", why: `published to ${current.spec.nodeId}, not ${nodeId}` };
   if (current.metadata.deletionTimestamp) return { action: "wait-gone" };
   return { action: "delete" };

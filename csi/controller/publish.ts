@@ -7,6 +7,7 @@ import type {
   ControllerPublishVolumeRequest,
   ControllerUnpublishVolumeRequest,
 } from "../../gen/csi/v1/csi_pb.ts";
+import { parseNodeId } from "../../lib/csi-node-id.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { HOST_NQN_ANNOTATION } from "../../lib/kube/host-nqn-annotation.ts";
 import { PublishContextKeys } from "../../lib/volume-context.ts";
@@ -50,13 +51,39 @@ export async function publishVolume(
   return c.inFlight.run(key, `ControllerPublishVolume ${req.nodeId}`, async () => {
     const p = await c.partitionOf(ref);
     if (!p || p.metadata.deletionTimestamp) throw notFound(`volume ${req.volumeId} does not exist`);
-    const node = await c.nodes.get(req.nodeId);
-    if (!node) throw notFound(`node ${req.nodeId} does not exist`);
-    const hostNQN = node.hostNQN;
+    const id = parseNodeId(req.nodeId);
+    const node = await c.nodes.get(id.nodeName);
+    if (!node) throw notFound(`node ${id.nodeName} does not exist`);
+    // The node ID carries the host NQN, and must be the one kubelet keeps in the node's CSINode
+    // (written only by that node's kubelet). A bare node name (an ID csi-attacher stored from an
+    // earlier release) takes the NQN from CSINode; only without one (the DPU plugin, a node plugin
+    // not restarted yet) from the Node annotation.
+    const registered = node.registeredNodeId ? parseNodeId(node.registeredNodeId).hostNQN : undefined;
+    if (id.hostNQN && registered && id.hostNQN !== registered) {
+      throw failedPrecondition(
+        `node ID ${req.nodeId} is not the one node ${id.nodeName} registered (${node.registeredNodeId}); the CO must publish with the node ID in its CSINode`,
+      );
+    }
+    const hostNQN = id.hostNQN ?? registered ?? node.hostNQN;
     if (!hostNQN) {
       throw failedPrecondition(
-        `node ${req.nodeId} has not registered its NVMe host NQN (Node annotation ${HOST_NQN_ANNOTATION}); the DISTORT node plugin writes it from /etc/nvme/hostnqn when it starts there`,
+        `node ${id.nodeName} has not registered its NVMe host NQN: its CSI node ID carries none and its Node has no ${HOST_NQN_ANNOTATION} annotation; the DISTORT node plugin reports it from /etc/nvme/hostnqn when it starts there`,
       );
+    }
+    // One initiator identity on two machines: the target could not tell their I/O apart, and
+    // admitting it would admit both.
+    const claimants = await c.nodes.claiming(hostNQN);
+    const others = claimants.filter((n) => n !== id.nodeName);
+    if (others.length > 0) {
+      const message = `nodes ${[id.nodeName, ...others].sort().join(", ")} all present host NQN ${hostNQN}; publishing volume ${key} to ${id.nodeName} is refused until each node has its own /etc/nvme/hostnqn`;
+      c.log.warn("duplicate host NQN refused at publish", {
+        partition: key,
+        node: id.nodeName,
+        nqn: hostNQN,
+        others,
+      });
+      void c.o.events?.record(p, "Warning", "DuplicateHostNQN", "Publish", message);
+      throw failedPrecondition(message);
     }
     const intent: PublishIntent = {
       nodeId: req.nodeId,

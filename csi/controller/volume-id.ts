@@ -2,6 +2,10 @@
 // earlier attempt created: the NVMePartition name for a CreateVolume name, the volume id carrying the
 // partition's exact identity, and the one NVMeVolumeAttachment name per partition UID.
 import { createHash } from "node:crypto";
+import { attachmentNameFor } from "../../lib/volume-identity.ts";
+
+/** Re-exported: the agent derives the same name (lib/volume-identity.ts). */
+export { attachmentNameFor };
 
 /** CSI's general size limit for string fields; the volume id must fit it. */
 export const MAX_VOLUME_ID_BYTES = 128;
@@ -71,14 +75,4 @@ export function parseVolumeId(id: string): VolumeRef | undefined {
   if (name.length > MAX_PARTITION_NAME_LENGTH || !DNS_LABEL.test(name)) return undefined;
   if (!UID.test(uid)) return undefined;
   return { namespace, name, uid };
-}
-
-/**
- * The NVMeVolumeAttachment name of a partition incarnation: "<partition>-<10 hex of SHA-256(uid)>".
- * One name per UID makes "one attachment per partition" a property of the API server (create
- * answers AlreadyExists), and a recreated partition never meets its predecessor's attachment.
- * The hash part has a fixed length, so distinct (name, uid) pairs cannot produce the same name.
- */
-export function attachmentNameFor(partitionName: string, partitionUID: string): string {
-  return `${partitionName}-${sha256hex(partitionUID).slice(0, 10)}`;
 }

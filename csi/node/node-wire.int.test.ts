@@ -26,6 +26,7 @@ import { GrpcCallError, GrpcJsClient } from "../../lib/grpc/grpc-js-client.ts";
 import { type GrpcServer, register, serveGrpc } from "../../lib/grpc/server.ts";
 import { silentLogger } from "../../lib/log.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../../lib/volume-context.ts";
+import { externalIdFor, nqnFor } from "../../lib/volume-identity.ts";
 import { HostMounter } from "../host/mounter.ts";
 import { createNodeService } from "../node.ts";
 import { fileStateStore } from "./state-store.ts";
@@ -124,8 +125,9 @@ let seq = 0;
 /** A fresh exported volume and the kubelet-style paths for it. */
 async function volume(sizeBytes = 64 * MIB, over: Partial<ExportSpec> = {}) {
   const n = ++seq;
+  const uid = `00000000-0000-4000-9000-${String(n).padStart(12, "0")}`;
   const spec: ExportSpec = {
-    nqn: `nqn.2026-01.io.distort:wire-${n}`,
+    nqn: nqnFor(externalIdFor(uid)),
     sizeBytes,
     hosts: [HOST],
     uuid: `00000000-0000-4000-8000-${String(n).padStart(12, "0")}`,
@@ -139,7 +141,7 @@ async function volume(sizeBytes = 64 * MIB, over: Partial<ExportSpec> = {}) {
   mkdirSync(pods, { recursive: true });
   return {
     spec,
-    volumeId: `default/pvc-${n}/uid-${n}`,
+    volumeId: `default/pvc-${n}/${uid}`,
     staging,
     target: join(pods, "mount"),
     target2: join(pods, "mount-ro"),

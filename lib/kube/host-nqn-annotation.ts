@@ -1,8 +1,11 @@
-// CSI node id (the Kubernetes Node name) -> the host NQN the target ACL admits: the node's own
-// /etc/nvme/hostnqn, which the node plugin writes onto its Node as an annotation at startup. NodeStage
-// connects only as that identity, so the controller authorizes exactly it and never invents one.
+// CSI node id -> the host NQN the target ACL admits: the node's own /etc/nvme/hostnqn. The node
+// plugin reports it inside its node ID (lib/csi-node-id.ts, stored by kubelet in CSINode); a Node
+// annotation is read only for node IDs of earlier releases and for the DPU plugin, which has no
+// CSINode. NodeStage connects only as that identity, so the controller never invents one.
 import * as k8s from "@kubernetes/client-node";
 import * as v from "valibot";
+import { parseNodeId } from "../csi-node-id.ts";
+import { DRIVER_NAME } from "../volume-context.ts";
 import type { KubeConnection } from "./connection.ts";
 import { kubeError } from "./resource.ts";
 
@@ -13,8 +16,13 @@ const NqnSchema = v.pipe(v.string(), v.maxLength(223), v.regex(/^nqn\.\d{4}-\d{2
 
 /** What the controller needs to know of a node. */
 export interface NodeRecord {
-  /** The registered host NQN; undefined when none (or an invalid one) is on the Node. */
+  /** The host NQN annotation; undefined when none (or an invalid one) is on the Node. */
   hostNQN?: string;
+  /**
+   * The DISTORT node ID kubelet stored in the node's CSINode (node authorization: only that
+   * node's kubelet writes it); undefined when the node plugin never registered there.
+   */
+  registeredNodeId?: string;
   labels: Record<string, string>;
 }
 
@@ -26,8 +34,14 @@ export function hostNQNOf(annotations: Readonly<Record<string, string>> | undefi
 
 /** Looks CSI node ids up. */
 export interface NodeDirectory {
-  /** The node, or undefined when no such node exists. Errors when the lookup itself fails. */
-  get(nodeId: string): Promise<NodeRecord | undefined>;
+  /** The Node of that name, or undefined when none exists. Errors when the lookup itself fails. */
+  get(nodeName: string): Promise<NodeRecord | undefined>;
+  /**
+   * Names of the Nodes that claim `hostNQN`: in the DISTORT node ID their CSINode carries, or (for
+   * earlier releases and the DPU plugin) in the host NQN annotation. Two distinct names mean two
+   * machines present one initiator identity, which the target could not tell apart.
+   */
+  claiming(hostNQN: string): Promise<string[]>;
 }
 
 /** NodeDirectory over Kubernetes Node objects (RBAC: get nodes). */
@@ -38,19 +52,63 @@ export function kubeNodeDirectory(conn: KubeConnection): NodeDirectory {
       try {
         const node = await core.readNode({ name: nodeId });
         const hostNQN = hostNQNOf(node.metadata?.annotations);
-        return { ...(hostNQN ? { hostNQN } : {}), labels: node.metadata?.labels ?? {} };
+        const registeredNodeId = await csiNodeId(conn, nodeId);
+        return {
+          ...(hostNQN ? { hostNQN } : {}),
+          ...(registeredNodeId ? { registeredNodeId } : {}),
+          labels: node.metadata?.labels ?? {},
+        };
       } catch (err) {
         const e = kubeError(err, `get node ${nodeId}`);
         if (e.kind === "not-found") return undefined;
         throw e;
       }
     },
+    async claiming(hostNQN) {
+      const names = new Set<string>();
+      try {
+        for (const n of (await conn.api(k8s.StorageV1Api).listCSINode()).items) {
+          for (const d of n.spec.drivers ?? []) {
+            if (d.name === DRIVER_NAME && d.nodeID && parseNodeId(d.nodeID).hostNQN === hostNQN)
+              names.add(n.metadata?.name ?? "");
+          }
+        }
+        for (const n of (await core.listNode()).items) {
+          if (hostNQNOf(n.metadata?.annotations) === hostNQN) names.add(n.metadata?.name ?? "");
+        }
+      } catch (err) {
+        throw kubeError(err, `find the nodes claiming host NQN ${hostNQN}`);
+      }
+      return [...names].sort();
+    },
   };
+}
+
+/** DISTORT's node ID in CSINode `nodeName`, or undefined (no CSINode, or DISTORT not in it). */
+async function csiNodeId(conn: KubeConnection, nodeName: string): Promise<string | undefined> {
+  try {
+    const n = await conn.api(k8s.StorageV1Api).readCSINode({ name: nodeName });
+    return n.spec.drivers?.find((d) => d.name === DRIVER_NAME)?.nodeID || undefined;
+  } catch (err) {
+    const e = kubeError(err, `get csinode ${nodeName}`);
+    if (e.kind === "not-found") return undefined;
+    throw e;
+  }
+}
+
+/** The labels of Node `nodeName` (RBAC: get nodes). StorageError "not-found" when it does not exist. */
+export async function nodeLabels(conn: KubeConnection, nodeName: string): Promise<Record<string, string>> {
+  try {
+    return (await conn.api(k8s.CoreV1Api).readNode({ name: nodeName })).metadata?.labels ?? {};
+  } catch (err) {
+    throw kubeError(err, `read node ${nodeName}`);
+  }
 }
 
 /**
  * Records `hostNQN` on Node `nodeName` (merge patch, only when it differs; RBAC: get and patch
- * nodes) and returns the Node's labels. Idempotent. StorageError "not-found" when the Node does
+ * nodes) and returns the Node's labels. Used by the DPU plugin only, which has no CSINode to
+ * carry it; the CSI node plugin reports its host NQN in its node ID instead. Idempotent. StorageError "not-found" when the Node does
  * not exist.
  */
 export async function registerHostNQN(

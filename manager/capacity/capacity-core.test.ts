@@ -3,8 +3,8 @@
 // partitions placed without an entry, and the Overcommitted condition.
 import { describe, expect, test } from "bun:test";
 import type { DeviceReservation, NVMeDevice, NVMePartition } from "../../api/index.ts";
+import { type PartitionUse, partitionUse } from "../../lib/device-ledger.ts";
 import { Inventory } from "../inventory.ts";
-import { type PartitionUse, partitionUse } from "../ledger.ts";
 import { claimedDevice, device, GiB, MiB, partition, T0 } from "../testdata/fixtures.ts";
 import { auditLedger, capacityStatus, entryIsDead } from "./capacity-core.ts";
 

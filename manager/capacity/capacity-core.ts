@@ -2,8 +2,6 @@
 // gone or placed on another device), and the device status with dead entries dropped, placed
 // partitions adopted into the ledger, and free = allocatable - committed.
 import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../../api/index.ts";
-import { findCondition } from "../../lib/kube/conditions.ts";
-import { formatBytes } from "../../lib/units.ts";
 import {
   devicePlacementKey,
   deviceUsage,
@@ -11,7 +9,9 @@ import {
   ledgerOf,
   type PartitionUse,
   partitionPlacementKey,
-} from "../ledger.ts";
+} from "../../lib/device-ledger.ts";
+import { findCondition } from "../../lib/kube/conditions.ts";
+import { formatBytes } from "../../lib/units.ts";
 import { MAX_LEDGER_ENTRIES } from "../placement/reservation.ts";
 import { applyStatusPatch, type ConditionInput } from "../status-patch.ts";
 import { ConditionTypes } from "../vocabulary.ts";

@@ -7,9 +7,14 @@ import type {
   NVMeDeviceClaimStatus,
   NVMeDeviceStatus,
 } from "../../api/index.ts";
+import {
+  type DeviceUsage,
+  describeHolders,
+  INITIAL_DEVICE_STATUS,
+  ledgerOf,
+} from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import { objectKey } from "../../lib/kube/resource.ts";
-import { type DeviceUsage, describeHolders, INITIAL_DEVICE_STATUS, ledgerOf } from "../ledger.ts";
 import type { StatusPatch } from "../status-patch.ts";
 import { CLAIM_FINALIZER, ConditionTypes } from "../vocabulary.ts";
 

@@ -2,13 +2,13 @@
 // device (resourceVersion-guarded, claim and node read fresh), only then writes the partition's
 // spec, and records Scheduled and Events. Keys are partitions; README.md gives the safety argument.
 import type { NVMeDevice, NVMePartition, NVMePartitionStatus } from "../../api/index.ts";
+import { type PartitionUse, partitionUse } from "../../lib/device-ledger.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { objectKey } from "../../lib/kube/resource.ts";
 import type { Reconcile } from "../../lib/kube/runner.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { ManagerContext, Triggers } from "../context.ts";
 import { compareResourceVersions } from "../inventory.ts";
-import { type PartitionUse, partitionUse } from "../ledger.ts";
 import { nodeHealth } from "../node-health.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";

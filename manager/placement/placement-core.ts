@@ -9,9 +9,9 @@ import type {
   NVMePartitionStatus,
   RDMAStorageNode,
 } from "../../api/index.ts";
+import type { DeviceUsage } from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import { formatBytes, roundUpToUnit } from "../../lib/units.ts";
-import type { DeviceUsage } from "../ledger.ts";
 import { nodeHealth } from "../node-health.ts";
 import { claimKeyOf, verifyOwner } from "../ownership.ts";
 import type { StatusPatch } from "../status-patch.ts";

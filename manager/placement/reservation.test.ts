@@ -2,7 +2,7 @@
 // condition still holds, and an existing entry is recognised instead of added twice.
 import { describe, expect, test } from "bun:test";
 import type { NVMeDevice, NVMeDeviceClaim, RDMAStorageNode } from "../../api/index.ts";
-import { type PartitionUse, partitionUse } from "../ledger.ts";
+import { type PartitionUse, partitionUse } from "../../lib/device-ledger.ts";
 import { claimedDevice, GiB, MiB, partition, storageNode, T0 } from "../testdata/fixtures.ts";
 import type { Reserve } from "./placement-core.ts";
 import { MAX_LEDGER_ENTRIES, type ReserveInput, reserveVerdict } from "./reservation.ts";

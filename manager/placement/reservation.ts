@@ -8,8 +8,8 @@ import type {
   NVMePartition,
   RDMAStorageNode,
 } from "../../api/index.ts";
+import { deviceUsage, ledgerOf, type PartitionUse } from "../../lib/device-ledger.ts";
 import { formatBytes } from "../../lib/units.ts";
-import { deviceUsage, ledgerOf, type PartitionUse } from "../ledger.ts";
 import { nodeHealth } from "../node-health.ts";
 import { verifyOwner } from "../ownership.ts";
 import type { Reserve } from "./placement-core.ts";

@@ -7,10 +7,10 @@ import type {
   RDMAStorageNode,
   RDMAStorageNodeStatus,
 } from "../../api/index.ts";
+import { INITIAL_DEVICE_STATUS } from "../../lib/device-ledger.ts";
 import type { Reconcile } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { ManagerContext, Triggers } from "../context.ts";
-import { INITIAL_DEVICE_STATUS } from "../ledger.ts";
 import { isStale } from "../node-health.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";

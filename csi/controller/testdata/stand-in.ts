@@ -5,10 +5,12 @@ import * as v from "valibot";
 import { externalIdFor, nqnFor } from "../../../agent/partitions/identity.ts";
 import {
   kinds,
+  type NVMeDevice,
   type NVMePartition,
   NVMePartitionStatusSchema,
   type NVMeVolumeAttachment,
 } from "../../../api/index.ts";
+import { StorageError } from "../../../lib/errors.ts";
 import { WatchCache } from "../../../lib/kube/cache.ts";
 import { type Condition, setCondition } from "../../../lib/kube/conditions.ts";
 import type { KubeConnection } from "../../../lib/kube/connection.ts";
@@ -37,6 +39,9 @@ type PartitionStatus = NonNullable<NVMePartition["status"]>;
 export class StandIn {
   readonly parts: ResourceClient<NVMePartition>;
   readonly atts: ResourceClient<NVMeVolumeAttachment>;
+  readonly devs: ResourceClient<NVMeDevice>;
+  /** The serial of the stand-in storage node's one drive, where place() puts every partition. */
+  readonly serialNumber = "SIM-SERIAL-1";
   readonly auto: AutoBehaviour = { exportNew: false, grow: false, grant: false, release: false };
   private readonly partCache: WatchCache<NVMePartition>;
   private readonly attCache: WatchCache<NVMeVolumeAttachment>;
@@ -49,6 +54,7 @@ export class StandIn {
   ) {
     this.parts = new ResourceClient(conn, kinds.NVMePartition);
     this.atts = new ResourceClient(conn, kinds.NVMeVolumeAttachment);
+    this.devs = new ResourceClient(conn, kinds.NVMeDevice);
     this.partCache = new WatchCache(this.parts, { namespace: ns, logger: silentLogger });
     this.attCache = new WatchCache(this.atts, { namespace: ns, logger: silentLogger });
     const onPart = (p: NVMePartition) =>
@@ -101,13 +107,58 @@ export class StandIn {
     if (this.auto.grant && a.status?.observedAttachmentId !== a.spec.attachmentId) await this.grant(name);
   }
 
-  /** Manager placement: nodeName + deviceSerial, and Scheduled=True. */
+  /** The NVMeDevice name of the stand-in's drive. */
+  get deviceName(): string {
+    return `${this.storageNode}-sim-serial-1`;
+  }
+
+  /** The drive as the agent reports it (1 TiB) with the empty ledger the manager starts it with. */
+  async ensureDevice(): Promise<NVMeDevice> {
+    const have = await this.devs.get(this.deviceName);
+    if (have?.status) return have;
+    if (!have) {
+      try {
+        await this.devs.create({
+          apiVersion: "storage.distort.io/v1alpha1",
+          kind: "NVMeDevice",
+          metadata: { name: this.deviceName },
+          spec: {
+            nodeName: this.storageNode,
+            pciAddress: "0000:3b:00.0",
+            serial: this.serialNumber,
+            model: "sim",
+            allocatableBytes: 1024 ** 4,
+            numaNode: 0,
+          },
+        } as NVMeDevice);
+      } catch (err) {
+        if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
+      }
+    }
+    return (await updateStatus(this.devs, this.deviceName, undefined, (d) =>
+      d.status ? undefined : { phase: "Available", reservations: [], conditions: [] },
+    )) as NVMeDevice;
+  }
+
+  /** Manager placement: a ledger entry on the drive first, then nodeName + deviceSerial. */
   async place(name: string): Promise<NVMePartition> {
     const p = (await this.parts.get(name, this.ns)) as NVMePartition;
     if (p.spec.nodeName) return p;
+    await this.ensureDevice();
+    await updateStatus(this.devs, this.deviceName, undefined, (d) => {
+      const ledger = d.status?.reservations ?? [];
+      if (ledger.some((r) => r.uid === p.metadata.uid)) return undefined;
+      return {
+        ...(d.status as NonNullable<NVMeDevice["status"]>),
+        reservations: [
+          ...ledger,
+          { uid: p.metadata.uid as string, namespace: this.ns, name, bytes: roundUp(p.spec.sizeBytes) },
+        ],
+      };
+    });
     return this.parts.replace({
       ...p,
-      spec: { ...p.spec, nodeName: this.storageNode, deviceSerial: "SIM-SERIAL-1" },
+      spec: { ...p.spec, nodeName: this.storageNode, deviceSerial: this.serialNumber },
     });
   }
 

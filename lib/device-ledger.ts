@@ -1,8 +1,8 @@
 // Capacity accounting of one device: what is committed on it, from its reservation ledger
-// (status.reservations) and from the partitions whose spec points at it. Pure; shared by
-// placement, the capacity reconciler and claim release.
+// (status.reservations) and from the partitions whose spec points at it. Pure; shared by the
+// manager (placement, the capacity reconciler, claim release) and CSI volume expansion.
 import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../api/index.ts";
-import { roundUpToUnit } from "../lib/units.ts";
+import { roundUpToUnit } from "./units.ts";
 
 /** Status of a device the manager writes first (the agent creates devices without one). */
 export const INITIAL_DEVICE_STATUS: NVMeDeviceStatus = {
@@ -131,4 +131,50 @@ export function describeHolders(holders: ReadonlyMap<string, Holder>, max = 5): 
   const names = [...holders.values()].map((h) => `${h.namespace}/${h.name}`).sort();
   const shown = names.slice(0, max).join(", ");
   return names.length > max ? `${shown} and ${names.length - max} more` : shown;
+}
+
+export type GrowVerdict =
+  /** The ledger already holds `use` at its new size or more: nothing to write. */
+  | { kind: "held" }
+  /** Write this status guarded by the device's resourceVersion, then grow the partition. */
+  | { kind: "write"; status: NVMeDeviceStatus }
+  /** The device cannot hold the partition at its new size (or has no ledger to write). */
+  | { kind: "reject"; message: string };
+
+/**
+ * The ledger step of a volume expansion, decided on a device just read from the API server: the
+ * entry of `use` (UID, new rounded size) is raised to use.bytes, or added, when every other
+ * holder (counted as deviceUsage does) leaves room for it. Written with the device's
+ * resourceVersion before the partition's spec grows, so two expansions on one device are
+ * arbitrated by the API server exactly as two placements are: the loser re-reads and sees the
+ * winner's entry. The capacity reconciler only ever raises entries or drops dead ones.
+ */
+export function growVerdict(
+  device: NVMeDevice,
+  assigned: Iterable<PartitionUse>,
+  use: PartitionUse,
+): GrowVerdict {
+  const status = device.status;
+  if (!status) return { kind: "reject", message: `device ${device.metadata.name} has no ledger yet` };
+  const ledger = ledgerOf(device);
+  const entry = ledger.find((r) => r.uid === use.uid);
+  if (entry && entry.bytes >= use.bytes) return { kind: "held" };
+  const usage = deviceUsage(device, assigned);
+  const mine = usage.holders.get(use.uid)?.bytes ?? 0;
+  const room = device.spec.allocatableBytes - (usage.committedBytes - mine);
+  if (room < use.bytes) {
+    return {
+      kind: "reject",
+      message: `device ${device.metadata.name} has room for ${Math.max(0, room)} bytes for ${use.namespace}/${use.name}, which would need ${use.bytes}`,
+    };
+  }
+  const next = { uid: use.uid, namespace: use.namespace, name: use.name, bytes: use.bytes };
+  return {
+    kind: "write",
+    status: {
+      ...status,
+      reservations: entry ? ledger.map((r) => (r.uid === use.uid ? next : r)) : [...ledger, next],
+      freeBytes: Math.max(0, room - use.bytes),
+    },
+  };
 }

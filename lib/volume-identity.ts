@@ -1,0 +1,33 @@
+// Names derived from an NVMePartition's immutable UID that more than one binary relies on: the
+// agent exports under them, the CSI controller publishes under them, the CSI node checks them.
+// Pure and deterministic; never derived from anything a status field or a request says.
+import { createHash } from "node:crypto";
+
+export const NQN_PREFIX = "nqn.2026-02.io.distort:volume-";
+
+function sha256hex(s: string): string {
+  return createHash("sha256").update(s).digest("hex");
+}
+
+/** "vol-" + 20 hex digits of SHA-256(uid): 80 bits, unique for any realistic number of volumes. */
+export function externalIdFor(uid: string): string {
+  if (!uid) throw new Error("a partition without a UID has no identity yet");
+  return `vol-${sha256hex(uid).slice(0, 20)}`;
+}
+
+/** The subsystem NQN of a volume whose externalId is `externalId`. */
+export function nqnFor(externalId: string): string {
+  return `${NQN_PREFIX}${externalId}`;
+}
+
+/**
+ * The NVMeVolumeAttachment name of a partition incarnation: "<partition>-<10 hex of SHA-256(uid)>".
+ * One name per UID makes "one attachment per partition" a property of the API server (create
+ * answers AlreadyExists), and a recreated partition never meets its predecessor's attachment.
+ * The hash part has a fixed length, so distinct (name, uid) pairs cannot produce the same name.
+ * The agent admits hosts only from the attachment of exactly this name in the partition's own
+ * namespace (the release namespace), which is how it recognises the CSI controller's record.
+ */
+export function attachmentNameFor(partitionName: string, partitionUID: string): string {
+  return `${partitionName}-${sha256hex(partitionUID).slice(0, 10)}`;
+}
