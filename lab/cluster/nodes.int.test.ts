@@ -56,9 +56,19 @@ let torn = false;
 const say = (l: string) => console.log(`[nodes.int] ${l}`);
 
 function kubectl(args: string[], stdin?: string): { code: number; out: string; err: string } {
-  const p = Bun.spawnSync([toolPaths().kubectl, "--kubeconfig", cp!.kubeconfigPath, ...args], {
-    stdin: stdin === undefined ? "ignore" : Buffer.from(stdin),
-  });
+  const p = Bun.spawnSync(
+    [
+      toolPaths().kubectl,
+      "--kubeconfig",
+      cp!.kubeconfigPath,
+      "--cache-dir",
+      join(dir, "kubectl-cache"),
+      ...args,
+    ],
+    {
+      stdin: stdin === undefined ? "ignore" : Buffer.from(stdin),
+    },
+  );
   return { code: p.exitCode, out: p.stdout.toString(), err: p.stderr.toString() };
 }
 

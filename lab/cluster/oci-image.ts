@@ -21,6 +21,7 @@ export type LayerEntry =
   | { type: "file"; path: string; mode?: number; data: Uint8Array }
   | { type: "symlink"; path: string; target: string };
 
+/** What an image holds: one layer of entries and the runtime config. */
 export interface ImageSpec {
   /** The full reference containerd records, e.g. "distort.lab/pause:abc123". */
   ref: string;
@@ -31,6 +32,7 @@ export interface ImageSpec {
   workingDir?: string;
 }
 
+/** An archive on disk and the image it names. */
 export interface OciArchive {
   path: string;
   ref: string;
@@ -206,6 +208,7 @@ export function writeOciArchive(spec: ImageSpec, root = cacheRoot()): OciArchive
   return { path, ref: spec.ref, manifestDigest };
 }
 
+/** Debian busybox-static. */
 export const BUSYBOX_PATH = "/usr/bin/busybox";
 
 /** The busybox-static binary and the root directories a container runtime expects to find. */
