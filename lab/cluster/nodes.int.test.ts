@@ -279,6 +279,62 @@ test("a busybox DaemonSet runs on every node; Pods reach Pods on other nodes and
   );
 }, 180_000);
 
+test("a privileged hostNetwork Pod serves on its node's IP and reaches the API server's Service", async () => {
+  const pod = {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name: "hostnet", namespace: "default" },
+    spec: {
+      nodeName: "n1",
+      hostNetwork: true,
+      terminationGracePeriodSeconds: 1,
+      containers: [
+        {
+          name: "hostnet",
+          image: "distort.lab/workload:nodes-int",
+          imagePullPolicy: "Never",
+          securityContext: { privileged: true },
+          command: [
+            "/bin/sh",
+            "-c",
+            "mkdir -p /www && echo hostnet > /www/index.html && exec httpd -f -p 8081 -h /www",
+          ],
+        },
+      ],
+    },
+  };
+  kubectlOk(["apply", "-f", "-"], JSON.stringify(pod));
+  await eventually(
+    () =>
+      JSON.parse(kubectlOk(["get", "pod", "hostnet", "-n", "default", "-o", "json"])).status?.phase ===
+      "Running",
+    60_000,
+    "hostnet Running",
+  );
+  const n1 = nodes[0]!;
+  const from = dsPods().find((p) => p.node === "n2")!;
+  const got = await eventually(
+    () => {
+      const r = kubectl(["exec", from.name, "--", "timeout", "10", "wget", "-qO-", `http://${n1.ip}:8081/`]);
+      return r.code === 0 ? r.out.trim() : undefined;
+    },
+    30_000,
+    "hostnet answers on n1's IP",
+  );
+  expect(got).toBe("hostnet");
+  const api = kubectlOk([
+    "exec",
+    "hostnet",
+    "--",
+    "sh",
+    "-c",
+    `printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 10 nc ${KUBERNETES_SERVICE_IP} 443`,
+  ]);
+  expect(api).toContain("Client sent an HTTP request to an HTTPS server");
+  // Privileged: the container sees the node's devices.
+  expect(kubectlOk(["exec", "hostnet", "--", "ls", "/dev"])).toContain("loop-control");
+}, 120_000);
+
 test("a Deployment's replicas become available", async () => {
   const deploy = {
     apiVersion: "apps/v1",
