@@ -42,12 +42,13 @@ const ours = (p: ProcessInfo) =>
   (p.cmdline.includes(dir) || /:\/dlab-/m.test(p.cgroup) || labNs.has(p.mntns) || labNs.has(p.netns));
 /**
  * The machine is shared: other engineers' image builds (podman CNI, distort-images-* cgroups) and
- * labs (loop devices and mounts under their own /tmp/distort-* directories) come and go meanwhile.
+ * labs (loop devices and mounts under their own /tmp/distort-* directories) come and go meanwhile,
+ * and so do the machine's own per-command cgroups (process_api/<id>).
  * None of that is this lab's doing; everything of this lab is named dlab*, lives in `dir` or
  * carries no such marker.
  */
 const foreign = (line: string) =>
-  /podman/.test(line) || (/distort-|\/tmp\//.test(line) && !line.includes(dir));
+  /podman|\/process_api\//.test(line) || (/distort-|\/tmp\//.test(line) && !line.includes(dir));
 
 let before: HostFootprint;
 let cp: ControlPlane | undefined;
@@ -352,7 +353,7 @@ test("a Deployment's replicas become available", async () => {
               name: "sleeper",
               image: "distort.lab/workload:nodes-int",
               imagePullPolicy: "Never",
-              command: ["sleep", "3600"],
+              args: ["sleep", "3600"],
             },
           ],
         },

@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   buildOciArchive,
+  busyboxImageSpec,
   entriesFromDirectory,
   type ImageSpec,
   pauseImageSpec,
@@ -89,6 +90,20 @@ test("a directory becomes sorted entries with modes and symlinks kept", () => {
   expect(motd.type === "file" && motd.mode === 0o600 && Buffer.from(motd.data).toString() === "hello").toBe(
     true,
   );
+});
+
+test("the workload image has no entrypoint, sh as its command, and busybox's applets", () => {
+  const { bytes, manifestDigest } = buildOciArchive(busyboxImageSpec("distort.lab/workload:t1"));
+  const dir = mkdtempSync(join(tmp, "workload-"));
+  untar(bytes, dir);
+  const blob = (d: string) => readFileSync(join(dir, "blobs", "sha256", d.replace("sha256:", "")), "utf8");
+  const config = JSON.parse(blob(JSON.parse(blob(manifestDigest)).config.digest));
+  expect(config.config.Entrypoint).toBeUndefined();
+  expect(config.config.Cmd).toEqual(["/bin/sh"]);
+  const spec = busyboxImageSpec("distort.lab/workload:t1");
+  for (const applet of ["bin/sleep", "bin/wget", "bin/nc", "bin/httpd", "bin/timeout"]) {
+    expect(spec.entries.some((e) => e.path === applet && e.type === "symlink")).toBe(true);
+  }
 });
 
 test("the pause image runs busybox's shell as PID 1 with a TERM trap", () => {
