@@ -17,6 +17,7 @@ export interface HostFootprint {
   sysctls: Record<string, string>;
 }
 
+/** What the process filter sees of one process. */
 export interface ProcessInfo {
   pid: number;
   comm: string;
@@ -46,6 +47,7 @@ export function isLabProcess(p: ProcessInfo): boolean {
   return LAB_COMMS.has(p.comm) || /:\/(dlab-[^/\n]*|kubepods)(\/|$)/m.test(p.cgroup);
 }
 
+/** Sysctls kubelet, CNI plugins or kube-proxy may write; net.bridge.* are added when present. */
 export const FOOTPRINT_SYSCTLS = [
   "kernel.panic",
   "kernel.panic_on_oops",
@@ -60,6 +62,7 @@ export const FOOTPRINT_SYSCTLS = [
   "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
 ];
 
+/** processFilter picks the processes listed (default isLabProcess). */
 export interface SnapshotOptions {
   processFilter?: (p: ProcessInfo) => boolean;
 }

@@ -20,6 +20,7 @@ export function nodeAddressing(index: number): { ip: string; podCidr: string; ho
   return { ip: `198.18.0.${10 + index}`, podCidr: `198.19.${index}.0/24`, hostLink: `dlv${index}` };
 }
 
+/** The network namespace of node `node`. */
 export const netnsName = (node: string) => `dlab-${node}`;
 
 interface NodeRecord {

@@ -42,12 +42,13 @@ const ours = (p: ProcessInfo) =>
   (p.cmdline.includes(dir) || /:\/dlab-/m.test(p.cgroup) || labNs.has(p.mntns) || labNs.has(p.netns));
 /**
  * The machine is shared: other engineers' image builds (podman CNI, distort-images-* cgroups) and
- * labs (loop devices and mounts under their own /tmp/distort-* directories) come and go meanwhile.
+ * labs (loop devices and mounts under their own /tmp/distort-* directories) come and go meanwhile,
+ * and so do the machine's own per-command cgroups (process_api/<id>).
  * None of that is this lab's doing; everything of this lab is named dlab*, lives in `dir` or
  * carries no such marker.
  */
 const foreign = (line: string) =>
-  /podman/.test(line) || (/distort-|\/tmp\//.test(line) && !line.includes(dir));
+  /podman|\/process_api\//.test(line) || (/distort-|\/tmp\//.test(line) && !line.includes(dir));
 
 let before: HostFootprint;
 let cp: ControlPlane | undefined;
@@ -56,9 +57,19 @@ let torn = false;
 const say = (l: string) => console.log(`[nodes.int] ${l}`);
 
 function kubectl(args: string[], stdin?: string): { code: number; out: string; err: string } {
-  const p = Bun.spawnSync([toolPaths().kubectl, "--kubeconfig", cp!.kubeconfigPath, ...args], {
-    stdin: stdin === undefined ? "ignore" : Buffer.from(stdin),
-  });
+  const p = Bun.spawnSync(
+    [
+      toolPaths().kubectl,
+      "--kubeconfig",
+      cp!.kubeconfigPath,
+      "--cache-dir",
+      join(dir, "kubectl-cache"),
+      ...args,
+    ],
+    {
+      stdin: stdin === undefined ? "ignore" : Buffer.from(stdin),
+    },
+  );
   return { code: p.exitCode, out: p.stdout.toString(), err: p.stderr.toString() };
 }
 
@@ -269,6 +280,62 @@ test("a busybox DaemonSet runs on every node; Pods reach Pods on other nodes and
   );
 }, 180_000);
 
+test("a privileged hostNetwork Pod serves on its node's IP and reaches the API server's Service", async () => {
+  const pod = {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name: "hostnet", namespace: "default" },
+    spec: {
+      nodeName: "n1",
+      hostNetwork: true,
+      terminationGracePeriodSeconds: 1,
+      containers: [
+        {
+          name: "hostnet",
+          image: "distort.lab/workload:nodes-int",
+          imagePullPolicy: "Never",
+          securityContext: { privileged: true },
+          command: [
+            "/bin/sh",
+            "-c",
+            "mkdir -p /www && echo hostnet > /www/index.html && exec httpd -f -p 8081 -h /www",
+          ],
+        },
+      ],
+    },
+  };
+  kubectlOk(["apply", "-f", "-"], JSON.stringify(pod));
+  await eventually(
+    () =>
+      JSON.parse(kubectlOk(["get", "pod", "hostnet", "-n", "default", "-o", "json"])).status?.phase ===
+      "Running",
+    60_000,
+    "hostnet Running",
+  );
+  const n1 = nodes[0]!;
+  const from = dsPods().find((p) => p.node === "n2")!;
+  const got = await eventually(
+    () => {
+      const r = kubectl(["exec", from.name, "--", "timeout", "10", "wget", "-qO-", `http://${n1.ip}:8081/`]);
+      return r.code === 0 ? r.out.trim() : undefined;
+    },
+    30_000,
+    "hostnet answers on n1's IP",
+  );
+  expect(got).toBe("hostnet");
+  const api = kubectlOk([
+    "exec",
+    "hostnet",
+    "--",
+    "sh",
+    "-c",
+    `printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 10 nc ${KUBERNETES_SERVICE_IP} 443`,
+  ]);
+  expect(api).toContain("Client sent an HTTP request to an HTTPS server");
+  // Privileged: the container sees the node's devices.
+  expect(kubectlOk(["exec", "hostnet", "--", "ls", "/dev"])).toContain("loop-control");
+}, 120_000);
+
 test("a Deployment's replicas become available", async () => {
   const deploy = {
     apiVersion: "apps/v1",
@@ -286,7 +353,7 @@ test("a Deployment's replicas become available", async () => {
               name: "sleeper",
               image: "distort.lab/workload:nodes-int",
               imagePullPolicy: "Never",
-              command: ["sleep", "3600"],
+              args: ["sleep", "3600"],
             },
           ],
         },

@@ -28,6 +28,7 @@ import {
 import { importImage } from "./oci-image.ts";
 import { cacheRoot, KUBE_VERSION } from "./tools.ts";
 
+/** One node to start. */
 export interface NodeSpec {
   /** Node name: also the Kubernetes Node's name; [a-z0-9-], at most 20 characters. */
   name: string;
@@ -36,6 +37,7 @@ export interface NodeSpec {
   index?: number;
 }
 
+/** Options shared by all nodes of one startNodes call. */
 export interface StartNodesOptions {
   /** The lab directory; node state goes to <dir>/nodes/<node>. Not under /run, /var/lib or /var/log. */
   dir: string;
@@ -49,6 +51,7 @@ export interface StartNodesOptions {
   readyTimeoutMs?: number;
 }
 
+/** The node-level binaries: kubelet and kube-proxy (Go builds), containerd, the CNI plugin directory. */
 export interface NodeToolPaths {
   kubelet: string;
   kubeProxy: string;
@@ -67,12 +70,14 @@ export function nodeToolPaths(root = cacheRoot()): NodeToolPaths {
   };
 }
 
+/** The outcome of LabNode.exec. */
 export interface ExecResult {
   exitCode: number;
   stdout: string;
   stderr: string;
 }
 
+/** Host pids of a node's daemons; a daemon that is not running is absent. */
 export interface NodePids {
   holder: number;
   containerd?: number;
@@ -80,6 +85,7 @@ export interface NodePids {
   kubeProxy?: number;
 }
 
+/** A running node, as startNodes returns it. */
 export interface LabNode {
   name: string;
   index: number;
@@ -548,24 +554,23 @@ async function startNode(shared: Shared, spec: NodeSpec, index: number): Promise
     holder = h;
     closeSync(holderLog);
     const reader = h.stdout.getReader();
-    let out = "";
-    await waitUntil(
-      `node ${spec.name}: mount holder`,
-      30_000,
-      async () => {
+    const sawReady = (async () => {
+      let out = "";
+      for (;;) {
         const { value, done } = await reader.read();
-        if (done) return true;
+        if (done) return false;
         out += new TextDecoder().decode(value);
-        return out.includes("ready");
-      },
-      () =>
-        h.exitCode !== null
-          ? `holder exited ${h.exitCode}: ${tail(join(paths.logs, "holder.log"))}`
-          : undefined,
-    );
-    reader.releaseLock();
-    if (!out.includes("ready"))
-      throw new Error(`node ${spec.name}: holder exited: ${tail(join(paths.logs, "holder.log"))}`);
+        if (out.includes("ready")) return true;
+      }
+    })();
+    const ready = await Promise.race([sawReady, Bun.sleep(30_000).then(() => false)]);
+    try {
+      reader.releaseLock();
+    } catch {}
+    if (!ready) {
+      const why = h.exitCode !== null ? `exited ${h.exitCode}` : "not ready after 30 s";
+      throw new Error(`node ${spec.name}: mount holder ${why}: ${tail(join(paths.logs, "holder.log"))}`);
+    }
     rec.mntns = readlinkSync(`/proc/${h.pid}/ns/mnt`);
     writeFileSync(recordPath(opts.dir, spec.name), JSON.stringify(rec));
     // Daemons start only once the node's /run is its own: containerd's fixed paths must not land on the host.

@@ -2,10 +2,18 @@
 // sha256, index -> manifest -> config/layer link up, and the layer holds exactly the entries given.
 import { afterAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { buildOciArchive, type ImageSpec, pauseImageSpec, tarArchive, writeOciArchive } from "./oci-image.ts";
+import {
+  buildOciArchive,
+  busyboxImageSpec,
+  entriesFromDirectory,
+  type ImageSpec,
+  pauseImageSpec,
+  tarArchive,
+  writeOciArchive,
+} from "./oci-image.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "oci-image-test-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -65,6 +73,37 @@ test("same spec, same bytes: the cache path is stable and a second write reuses 
   expect(a.path).toMatch(/images\/[0-9a-f]{32}\/demo\.tar$/);
   const other = writeOciArchive({ ...spec, entrypoint: ["/bin/hi"] }, tmp);
   expect(other.path).not.toBe(a.path);
+});
+
+test("a directory becomes sorted entries with modes and symlinks kept", () => {
+  const src = mkdtempSync(join(tmp, "src-"));
+  mkdirSync(join(src, "etc"));
+  writeFileSync(join(src, "etc", "motd"), "hello", { mode: 0o600 });
+  symlinkSync("motd", join(src, "etc", "issue"));
+  const entries = entriesFromDirectory(src, "opt");
+  expect(entries.map((e) => `${e.type} ${e.path}`)).toEqual([
+    "dir opt/etc",
+    "symlink opt/etc/issue",
+    "file opt/etc/motd",
+  ]);
+  const motd = entries[2]!;
+  expect(motd.type === "file" && motd.mode === 0o600 && Buffer.from(motd.data).toString() === "hello").toBe(
+    true,
+  );
+});
+
+test("the workload image has no entrypoint, sh as its command, and busybox's applets", () => {
+  const { bytes, manifestDigest } = buildOciArchive(busyboxImageSpec("distort.lab/workload:t1"));
+  const dir = mkdtempSync(join(tmp, "workload-"));
+  untar(bytes, dir);
+  const blob = (d: string) => readFileSync(join(dir, "blobs", "sha256", d.replace("sha256:", "")), "utf8");
+  const config = JSON.parse(blob(JSON.parse(blob(manifestDigest)).config.digest));
+  expect(config.config.Entrypoint).toBeUndefined();
+  expect(config.config.Cmd).toEqual(["/bin/sh"]);
+  const spec = busyboxImageSpec("distort.lab/workload:t1");
+  for (const applet of ["bin/sleep", "bin/wget", "bin/nc", "bin/httpd", "bin/timeout"]) {
+    expect(spec.entries.some((e) => e.path === applet && e.type === "symlink")).toBe(true);
+  }
 });
 
 test("the pause image runs busybox's shell as PID 1 with a TERM trap", () => {

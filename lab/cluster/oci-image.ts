@@ -21,16 +21,19 @@ export type LayerEntry =
   | { type: "file"; path: string; mode?: number; data: Uint8Array }
   | { type: "symlink"; path: string; target: string };
 
+/** What an image holds: one layer of entries and the runtime config. */
 export interface ImageSpec {
   /** The full reference containerd records, e.g. "distort.lab/pause:abc123". */
   ref: string;
   entries: LayerEntry[];
+  /** May be empty: then `cmd` (or a Pod's command) is what runs. */
   entrypoint: string[];
   cmd?: string[];
   env?: string[];
   workingDir?: string;
 }
 
+/** An archive on disk and the image it names. */
 export interface OciArchive {
   path: string;
   ref: string;
@@ -132,7 +135,7 @@ export function buildOciArchive(spec: ImageSpec): { bytes: Buffer; manifestDiges
     architecture: "amd64",
     os: "linux",
     config: {
-      Entrypoint: spec.entrypoint,
+      ...(spec.entrypoint.length ? { Entrypoint: spec.entrypoint } : {}),
       ...(spec.cmd ? { Cmd: spec.cmd } : {}),
       Env: spec.env ?? ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"],
       ...(spec.workingDir ? { WorkingDir: spec.workingDir } : {}),
@@ -206,6 +209,7 @@ export function writeOciArchive(spec: ImageSpec, root = cacheRoot()): OciArchive
   return { path, ref: spec.ref, manifestDigest };
 }
 
+/** Debian busybox-static. */
 export const BUSYBOX_PATH = "/usr/bin/busybox";
 
 /** The busybox-static binary and the root directories a container runtime expects to find. */
@@ -232,7 +236,10 @@ export function pauseImageSpec(ref: string, busybox = BUSYBOX_PATH): ImageSpec {
   };
 }
 
-/** A workload image: busybox-static with a link for every applet it lists, `sh` as entrypoint. */
+/**
+ * A workload image: busybox-static with a link for every applet it lists; like the busybox image
+ * of Docker Hub, no entrypoint and `sh` as the command, so a Pod's args alone name what runs.
+ */
 export function busyboxImageSpec(ref: string, busybox = BUSYBOX_PATH): ImageSpec {
   const list = Bun.spawnSync([busybox, "--list"]);
   if (list.exitCode !== 0) throw new Error(`${busybox} --list failed: ${list.stderr.toString()}`);
@@ -248,7 +255,8 @@ export function busyboxImageSpec(ref: string, busybox = BUSYBOX_PATH): ImageSpec
       ...busyboxBase(busybox),
       ...applets.map((a): LayerEntry => ({ type: "symlink", path: `bin/${a}`, target: "busybox" })),
     ],
-    entrypoint: ["/bin/sh"],
+    entrypoint: [],
+    cmd: ["/bin/sh"],
   };
 }
 
