@@ -70,8 +70,11 @@ try {
 // Conformance: csi-sanity against the whole stack, on its own control plane.
 await step("csi-sanity", [bin("bun"), "scripts/sanity.ts"]);
 
-// End to end: the lab (every component its own process) with PVCs, Pods and injected faults.
+// End to end: the process lab (every component its own process) with PVCs, Pods and injected faults.
 await step("e2e", [bin("bun"), "scripts/e2e.ts"]);
+
+// End to end on the real cluster: real kubelets, DISTORT installed by helm from images built here.
+await step("e2e (real cluster)", [bin("bun"), "scripts/e2e-cluster.ts"]);
 
 say(`\n${passed} passed, ${failed} failed`);
 process.exit(failed > 0 ? 1 : 0);

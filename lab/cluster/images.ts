@@ -550,9 +550,6 @@ async function buildOne(
         "--isolation",
         "chroot",
         "--pull=never",
-        // No RUN of a lab build needs the network; without this buildah sets up podman's CNI bridge,
-        // iptables chains and ip_forward on the host.
-        "--network=none",
         "--layers=false",
         "-f",
         join(repo, spec.containerfile),
