@@ -26,7 +26,14 @@ import {
   type VolumeManagerName,
 } from "../backends/types.ts";
 import { onNode } from "../caches.ts";
-import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import {
+  backendOf,
+  DEVICE_STATUS_REASONS,
+  decide,
+  PARTITION_FINALIZER,
+  type Target,
+  type Why,
+} from "./decide.ts";
 import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
 import { hostKeysFor, type SecretReader } from "./host-keys.ts";
@@ -277,16 +284,31 @@ export class PartitionController {
       this.restarts.dropped(key);
       return;
     }
-    const d = decide({
+    const observed = {
       partition: p,
       nodeName: this.o.nodeName,
       device: this.deviceFor(p),
       attachments: this.attachmentsFor(p).map((a) => a.metadata.name),
-    });
+    };
+    let d = decide(observed);
+    if ((d.action === "refuse" || d.action === "release") && DEVICE_STATUS_REASONS.has(d.why.reason)) {
+      // The manager stored the ledger entry (and the claim) before it wrote this placement, but
+      // the drive's watch may not have delivered it yet: decide again on the drive read afresh.
+      const fresh = await this.devClient.get(observed.device?.metadata.name as string);
+      d = decide({ ...observed, device: fresh });
+    }
     const log = this.o.logger.with({ partition: key });
     switch (d.action) {
       case "ignore":
       case "done":
+        return;
+      case "release":
+        this.restarts.dropped(key);
+        await this.dropFinalizer(p);
+        await this.step("finalizer-removed", key);
+        log.warn("partition released without touching the target: the manager never placed it here", {
+          reason: d.why.reason,
+        });
         return;
       case "add-finalizer": {
         try {
