@@ -1,4 +1,4 @@
-// PartedVolumeManager against an in-memory disk that answers parted, partx, wipefs and dd the way
+// PartedVolumeManager against an in-memory disk that answers parted, partx, wipefs and blkdiscard the way
 // the real tools do (output formats copied from parted 3.5): the exact commands run for each
 // case, the error paths real disks rarely show on demand, and per-disk serialisation.
 import { beforeEach, describe, expect, test } from "bun:test";
@@ -57,7 +57,7 @@ class FakeDisk implements Exec {
       this.signatures = ["PMBR", "gpt"];
       return ok();
     }
-    if (argv[0] === "dd") return ok();
+    if (argv[0] === "blkdiscard") return ok();
     const mkpart = /^parted -s -a none (\S+) unit B mkpart (\S+) (\d+)B (\d+)B$/.exec(cmd);
     if (mkpart) {
       const [start, end] = [Number(mkpart[3]), Number(mkpart[4])];
@@ -192,7 +192,7 @@ describe("ensureVolume", () => {
     disk.calls = [];
   });
 
-  test("creates an aligned, rounded partition after zeroing the edges of its range", async () => {
+  test("creates an aligned, rounded partition after zeroing its whole range", async () => {
     expect(await mgr.ensureVolume(spec("vol-a1", 10 * MiB))).toEqual({
       externalId: "vol-a1",
       backendPath: "/dev/nvme0n1p1",
@@ -200,8 +200,7 @@ describe("ensureVolume", () => {
     });
     expect(disk.calls).toEqual([
       PRINT,
-      `dd if=/dev/zero of=${DEV} bs=1M seek=4 count=1 oflag=direct conv=notrunc,fsync status=none`,
-      `dd if=/dev/zero of=${DEV} bs=1M seek=15 count=1 oflag=direct conv=notrunc,fsync status=none`,
+      `blkdiscard --force --zeroout --offset 4194304 --length 12582912 ${DEV}`,
       `parted -s -a none ${DEV} unit B mkpart vol-a1 4194304B 16777215B`,
       PRINT,
     ]);
