@@ -26,6 +26,7 @@ import {
   type VolumeManagerName,
 } from "../backends/types.ts";
 import { onNode } from "../caches.ts";
+import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import {
   backendOf,
   DEVICE_STATUS_REASONS,
@@ -40,7 +41,7 @@ import { hostKeysFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
 
-/** How often a partition whose drive is missing for its backend looks again. */
+/** How often a partition whose drive is missing for its backend (or not blank) looks again. */
 const DRIVE_MISSING_RETRY_MS = 60_000;
 
 /** Steps after which a crash is meaningful (each one changed external or API state). */
@@ -400,7 +401,17 @@ export class PartitionController {
       return { requeueAfterMs: DRIVE_MISSING_RETRY_MS };
     }
     await this.step("prepare-device", key);
-    await vm.prepareLayout(device);
+    try {
+      await vm.prepareLayout(device);
+    } catch (err) {
+      if (!(err instanceof StorageError && err.details.reason === DRIVE_NOT_BLANK)) throw err;
+      // Someone's data may be on the drive: nothing is written until an operator wipes it.
+      const why = { reason: DRIVE_NOT_BLANK, message: err.message };
+      await this.report(p, "Pending", why);
+      await this.o.events?.record(p, "Warning", DRIVE_NOT_BLANK, "Provision", err.message);
+      log.warn("drive not blank; not creating an lvstore on it", { error: err.message });
+      return { requeueAfterMs: DRIVE_MISSING_RETRY_MS };
+    }
     await this.step("layout", key);
     const volume = await vm.ensureVolume({ ...t.volume, device });
     await this.step("volume", key);
