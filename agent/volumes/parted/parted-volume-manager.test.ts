@@ -3,7 +3,7 @@
 // case, the error paths real disks rarely show on demand, and per-disk serialisation.
 import { beforeEach, describe, expect, test } from "bun:test";
 import { type ErrorKind, StorageError } from "../../../lib/errors.ts";
-import type { Exec, ExecResult } from "../../../lib/exec.ts";
+import type { Exec, ExecOptions, ExecResult } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
 import type { DeviceRef, VolumeSpec } from "../../backends/types.ts";
 import { PartedVolumeManager, partitionNode } from "./parted-volume-manager.ts";
@@ -32,12 +32,15 @@ class FakeDisk implements Exec {
   /** parted writes the table but cannot tell the kernel (BLKPG failed). */
   informFails = false;
   calls: string[] = [];
+  /** The timeout each command was given, by command line. */
+  timeouts = new Map<string, number | undefined>();
 
   constructor(readonly size = 256 * MiB) {}
 
-  async run(argv: readonly string[]): Promise<ExecResult> {
+  async run(argv: readonly string[], opts?: ExecOptions): Promise<ExecResult> {
     const cmd = argv.join(" ");
     this.calls.push(cmd);
+    this.timeouts.set(cmd, opts?.timeoutMs);
     const ok = (stdout = ""): ExecResult => ({ code: 0, stdout, stderr: "" });
     const err = (stderr: string, stdout = ""): ExecResult => ({ code: 1, stdout, stderr });
     if (cmd === `parted -m -s ${DEV} unit B print free`) {
@@ -204,6 +207,17 @@ describe("ensureVolume", () => {
       `parted -s -a none ${DEV} unit B mkpart vol-a1 4194304B 16777215B`,
       PRINT,
     ]);
+  });
+
+  test("zeroing a large range is given time for a drive that writes every byte (100 MiB/s)", async () => {
+    const big = new FakeDisk(64 * 1024 * MiB);
+    const m = new PartedVolumeManager({ exec: big, fs: big.fs(), nodeTimeoutMs: 50 });
+    await m.prepareLayout(device);
+    await m.ensureVolume(spec("vol-big", 40 * 1024 * MiB));
+    const zero = [...big.timeouts].find(([cmd]) => cmd.startsWith("blkdiscard"));
+    expect(zero?.[1]).toBe(Math.ceil((40 * 1024 * MiB) / ((100 * MiB) / 1000)));
+    const small = [...disk.timeouts, ...big.timeouts].filter(([cmd]) => cmd.startsWith("wipefs"));
+    expect(small.every(([, t]) => t === 60_000)).toBe(true);
   });
 
   test("an existing partition is found, not made twice, and a smaller request is fine", async () => {

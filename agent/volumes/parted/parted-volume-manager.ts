@@ -32,6 +32,8 @@ const EXTERNAL_ID = /^vol-[A-Za-z0-9]{1,32}$/;
 /** A kernel block device node; partition nodes are derived from its name. */
 const BLOCK_DEVICE = /^\/dev\/[A-Za-z0-9][A-Za-z0-9._-]*$/;
 const NODE_POLL_MS = 100;
+/** 100 MiB/s: the slowest zeroing the timeout of a new partition's BLKZEROOUT allows for. */
+const ZEROOUT_WORST_BYTES_PER_MS = (100 * MiB) / 1000;
 
 /**
  * VolumeManager over GPT partitions.
@@ -236,16 +238,22 @@ export class PartedVolumeManager implements VolumeManager {
    * of it is mounted or exported; the range is free in the GPT this lock just read.
    */
   async #zeroRange(dev: string, place: Placement): Promise<void> {
-    await this.#run([
-      "blkdiscard",
-      "--force",
-      "--zeroout",
-      "--offset",
-      String(place.start),
-      "--length",
-      String(place.end + 1 - place.start),
-      dev,
-    ]);
+    const length = place.end + 1 - place.start;
+    // A drive without Write Zeroes has the kernel write every byte: allow for 100 MiB/s at worst.
+    const timeoutMs = Math.max(this.#commandTimeoutMs, Math.ceil(length / ZEROOUT_WORST_BYTES_PER_MS));
+    await this.#run(
+      [
+        "blkdiscard",
+        "--force",
+        "--zeroout",
+        "--offset",
+        String(place.start),
+        "--length",
+        String(length),
+        dev,
+      ],
+      timeoutMs,
+    );
   }
 
   /**
@@ -320,8 +328,8 @@ export class PartedVolumeManager implements VolumeManager {
   }
 
   /** Runs a command that must succeed; returns stdout. */
-  #run(argv: string[]): Promise<string> {
-    return runChecked(this.#exec, argv, { timeoutMs: this.#commandTimeoutMs });
+  #run(argv: string[], timeoutMs = this.#commandTimeoutMs): Promise<string> {
+    return runChecked(this.#exec, argv, { timeoutMs });
   }
 }
 
