@@ -40,7 +40,7 @@ function completion(sc: number): Buffer {
 }
 
 /** Identify Namespace data (4096 bytes) of one namespace, LBA format 0 only. */
-export function identifyNamespace(numBlocks: number, blockSize: number, dlfeat: number): Buffer {
+export function identifyNamespaceData(numBlocks: number, blockSize: number, dlfeat: number): Buffer {
   const d = Buffer.alloc(4096);
   d.writeBigUInt64LE(BigInt(numBlocks), 0); // NSZE
   d.writeBigUInt64LE(BigInt(numBlocks), 8); // NCAP
@@ -66,7 +66,7 @@ async function execute(
   if (type === "admin" && opc === OPC_IDENTIFY) {
     if ((cdw10 & 0xff) !== 0) return { sc: SC.invalidField, data: none };
     if (!ns) return { sc: SC.invalidNamespace, data: none };
-    const id = identifyNamespace(
+    const id = identifyNamespaceData(
       ns.numBlocks,
       ns.blockSize,
       ctrlr.drive ? (ctrlr.drive.dlfeat ?? DEFAULT_DLFEAT) : 0,
