@@ -89,7 +89,7 @@ export class SpdkLvolVolumeManager implements VolumeManager {
     const size = id.numBlocks * id.blockSize;
     const content = await this.probe.probe(size, await edgeRegions(this.opts.rpc, bdevName, id));
     if (content.kind === "blank") return;
-    const holds = content.kind === "filesystem" ? `a ${content.fsType} filesystem` : content.description;
+    const holds = content.kind === "filesystem" ? `a filesystem (${content.fsType})` : content.description;
     throw new StorageError(
       "precondition",
       `drive ${serial} is not blank: it holds ${holds}. DISTORT puts its lvstore only on a blank drive; ` +
