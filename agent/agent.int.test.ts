@@ -15,6 +15,7 @@ import {
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import {
   claimDevice,
+  createPlaced,
   placedPartition,
   type SimStorageNode,
   startSimStorageNode,
@@ -86,7 +87,11 @@ test("the reporter publishes the drive with reserved, 4 MiB-rounded capacity and
 });
 
 test("a placed partition becomes Exported and really exists in the target; attachments drive the ACL; deletion leaves nothing", async () => {
-  const created = await parts.create(placedPartition("p1", ns, device, claim, 100 * 1024 * 1024 + 1));
+  const created = await createPlaced(
+    tc.conn,
+    placedPartition("p1", ns, device, claim, 100 * 1024 * 1024 + 1),
+    device,
+  );
   const uid = created.metadata.uid as string;
   const id = externalIdFor(uid);
   const nqn = nqnFor(id);
@@ -166,11 +171,47 @@ test("a placed partition becomes Exported and really exists in the target; attac
   expect(s.subsystems.filter((x) => x.nqn === nqn)).toEqual([]);
 }, 90_000);
 
+test("a placement the manager did not make (no ledger entry, or no claim) is refused and leaves the target untouched", async () => {
+  const before = node.emulator.state();
+  // Created with placement already set, as a tenant could with the admission policy off: the
+  // claim is right, but the drive's ledger never got an entry for it.
+  const unreserved = await parts.create(placedPartition("p-unreserved", ns, device, claim, 64 * 1024 * 1024));
+  const noClaim = placedPartition("p-no-claim", ns, device, claim, 64 * 1024 * 1024);
+  delete noClaim.spec.claimRef;
+  await parts.create(noClaim);
+  for (const [name, reason] of [
+    ["p-unreserved", "NotReserved"],
+    ["p-no-claim", "NotPlacedByManager"],
+  ] as const) {
+    const failed = await eventually(
+      async () => {
+        const x = await parts.get(name, ns);
+        return x?.status?.state === "Failed" ? x : undefined;
+      },
+      15_000,
+      `${name} Failed`,
+    );
+    expect(failed.status?.conditions?.find((c) => c.type === "Ready")?.reason).toBe(reason);
+    // Refused before anything of ours: no finalizer, no identity, no export.
+    expect(failed.metadata.finalizers ?? []).not.toContain("storage.distort.io/partition-cleanup");
+    expect(failed.status?.externalId).toBeUndefined();
+  }
+  const after = node.emulator.state();
+  const id = externalIdFor(unreserved.metadata.uid as string);
+  expect(after.lvols.filter((l) => l.name === id)).toEqual([]);
+  expect(after.lvols.length).toBe(before.lvols.length);
+  expect(after.subsystems.length).toBe(before.subsystems.length);
+  for (const name of ["p-unreserved", "p-no-claim"]) {
+    await parts.delete(name, ns);
+    await eventually(async () => !(await parts.get(name, ns)), 15_000, `${name} deletable`);
+  }
+}, 60_000);
+
 test("a kernel partition on a drive locked to SPDK is refused with a condition naming the reason", async () => {
   const p = placedPartition("p-kernel", ns, device, claim, 64 * 1024 * 1024);
   p.spec.backend = "kernel";
   p.spec.targetOptions = { transport: "tcp" };
-  await parts.create(p);
+  await createPlaced(tc.conn, p, device);
   const failed = await eventually(
     async () => {
       const x = await parts.get("p-kernel", ns);
@@ -187,7 +228,7 @@ test("a kernel partition on a drive locked to SPDK is refused with a condition n
 }, 60_000);
 
 test("after a target crash that drops every export, the agent re-exports the partition", async () => {
-  await parts.create(placedPartition("p2", ns, device, claim, 64 * 1024 * 1024));
+  await createPlaced(tc.conn, placedPartition("p2", ns, device, claim, 64 * 1024 * 1024), device);
   const p = await eventually(
     async () => {
       const x = await parts.get("p2", ns);
@@ -229,7 +270,7 @@ test("DH-HMAC-CHAP: the host is admitted only with the Secret's key, installed t
   });
   const p = placedPartition("p-chap", ns, device, claim, 64 * 1024 * 1024);
   p.spec.targetOptions = { transport: "tcp", dhchapSecretRef: { name: "chap", key: "key" } };
-  const created = await parts.create(p);
+  const created = await createPlaced(tc.conn, p, device);
   const uid = created.metadata.uid as string;
   const vaName = attachmentNameFor("p-chap", uid);
   const exported = await eventually(
@@ -294,7 +335,7 @@ test("snapshot -> restore and partition -> clone carry the source's bytes; delet
       20_000,
       `${name} Exported`,
     );
-  const src = await parts.create(placedPartition("snap-src", ns, device, claim, 8 * MiB));
+  const src = await createPlaced(tc.conn, placedPartition("snap-src", ns, device, claim, 8 * MiB), device);
   const srcId = externalIdFor(src.metadata.uid as string);
   await exportedOf("snap-src");
   const lvs = lvstoreNameFor(device.spec.serial);
@@ -328,10 +369,10 @@ test("snapshot -> restore and partition -> clone carry the source's bytes; delet
 
   const restore = placedPartition("snap-restore", ns, device, claim, 8 * MiB);
   restore.spec.contentSource = { kind: "Snapshot", name: "snap-1", uid: snap.metadata.uid as string };
-  const r = await parts.create(restore);
+  const r = await createPlaced(tc.conn, restore, device);
   const clone = placedPartition("snap-clone", ns, device, claim, 8 * MiB);
   clone.spec.contentSource = { kind: "Partition", name: "snap-src", uid: src.metadata.uid as string };
-  const c = await parts.create(clone);
+  const c = await createPlaced(tc.conn, clone, device);
   await exportedOf("snap-restore");
   await exportedOf("snap-clone");
   const rId = externalIdFor(r.metadata.uid as string);

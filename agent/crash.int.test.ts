@@ -8,6 +8,7 @@ import { kinds, type NVMeDevice, type NVMeDeviceClaim, type NVMePartition } from
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import {
   claimDevice,
+  createPlaced,
   placedPartition,
   type SimStorageNode,
   startSimStorageNode,
@@ -134,7 +135,7 @@ describe("agent killed right after each step", () => {
     test(`provisioning: ${step}`, async () => {
       const name = `a-${step}`;
       await unlockDeviceFor(step);
-      await parts.create(placedPartition(name, ns, device, claim, 64 * 1024 * 1024));
+      await createPlaced(tc.conn, placedPartition(name, ns, device, claim, 64 * 1024 * 1024), device);
       // Unlocking the drive re-enqueues every partition on it and any of them may take the lock
       // first, so that step's crash is armed for whichever partition takes it.
       const fault = step === "device-lock" ? step : `${step}@${ns}/${name}`;
@@ -203,7 +204,7 @@ describe("nvmf_tgt killed and restarted right after each step", () => {
       const name = `t-${step}`;
       pending = { step, key: `${ns}/${name}` };
       await unlockDeviceFor(step);
-      await parts.create(placedPartition(name, ns, device, claim, 64 * 1024 * 1024));
+      await createPlaced(tc.conn, placedPartition(name, ns, device, claim, 64 * 1024 * 1024), device);
       await eventually(() => fired.has(`${step}@${ns}/${name}`), 30_000, "target crash fired");
       await exported(name);
       // Every earlier export was lost with the crash too: the periodic verification restores them.

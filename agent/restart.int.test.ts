@@ -8,7 +8,7 @@ import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
-import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
+import { claimDevice, createPlaced, placedPartition } from "../lab/harness/storage-node.ts";
 import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
@@ -75,7 +75,8 @@ beforeAll(async () => {
     "the drive reported",
   );
   const claim = await claimDevice(tc.conn, device, ns);
-  for (const name of PARTS) await parts.create(placedPartition(name, ns, device, claim, 8 * 2 ** 20));
+  for (const name of PARTS)
+    await createPlaced(tc.conn, placedPartition(name, ns, device, claim, 8 * 2 ** 20), device);
   await eventually(
     async () => (await parts.list({ namespace: ns })).items.every((p) => p.status?.state === "Exported"),
     30_000,

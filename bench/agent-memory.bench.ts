@@ -10,7 +10,7 @@ import type { Subprocess } from "bun";
 import { kinds, type NVMeDevice, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { installCrds } from "../lab/cluster/crds.ts";
-import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
+import { claimDevice, createPlaced, placedPartition } from "../lab/harness/storage-node.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { attachmentNameFor } from "../lib/volume-identity.ts";
@@ -135,7 +135,7 @@ async function main(): Promise<void> {
     say(`creating ${PARTITIONS} placed partitions of 4 MiB, each with an attachment`);
     const t0 = performance.now();
     await pool([...Array(PARTITIONS).keys()], 32, async (i) => {
-      const p = await parts.create(placedPartition(`p${i}`, ns, device, claim, 4 * MiB));
+      const p = await createPlaced(conn, placedPartition(`p${i}`, ns, device, claim, 4 * MiB), device);
       await atts.create({
         apiVersion: `${GROUP}/v1alpha1`,
         kind: "NVMeVolumeAttachment",

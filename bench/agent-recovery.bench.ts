@@ -11,7 +11,7 @@ import type { Subprocess } from "bun";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
 import { type ControlPlane, startControlPlane } from "../lab/cluster/control-plane.ts";
 import { installCrds } from "../lab/cluster/crds.ts";
-import { claimDevice, placedPartition } from "../lab/harness/storage-node.ts";
+import { claimDevice, createPlaced, placedPartition } from "../lab/harness/storage-node.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
@@ -231,7 +231,7 @@ async function runSize(cp: ControlPlane, conn: KubeConnection, n: number): Promi
 
     const t0 = performance.now();
     await pool([...Array(n).keys()], 32, async (i) => {
-      await parts.create(placedPartition(`p${i}`, ns, device, claim, 4 * MiB));
+      await createPlaced(conn, placedPartition(`p${i}`, ns, device, claim, 4 * MiB), device);
     });
     let lastPrint = 0;
     const exported = await until(`${n} partitions Exported`, 30 * 60_000, 1000, async () => {

@@ -211,13 +211,23 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     ];
     const chart = await render(helm, { name: "lab", files: [LAB_VALUES], set: [] }, LAB_RELEASE, namespace);
     const discovery = new Discovery(conn);
-    for (const obj of chart.objects.filter((x) =>
-      ["CSIDriver", "StorageClass", "VolumeSnapshotClass", "PriorityClass"].includes(x.kind),
-    )) {
+    // The placement admission policy too: in the lab, as in a cluster, only the manager's
+    // ServiceAccount may place a partition.
+    const installed = [
+      "CSIDriver",
+      "StorageClass",
+      "VolumeSnapshotClass",
+      "PriorityClass",
+      "ValidatingAdmissionPolicy",
+      "ValidatingAdmissionPolicyBinding",
+    ];
+    for (const obj of chart.objects.filter((x) => installed.includes(x.kind))) {
       const { path } = await discovery.collectionPath(obj);
       await ensure(conn, path, obj);
     }
-    say(`chart RBAC, CSIDriver, StorageClasses and VolumeSnapshotClass installed (${ms()})`);
+    say(
+      `chart RBAC, CSIDriver, StorageClasses, VolumeSnapshotClass and admission policy installed (${ms()})`,
+    );
 
     await procs.start({
       name: "snapshot-controller",

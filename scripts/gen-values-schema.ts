@@ -344,6 +344,12 @@ export const ValuesSchema = v.strictObject({
     enabled: v.boolean(),
     metricsFrom: anyList("NetworkPolicyPeers allowed to reach the metrics ports"),
   }),
+  admissionPolicy: v.strictObject({
+    enabled: v.pipe(
+      v.boolean(),
+      v.description("ValidatingAdmissionPolicy: only the manager may set or change partition placement"),
+    ),
+  }),
 });
 
 export type Values = v.InferOutput<typeof ValuesSchema>;

@@ -27,8 +27,10 @@ import {
   type VolumeManagerName,
 } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
+import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import {
   backendOf,
+  DEVICE_STATUS_REASONS,
   decide,
   PARTITION_FINALIZER,
   type ResolvedSource,
@@ -41,7 +43,7 @@ import { hostKeysFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
 
-/** How often a partition whose drive is missing for its backend looks again. */
+/** How often a partition whose drive is missing for its backend (or not blank) looks again. */
 const DRIVE_MISSING_RETRY_MS = 60_000;
 
 /** Steps after which a crash is meaningful (each one changed external or API state). */
@@ -313,17 +315,32 @@ export class PartitionController {
       this.restarts.dropped(key);
       return;
     }
-    const d = decide({
+    const observed = {
       partition: p,
       nodeName: this.o.nodeName,
       device: this.deviceFor(p),
       attachments: this.attachmentsFor(p).map((a) => a.metadata.name),
       contentSource: await this.resolveSource(p),
-    });
+    };
+    let d = decide(observed);
+    if ((d.action === "refuse" || d.action === "release") && DEVICE_STATUS_REASONS.has(d.why.reason)) {
+      // The manager stored the ledger entry (and the claim) before it wrote this placement, but
+      // the drive's watch may not have delivered it yet: decide again on the drive read afresh.
+      const fresh = await this.devClient.get(observed.device?.metadata.name as string);
+      d = decide({ ...observed, device: fresh });
+    }
     const log = this.o.logger.with({ partition: key });
     switch (d.action) {
       case "ignore":
       case "done":
+        return;
+      case "release":
+        this.restarts.dropped(key);
+        await this.dropFinalizer(p);
+        await this.step("finalizer-removed", key);
+        log.warn("partition released without touching the target: the manager never placed it here", {
+          reason: d.why.reason,
+        });
         return;
       case "add-finalizer": {
         try {
@@ -415,7 +432,17 @@ export class PartitionController {
       return { requeueAfterMs: DRIVE_MISSING_RETRY_MS };
     }
     await this.step("prepare-device", key);
-    await vm.prepareLayout(device);
+    try {
+      await vm.prepareLayout(device);
+    } catch (err) {
+      if (!(err instanceof StorageError && err.details.reason === DRIVE_NOT_BLANK)) throw err;
+      // Someone's data may be on the drive: nothing is written until an operator wipes it.
+      const why = { reason: DRIVE_NOT_BLANK, message: err.message };
+      await this.report(p, "Pending", why);
+      await this.o.events?.record(p, "Warning", DRIVE_NOT_BLANK, "Provision", err.message);
+      log.warn("drive not blank; not creating an lvstore on it", { error: err.message });
+      return { requeueAfterMs: DRIVE_MISSING_RETRY_MS };
+    }
     await this.step("layout", key);
     const volume = await vm.ensureVolume({ ...t.volume, device });
     await this.step("volume", key);

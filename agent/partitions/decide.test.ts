@@ -63,6 +63,45 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     "refuse",
     "BackendConflict",
   ],
+  [
+    "placed without a claim (not by the manager)",
+    obs({ partition: part((p) => delete p.spec.claimRef) }),
+    "refuse",
+    "NotPlacedByManager",
+  ],
+  [
+    "placed on a drive whose ledger has no entry for it",
+    obs({ device: dev((d) => (d.status!.reservations = [])) }),
+    "refuse",
+    "NotReserved",
+  ],
+  [
+    "ledger entry of another partition only",
+    obs({ device: dev((d) => (d.status!.reservations![0]!.uid = "someone-else")) }),
+    "refuse",
+    "NotReserved",
+  ],
+  [
+    "not reserved and no finalizer yet: refused before the finalizer",
+    obs({
+      partition: part((p) => (p.metadata.finalizers = [])),
+      device: dev((d) => (d.status!.reservations = [])),
+    }),
+    "refuse",
+    "NotReserved",
+  ],
+  [
+    "deleting a partition the manager never placed here",
+    obs({
+      partition: part((p) => {
+        p.metadata.deletionTimestamp = "2026-02-01T10:00:00Z";
+        p.status = { state: "Exported", externalId: "vol-of-someone-else", conditions: [] };
+      }),
+      device: dev((d) => (d.status!.reservations = [])),
+    }),
+    "release",
+    "NotReserved",
+  ],
   ["drive serial differs", obs({ device: dev((d) => (d.spec.serial = "X")) }), "refuse", "DeviceMismatch"],
   ["ready to provision", obs({}), "provision"],
   [

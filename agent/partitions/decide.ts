@@ -59,6 +59,11 @@ export type Decision =
   | { action: "block-deletion"; why: Why }
   /** Remove the export, delete the volume, then drop the finalizer. */
   | { action: "deprovision"; target: Target }
+  /**
+   * Deleting a partition the manager never placed on this drive: nothing of it can be on the
+   * target, so drop the finalizer without touching the target (its identity is not to be trusted).
+   */
+  | { action: "release"; why: Why }
   /** Deleting, and nothing of ours is left to clean (no finalizer). */
   | { action: "done" };
 
@@ -108,9 +113,49 @@ function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
 }
 
 /**
+ * Refusal reasons that rest on the drive's status as the cache holds it (its owning claim, its
+ * ledger). The manager stores a ledger entry before it writes the placement, so a reconcile that
+ * sees the placement but a cache without the entry must read the drive afresh before refusing.
+ */
+export const DEVICE_STATUS_REASONS: ReadonlySet<string> = new Set(["ClaimMismatch", "NotReserved"]);
+
+/**
+ * Why `p`'s placement on `d` is not one the manager made, or undefined when it is: placement
+ * writes spec.claimRef together with nodeName and deviceSerial, naming the claim that owns the
+ * drive, and only after the drive's ledger (status.reservations) holds an entry for the partition's
+ * UID. A partition placed by anyone else (the admission policy off, or bypassed) lacks one of them,
+ * and is never provisioned: that would skip claim, capacity and content-source checks.
+ */
+export function placementRefusal(p: NVMePartition, d: NVMeDevice): Why | undefined {
+  const claim = p.spec.claimRef;
+  if (!claim) {
+    return {
+      reason: "NotPlacedByManager",
+      message: `spec.nodeName and spec.deviceSerial are set without spec.claimRef: the manager did not place this partition, so nothing is provisioned for it`,
+    };
+  }
+  const owner = d.status?.claimRef;
+  if (!owner || owner.uid !== claim.uid) {
+    return {
+      reason: "ClaimMismatch",
+      message: `device ${d.metadata.name} is not owned by claim ${claim.namespace}/${claim.name} (uid ${claim.uid})`,
+    };
+  }
+  const uid = p.metadata.uid;
+  if (!(d.status?.reservations ?? []).some((r) => r.uid === uid)) {
+    return {
+      reason: "NotReserved",
+      message: `device ${d.metadata.name} holds no reservation for this partition (uid ${uid}): the manager did not place it there, so nothing is provisioned for it`,
+    };
+  }
+  return undefined;
+}
+
+/**
  * Decides the next action. Pure and total: every input yields a decision. Deletion wins over
  * everything else; a partition is provisioned only once its finalizer is in place, its drive is
- * reported on this node, owned by the same claim, and not locked to the other backend.
+ * reported on this node, owned by the same claim, holds its ledger entry (placementRefusal), and is
+ * not locked to the other backend.
  */
 export function decide(o: Observed): Decision {
   const p = o.partition;
@@ -130,11 +175,18 @@ export function decide(o: Observed): Decision {
         },
       };
     }
+    // A partition the manager never placed here has nothing on the target; its status (the
+    // identity deprovision would act on) is anyone's to write.
+    const foreign = o.device ? placementRefusal(p, o.device) : undefined;
+    if (foreign) return { action: "release", why: foreign };
     return { action: "deprovision", target: target(p, o.device) };
   }
 
-  if (!hasFinalizer) return { action: "add-finalizer" };
   const d = o.device;
+  // Refused before the finalizer: a placement the manager did not make gets nothing from us.
+  const refusal = d ? placementRefusal(p, d) : undefined;
+  if (refusal) return { action: "refuse", why: refusal };
+  if (!hasFinalizer) return { action: "add-finalizer" };
   if (!d) {
     return {
       action: "wait",
@@ -157,17 +209,6 @@ export function decide(o: Observed): Decision {
     return {
       action: "wait",
       why: { reason: "DeviceUnavailable", message: `device ${d.metadata.name} is not present on the node` },
-    };
-  }
-  const claim = p.spec.claimRef;
-  const owner = d.status?.claimRef;
-  if (claim && (!owner || owner.uid !== claim.uid)) {
-    return {
-      action: "refuse",
-      why: {
-        reason: "ClaimMismatch",
-        message: `device ${d.metadata.name} is not owned by claim ${claim.namespace}/${claim.name} (uid ${claim.uid})`,
-      },
     };
   }
   const t = target(p, d);

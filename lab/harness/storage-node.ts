@@ -9,6 +9,7 @@ import { kinds, type NVMeDevice, type NVMeDeviceClaim, type NVMePartition } from
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
+import { roundUpToUnit } from "../../lib/units.ts";
 import { type SimFabric, type SpdkEmulator, startSpdkEmulator } from "../sim/spdk/emulator.ts";
 import { buildSysfs } from "../sim/sysfs/build-sysfs.ts";
 
@@ -157,4 +158,46 @@ export function placedPartition(
       targetOptions: { transport: "tcp" },
     },
   } as NVMePartition;
+}
+
+/**
+ * Creates `p` (built by placedPartition) the way the manager places one: the partition without
+ * placement first, then its ledger entry on `device` (status.reservations), then nodeName,
+ * deviceSerial and claimRef in one merge patch. The agent provisions only placements its drive's
+ * ledger holds. Returns the placed partition.
+ */
+export async function createPlaced(
+  conn: KubeConnection,
+  p: NVMePartition,
+  device: NVMeDevice,
+): Promise<NVMePartition> {
+  const parts = new ResourceClient(conn, kinds.NVMePartition);
+  const { nodeName, deviceSerial, claimRef, ...unplaced } = p.spec;
+  const created = await parts.create({ ...p, spec: unplaced } as NVMePartition);
+  const uid = created.metadata.uid as string;
+  await updateStatus(
+    new ResourceClient(conn, kinds.NVMeDevice),
+    device.metadata.name,
+    undefined,
+    (latest) => {
+      const status: NonNullable<NVMeDevice["status"]> = latest.status ?? {
+        phase: "Available",
+        reservations: [],
+        conditions: [],
+      };
+      const reservations = (status.reservations ?? []).filter((r) => r.uid !== uid);
+      const namespace = created.metadata.namespace as string;
+      reservations.push({
+        uid,
+        namespace,
+        name: created.metadata.name,
+        bytes: roundUpToUnit(p.spec.sizeBytes),
+      });
+      return { ...status, reservations };
+    },
+  );
+  return parts.mergePatch(created.metadata.name, created.metadata.namespace, {
+    metadata: { uid },
+    spec: { nodeName, deviceSerial, claimRef },
+  });
 }

@@ -118,6 +118,10 @@ export const BdevSchema = v.looseObject({
   uuid: v.optional(Uuid),
   claimed: v.optional(v.boolean()),
   claim_type: v.optional(v.string()),
+  /** What the bdev's module serves natively; NVMe: unmap iff ONCS DSM, write_zeroes iff ONCS Write Zeroes. */
+  supported_io_types: v.optional(
+    v.looseObject({ unmap: v.optional(v.boolean()), write_zeroes: v.optional(v.boolean()) }),
+  ),
   driver_specific: v.optional(
     v.looseObject({
       lvol: v.optional(LvolBdevInfoSchema),

@@ -1,6 +1,6 @@
 // The capacity controller: keeps each device's ledger and freeBytes true (drops entries only once
-// the API server confirms their partition gone or placed elsewhere, adopts unledgered placements,
-// raises Overcommitted). Keys are device names; partition changes map to the devices they touch.
+// the API server confirms their partition gone or placed elsewhere, counts unledgered placements
+// without adopting them, raises Overcommitted). Keys are device names; partition changes map to the devices they touch.
 import type { NVMeDevice, NVMeDeviceStatus } from "../../api/index.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import type { Reconcile } from "../../lib/kube/runner.ts";

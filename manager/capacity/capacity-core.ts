@@ -1,6 +1,6 @@
 // Device capacity accounting as pure functions: which ledger entries might be dead (their partition
-// gone or placed on another device), and the device status with dead entries dropped, placed
-// partitions adopted into the ledger, and free = allocatable - committed.
+// gone or placed on another device), and the device status with dead entries dropped, entries
+// grown to their placed partition's size, and free = allocatable - committed.
 import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../../api/index.ts";
 import {
   devicePlacementKey,
@@ -12,7 +12,6 @@ import {
 } from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import { formatBytes } from "../../lib/units.ts";
-import { MAX_LEDGER_ENTRIES } from "../placement/reservation.ts";
 import { applyStatusPatch, type ConditionInput } from "../status-patch.ts";
 import { ConditionTypes } from "../vocabulary.ts";
 
@@ -67,9 +66,9 @@ export function entryIsDead(
 }
 
 /**
- * The status of `device` (as read at write time) with entries in `dead` removed, placed
- * partitions from `assigned` adopted (an entry is added, or grown to the partition's current
- * rounded size), freeBytes recomputed (never below 0) and Overcommitted set when placed
+ * The status of `device` (as read at write time) with entries in `dead` removed, the entries of
+ * partitions in `assigned` grown to their current rounded size (a placed partition without an
+ * entry counts, but gets none: see below), freeBytes recomputed (never below 0) and Overcommitted set when placed
  * partitions exceed allocatable. Entries not in `dead` are always kept, including ones written
  * after the audit: only verified-dead UIDs are ever dropped.
  */
@@ -84,14 +83,13 @@ export function capacityStatus(
     .map((r) => ({ ...r }));
   const byUid = new Map(ledger.map((r) => [r.uid, r]));
   const live = assigned.filter((a) => !dead.has(a.uid));
+  // Placed partitions without an entry count against the device (deviceUsage below) but are
+  // never written into the ledger: placement stores the entry before the spec, so one without
+  // was placed by someone else, and the agent refuses to provision a placement its drive's ledger
+  // does not hold. Adopting it would hand it the authorization it never had.
   for (const a of live) {
     const r = byUid.get(a.uid);
     if (r) r.bytes = Math.max(r.bytes, a.bytes);
-    else if (ledger.length < MAX_LEDGER_ENTRIES) {
-      const entry = { uid: a.uid, namespace: a.namespace, name: a.name, bytes: a.bytes };
-      ledger.push(entry);
-      byUid.set(a.uid, entry);
-    }
   }
   const base = device.status ?? INITIAL_DEVICE_STATUS;
   const usage = deviceUsage({ ...device, status: { ...base, reservations: ledger } }, live);

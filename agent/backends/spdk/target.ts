@@ -150,9 +150,21 @@ export class SpdkTarget implements TargetBackend {
     });
     const serial = bdev?.driver_specific?.nvme?.[0]?.ctrlr_data?.serial_number?.trim();
     if (serial !== undefined && serial !== device.serial) {
+      // Not the drive the partition was placed on (a swapped drive, a stale PCI address): undo our
+      // own attach, so that nothing, this agent's later passes included, can use it by mistake. A
+      // controller attached under another name is not ours to detach.
+      const ours = name === controllerNameFor(device.serial);
+      if (ours) {
+        await this.m.bdevNvmeDetachController(name).catch((err) => {
+          if (!isKind(err, "not-found")) throw err;
+        });
+        this.facts.forget();
+      }
       throw new StorageError(
         "precondition",
-        `controller at ${device.pciAddress} reports serial ${serial}, expected ${device.serial}: refusing to use it`,
+        `controller at ${device.pciAddress} reports serial ${serial}, expected ${device.serial}: refusing to use it` +
+          (ours ? " (detached again)" : ""),
+        { details: { reason: "SerialMismatch", serial: device.serial, reported: serial } },
       );
     }
     return bdevName;

@@ -1,9 +1,9 @@
-// PartedVolumeManager against an in-memory disk that answers parted, partx, wipefs and dd the way
+// PartedVolumeManager against an in-memory disk that answers parted, partx, wipefs and blkdiscard the way
 // the real tools do (output formats copied from parted 3.5): the exact commands run for each
 // case, the error paths real disks rarely show on demand, and per-disk serialisation.
 import { beforeEach, describe, expect, test } from "bun:test";
 import { type ErrorKind, StorageError } from "../../../lib/errors.ts";
-import type { Exec, ExecResult } from "../../../lib/exec.ts";
+import type { Exec, ExecOptions, ExecResult } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
 import type { DeviceRef, VolumeSpec } from "../../backends/types.ts";
 import { PartedVolumeManager, partitionNode } from "./parted-volume-manager.ts";
@@ -32,12 +32,15 @@ class FakeDisk implements Exec {
   /** parted writes the table but cannot tell the kernel (BLKPG failed). */
   informFails = false;
   calls: string[] = [];
+  /** The timeout each command was given, by command line. */
+  timeouts = new Map<string, number | undefined>();
 
   constructor(readonly size = 256 * MiB) {}
 
-  async run(argv: readonly string[]): Promise<ExecResult> {
+  async run(argv: readonly string[], opts?: ExecOptions): Promise<ExecResult> {
     const cmd = argv.join(" ");
     this.calls.push(cmd);
+    this.timeouts.set(cmd, opts?.timeoutMs);
     const ok = (stdout = ""): ExecResult => ({ code: 0, stdout, stderr: "" });
     const err = (stderr: string, stdout = ""): ExecResult => ({ code: 1, stdout, stderr });
     if (cmd === `parted -m -s ${DEV} unit B print free`) {
@@ -57,7 +60,7 @@ class FakeDisk implements Exec {
       this.signatures = ["PMBR", "gpt"];
       return ok();
     }
-    if (argv[0] === "dd") return ok();
+    if (argv[0] === "blkdiscard") return ok();
     const mkpart = /^parted -s -a none (\S+) unit B mkpart (\S+) (\d+)B (\d+)B$/.exec(cmd);
     if (mkpart) {
       const [start, end] = [Number(mkpart[3]), Number(mkpart[4])];
@@ -192,7 +195,7 @@ describe("ensureVolume", () => {
     disk.calls = [];
   });
 
-  test("creates an aligned, rounded partition after zeroing the edges of its range", async () => {
+  test("creates an aligned, rounded partition after zeroing its whole range", async () => {
     expect(await mgr.ensureVolume(spec("vol-a1", 10 * MiB))).toEqual({
       externalId: "vol-a1",
       backendPath: "/dev/nvme0n1p1",
@@ -200,11 +203,21 @@ describe("ensureVolume", () => {
     });
     expect(disk.calls).toEqual([
       PRINT,
-      `dd if=/dev/zero of=${DEV} bs=1M seek=4 count=1 oflag=direct conv=notrunc,fsync status=none`,
-      `dd if=/dev/zero of=${DEV} bs=1M seek=15 count=1 oflag=direct conv=notrunc,fsync status=none`,
+      `blkdiscard --force --zeroout --offset 4194304 --length 12582912 ${DEV}`,
       `parted -s -a none ${DEV} unit B mkpart vol-a1 4194304B 16777215B`,
       PRINT,
     ]);
+  });
+
+  test("zeroing a large range is given time for a drive that writes every byte (100 MiB/s)", async () => {
+    const big = new FakeDisk(64 * 1024 * MiB);
+    const m = new PartedVolumeManager({ exec: big, fs: big.fs(), nodeTimeoutMs: 50 });
+    await m.prepareLayout(device);
+    await m.ensureVolume(spec("vol-big", 40 * 1024 * MiB));
+    const zero = [...big.timeouts].find(([cmd]) => cmd.startsWith("blkdiscard"));
+    expect(zero?.[1]).toBe(Math.ceil((40 * 1024 * MiB) / ((100 * MiB) / 1000)));
+    const small = [...disk.timeouts, ...big.timeouts].filter(([cmd]) => cmd.startsWith("wipefs"));
+    expect(small.every(([, t]) => t === 60_000)).toBe(true);
   });
 
   test("an existing partition is found, not made twice, and a smaller request is fine", async () => {

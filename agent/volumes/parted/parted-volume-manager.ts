@@ -13,7 +13,7 @@ import { DEFAULT_ALIGN, MiB, type Placement, placeVolume, roundUp } from "./plac
 import { parseWipefs } from "./signatures.ts";
 
 export interface PartedVolumeManagerOptions {
-  /** Runs parted, partx, wipefs, dd and udevadm. */
+  /** Runs parted, partx, wipefs, blkdiscard and udevadm. */
   exec: Exec;
   /** Host filesystem holding /dev and /sys/class/block; hostFs("/") in production. */
   fs: HostFs;
@@ -32,6 +32,8 @@ const EXTERNAL_ID = /^vol-[A-Za-z0-9]{1,32}$/;
 /** A kernel block device node; partition nodes are derived from its name. */
 const BLOCK_DEVICE = /^\/dev\/[A-Za-z0-9][A-Za-z0-9._-]*$/;
 const NODE_POLL_MS = 100;
+/** 100 MiB/s: the slowest zeroing the timeout of a new partition's BLKZEROOUT allows for. */
+const ZEROOUT_WORST_BYTES_PER_MS = (100 * MiB) / 1000;
 
 /**
  * VolumeManager over GPT partitions.
@@ -39,9 +41,10 @@ const NODE_POLL_MS = 100;
  * - prepareLayout writes a GPT label only on a blank disk (no label and no signature wipefs knows);
  *   a disk with any other label or content is StorageError("precondition") and is left untouched.
  * - ensureVolume finds the partition named spec.externalId or creates it first-fit, start aligned to
- *   alignBytes (never below 1 MiB), size rounded up to alignBytes. Before creating it zeroes the first
- *   and last MiB of the range, so a new volume never shows an old filesystem or RAID header. It
- *   returns once the kernel has the partition with the right geometry and /dev has its node.
+ *   alignBytes (never below 1 MiB), size rounded up to alignBytes. Before creating it zeroes the
+ *   whole range (BLKZEROOUT), so a new volume never shows an earlier tenant's data, headers or
+ *   otherwise. It returns once the kernel has the partition with the right geometry and /dev has
+ *   its node.
  * - deleteVolume asks the kernel to drop the partition first (refused while anything has it open:
  *   StorageError("busy"), nothing changed), then removes it from the GPT. Absent counts as deleted.
  *
@@ -184,7 +187,7 @@ export class PartedVolumeManager implements VolumeManager {
         },
       );
     }
-    await this.#zeroEdges(dev, place);
+    await this.#zeroRange(dev, place);
     const made = await this.#try([
       "parted",
       "-s",
@@ -225,23 +228,32 @@ export class PartedVolumeManager implements VolumeManager {
     return part;
   }
 
-  /** Zeroes the first and last MiB of a range that no partition covers yet (starts are MiB-aligned). */
-  async #zeroEdges(dev: string, place: Placement): Promise<void> {
-    const first = place.start / MiB;
-    const last = (place.end + 1) / MiB - 1;
-    for (const seek of first === last ? [first] : [first, last]) {
-      await this.#run([
-        "dd",
-        "if=/dev/zero",
-        `of=${dev}`,
-        "bs=1M",
-        `seek=${seek}`,
-        "count=1",
-        "oflag=direct",
-        "conv=notrunc,fsync",
-        "status=none",
-      ]);
-    }
+  /**
+   * Zeroes the whole range no partition covers yet, so a new volume reads nothing of what an
+   * earlier tenant left there. BLKZEROOUT (blkdiscard --zeroout), not a plain discard: the kernel
+   * offloads it to the drive's Write Zeroes (deallocating only where the drive guarantees zeros
+   * after deallocate) or writes zeros itself, so the result reads as zeros on every drive, while a
+   * discard reads as zeros only where the drive says so (DLFEAT) and is only a hint to the kernel.
+   * --force: blkdiscard opens the disk O_EXCL by default, which fails while any other partition
+   * of it is mounted or exported; the range is free in the GPT this lock just read.
+   */
+  async #zeroRange(dev: string, place: Placement): Promise<void> {
+    const length = place.end + 1 - place.start;
+    // A drive without Write Zeroes has the kernel write every byte: allow for 100 MiB/s at worst.
+    const timeoutMs = Math.max(this.#commandTimeoutMs, Math.ceil(length / ZEROOUT_WORST_BYTES_PER_MS));
+    await this.#run(
+      [
+        "blkdiscard",
+        "--force",
+        "--zeroout",
+        "--offset",
+        String(place.start),
+        "--length",
+        String(length),
+        dev,
+      ],
+      timeoutMs,
+    );
   }
 
   /**
@@ -316,8 +328,8 @@ export class PartedVolumeManager implements VolumeManager {
   }
 
   /** Runs a command that must succeed; returns stdout. */
-  #run(argv: string[]): Promise<string> {
-    return runChecked(this.#exec, argv, { timeoutMs: this.#commandTimeoutMs });
+  #run(argv: string[], timeoutMs = this.#commandTimeoutMs): Promise<string> {
+    return runChecked(this.#exec, argv, { timeoutMs });
   }
 }
 

@@ -1,7 +1,8 @@
 // PartedVolumeManager with real parted, partx, dd and mkfs on a loop device over a sparse file:
 // volumes survive a manager restart, deletion and re-creation keep every other partition intact,
-// sizes and alignment are exact, a disk that is not blank is never relabelled, and a partition in
-// use is never deleted. Needs root and Debian's parted, util-linux, e2fsprogs.
+// sizes and alignment are exact, a new partition reads as zeros over its whole range, a disk that
+// is not blank is never relabelled, and a partition in use is never deleted. Needs root and
+// Debian's parted, util-linux, e2fsprogs.
 import { afterEach, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import { mkdir, mkdtemp, open, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -180,6 +181,40 @@ test("a created partition is real: mkfs.ext4, mount, write, read back", async ()
   const again = await mountAt(v.backendPath);
   expect(await readFile(join(again, "hello.txt"), "utf8")).toBe("written through the partition\n");
   expect((await sh("blkid", "-p", "-s", "LABEL", "-o", "value", v.backendPath)).trim()).toBe("vol-fs");
+});
+
+test("a new partition reads as zeros over its whole range, whatever a deleted one left there", async () => {
+  const mgr = manager();
+  await mgr.prepareLayout(device);
+  const old = await mgr.ensureVolume(spec("vol-old", 64 * MiB));
+  // The earlier tenant fills its volume with non-zero bytes (not only headers at the edges).
+  const fh = await open(old.backendPath, "r+");
+  try {
+    const chunk = Buffer.alloc(4 * MiB, 0xa5);
+    for (let off = 0; off < old.sizeBytes; off += chunk.length) await fh.write(chunk, 0, chunk.length, off);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  const oldStart = (await kernelGeometry(old.backendPath)).start;
+  await mgr.deleteVolume(spec("vol-old", 64 * MiB));
+  // First fit puts the new volume on the same range.
+  const fresh = await mgr.ensureVolume(spec("vol-new", 64 * MiB));
+  expect(await kernelGeometry(fresh.backendPath)).toEqual({ start: oldStart, size: old.sizeBytes });
+  const rd = await open(fresh.backendPath, "r");
+  try {
+    const buf = Buffer.alloc(4 * MiB);
+    const zeros = Buffer.alloc(4 * MiB);
+    const dirty: number[] = [];
+    for (let off = 0; off < fresh.sizeBytes; off += buf.length) {
+      await rd.read(buf, 0, buf.length, off);
+      if (!buf.equals(zeros)) dirty.push(off / MiB);
+    }
+    // MiB offsets of 4 MiB chunks still holding the old bytes: none.
+    expect(dirty).toEqual([]);
+  } finally {
+    await rd.close();
+  }
 });
 
 test("a partition in use is never deleted; others change around it", async () => {

@@ -3,7 +3,9 @@
 // "<lvstore>/<externalId>" before anything is created, so a retry after a crash finds the lvol an
 // earlier pass made instead of creating a second one. A volume with a content source is a clone of
 // a snapshot in the same lvstore (for a partition source, of a hidden snapshot taken for it).
+import { tmpdir } from "node:os";
 import { StorageError } from "../../../lib/errors.ts";
+import { hostExec } from "../../../lib/exec.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
@@ -11,6 +13,31 @@ import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
 import { ALLOCATION_UNIT } from "../../../lib/units.ts";
 import type { DeviceRef, Volume, VolumeManager, VolumeSpec } from "../../backends/types.ts";
 import { cloneSourceSnapshotFor, lvstoreNameFor } from "../../partitions/identity.ts";
+import {
+  blkidImageProbe,
+  type ContentProbe,
+  deallocateReadsZeros,
+  edgeRegions,
+  identifyNamespace,
+  type NamespaceIdentity,
+} from "./drive-probe.ts";
+
+/** details.reason of the refusal to put an lvstore on a drive that holds something. */
+export const DRIVE_NOT_BLANK = "DriveNotBlank";
+
+/** SPDK's clear_method, for the lvstore's initial clear and for every lvol's freed clusters. */
+export type ClearMethod = "unmap" | "write_zeroes";
+
+/**
+ * How freed clusters are cleared on this drive. Unmap (deallocate) leaves clusters reading as
+ * zeros only when the namespace says deallocated blocks read as zeros (DLFEAT read value 001b)
+ * and the drive supports deallocate at all; otherwise a thick lvol made later on those clusters
+ * would read the previous tenant's bytes, so they are written with zeros (SPDK sends Write Zeroes,
+ * or writes zeros itself where the drive has no such command).
+ */
+export function clearMethodFor(id: NamespaceIdentity, unmapSupported: boolean): ClearMethod {
+  return unmapSupported && deallocateReadsZeros(id) ? "unmap" : "write_zeroes";
+}
 
 const MiB = 1024 * 1024;
 
@@ -23,6 +50,8 @@ export interface SpdkLvolOptions {
   thinProvision?: boolean;
   /** Facts verified on the current target, shared with the SPDK target backend. Default: own one. */
   facts?: TargetFacts;
+  /** Classifies a drive's first and last MiB before its first lvstore. Default: blkid on the host. */
+  probe?: ContentProbe;
 }
 
 function isKind(err: unknown, kind: string): boolean {
@@ -33,10 +62,40 @@ export class SpdkLvolVolumeManager implements VolumeManager {
   readonly name = "spdk-lvol" as const;
   private readonly m: SpdkMethods;
   private readonly facts: TargetFacts;
+  private readonly probe: ContentProbe;
 
   constructor(private readonly opts: SpdkLvolOptions) {
     this.m = opts.methods;
     this.facts = opts.facts ?? new TargetFacts({ rpc: opts.rpc });
+    this.probe = opts.probe ?? blkidImageProbe(hostExec, tmpdir());
+  }
+
+  /** The drive's clear method (clearMethodFor), read once per drive and target incarnation. */
+  private clearMethod(serial: string, bdevName: string): Promise<ClearMethod> {
+    return this.facts.verified(`clear-method:${serial}:${bdevName}`, async () => {
+      const [base] = await this.m.bdevGetBdevs({ name: bdevName });
+      const id = await identifyNamespace(this.opts.rpc, bdevName);
+      return clearMethodFor(id, base?.supported_io_types?.unmap === true);
+    });
+  }
+
+  /**
+   * Refuses a drive that holds anything blkid recognises in its first or last MiB (a partition
+   * table, a filesystem, LVM, MD RAID, ZFS, Ceph...): it may be another tenant's or system's data,
+   * and an lvstore would overwrite it. The operator wipes such a drive explicitly.
+   */
+  private async checkBlank(serial: string, bdevName: string): Promise<void> {
+    const id = await identifyNamespace(this.opts.rpc, bdevName);
+    const size = id.numBlocks * id.blockSize;
+    const content = await this.probe.probe(size, await edgeRegions(this.opts.rpc, bdevName, id));
+    if (content.kind === "blank") return;
+    const holds = content.kind === "filesystem" ? `a filesystem (${content.fsType})` : content.description;
+    throw new StorageError(
+      "precondition",
+      `drive ${serial} is not blank: it holds ${holds}. DISTORT puts its lvstore only on a blank drive; ` +
+        "wipe it explicitly (e.g. wipefs --all and blkdiscard, before SPDK takes the drive) once its data is not needed",
+      { details: { reason: DRIVE_NOT_BLANK, serial, holds } },
+    );
   }
 
   /**
@@ -75,14 +134,16 @@ export class SpdkLvolVolumeManager implements VolumeManager {
         `${bdevName} is claimed by another SPDK module (${base.claim_type ?? "unknown"}); not creating ${lvs} on it`,
       );
     }
+    await this.checkBlank(serial, bdevName);
+    const clear = await this.clearMethod(serial, bdevName);
     try {
       await this.m.bdevLvolCreateLvstore({
         bdev_name: bdevName,
         lvs_name: lvs,
         cluster_sz: ALLOCATION_UNIT,
-        clear_method: "unmap",
+        clear_method: clear,
       });
-      this.opts.logger.info("lvstore created", { lvstore: lvs, bdev: bdevName });
+      this.opts.logger.info("lvstore created", { lvstore: lvs, bdev: bdevName, clearMethod: clear });
     } catch (err) {
       if (!isKind(err, "already-exists")) throw err;
     }
@@ -196,13 +257,17 @@ export class SpdkLvolVolumeManager implements VolumeManager {
         throw new StorageError("unavailable", `clone ${spec.externalId} not visible right after creation`);
       return clone.sizeBytes < spec.sizeBytes ? this.resizeVolume(spec) : clone;
     }
+    const bdevName = spec.device.bdevName;
+    if (!bdevName)
+      throw new StorageError("precondition", `drive ${spec.device.serial} is not attached to SPDK`);
+    const clear = await this.clearMethod(spec.device.serial, bdevName);
     try {
       await this.m.bdevLvolCreate({
         lvol_name: spec.externalId,
         size_in_mib: Math.ceil(spec.sizeBytes / MiB),
         lvs_name: lvstoreNameFor(spec.device.serial),
         thin_provision: this.opts.thinProvision ?? false,
-        clear_method: "unmap",
+        clear_method: clear,
       });
     } catch (err) {
       if (!isKind(err, "already-exists")) throw err;

@@ -22,6 +22,7 @@ import { fsdevMethods } from "./methods/fsdev.ts";
 import { keyringMethods } from "./methods/keyring.ts";
 import { lvolMethods } from "./methods/lvol.ts";
 import { nvmeMethods } from "./methods/nvme.ts";
+import { nvmeSendCmdMethods } from "./methods/nvme-send-cmd.ts";
 import { nvmfMethods } from "./methods/nvmf.ts";
 import type { ListenAddress, Trtype } from "./nvmf-target.ts";
 import { RpcServer } from "./rpc-server.ts";
@@ -252,6 +253,7 @@ class Emulator implements SpdkEmulator {
       ...bdevMethods(app),
       ...lvolMethods(app),
       ...nvmeMethods(app),
+      ...nvmeSendCmdMethods(app),
       ...nvmfMethods(app),
       ...keyringMethods(app),
       ...fsdevMethods(app),

@@ -10,7 +10,7 @@ import type { HostDhchapOptions } from "./fabric-auth.ts";
 import type { ControllerInfo, NamespaceInfo } from "./fabric-protocol.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
-import type { PreparedDrive } from "./sim-drive.ts";
+import type { PreparedDrive, SimDrive } from "./sim-drive.ts";
 
 /** A transport ID as bdev_nvme prints it (absent members are omitted). */
 export interface Trid {
@@ -55,6 +55,8 @@ export interface NvmeCtrlr {
   namespaces: NamespaceInfo[];
   /** DH-HMAC-CHAP secrets every path (and reconnect) authenticates with. */
   readonly dhchap?: HostDhchapOptions;
+  /** The local drive behind a PCIe controller (its Identify data); none over the fabric. */
+  readonly drive?: SimDrive;
   cancelReconnect?: () => void;
   lostAt?: number;
 }
@@ -142,6 +144,7 @@ export class NvmeControllers {
       name,
       hostnqn,
       opts: { ctrlrLossTimeoutSec: 0, reconnectDelaySec: 0, fastIoFailTimeoutSec: 0 },
+      drive: d,
       paths: [path],
       bdevs: new Map(),
       namespaces: drive.namespaces.map((ns) => ({

@@ -22,6 +22,12 @@ export interface SimDrive {
   readonly blockSize?: 512 | 4096;
   /** Firmware revision; default "SIM1.0". */
   readonly firmware?: string;
+  /**
+   * Identify Namespace DLFEAT (byte 33): bits 2:0 say what deallocated blocks read as (001b:
+   * zeros, 000b: not reported), bit 3 that Write Zeroes may deallocate. Default 0x09, which is
+   * what the emulator does: a deallocated range reads as zeros.
+   */
+  readonly dlfeat?: number;
 }
 
 /** valibot schema of SimDrive, for the CLI's drives file. */
@@ -34,6 +40,7 @@ export const SimDriveSchema = v.object({
   namespaces: v.optional(v.array(v.pipe(v.number(), v.integer(), v.minValue(1)))),
   blockSize: v.optional(v.picklist([512, 4096])),
   firmware: v.optional(v.pipe(v.string(), v.maxLength(8))),
+  dlfeat: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(255))),
 });
 
 /** One namespace of a prepared drive: an extent of the backing file. */
