@@ -30,6 +30,8 @@ export const STORAGE_LABEL = "storage.distort.io/storage-node";
 const ROOT = join(import.meta.dir, "..", "..");
 export const CHART_DIR = join(ROOT, "helm", "distort");
 const GiB = 1024 ** 3;
+/** Images built but not imported into the nodes: nothing in the lab values runs them. */
+const NOT_IMPORTED = new Set(["agent", "dpu"]);
 
 /** One node of the lab: its name, whether it is a storage node (agent + emulated target), its drives. */
 export interface RealLabNodeSpec {
@@ -78,6 +80,11 @@ export interface RealLab {
   helmBin: string;
   /** Pid of a node's NVMe host driver (the kernel stand-in), while it runs. */
   nvmeHostPid(node: string): number | undefined;
+  /**
+   * Builds every image again under `tag` and imports it into every node (what an operator's new
+   * release is); resolves with the tag for `helm upgrade`.
+   */
+  rebuildImages(tag: string): Promise<string>;
   /** Runs helm with the lab's kubeconfig; resolves with stdout, throws with stderr. */
   helm(args: string[]): Promise<string>;
   /** The `helm install|upgrade` arguments the lab uses (chart, namespace, values file, tag). */
@@ -134,7 +141,10 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       { dir, sandboxImage: pause.ref, images: [pause.path], progress: (l) => say(l) },
     );
     say(`nodes Ready: ${nodes.map((n) => `${n.name} ${n.ip}`).join(", ")} (${ms()})`);
-    await Promise.all(nodes.map((n) => importAll(n.containerdSocket, Object.values(images.images))));
+    // Every image is built (so each Containerfile is proven here); the nodes get the ones the lab
+    // values run: not the production agent (SPDK) nor the DPU plugin (no DPU node in this lab).
+    const used = Object.values(images.images).filter((i) => i && !NOT_IMPORTED.has(i.name));
+    await Promise.all(nodes.map((n) => importAll(n.containerdSocket, used)));
     say(`images imported into ${nodes.length} nodes (${ms()})`);
     for (const n of nodes) hosts.set(n.name, await startNvmeHost(n));
     say(`NVMe host drivers running on ${nodes.length} nodes (${ms()})`);
@@ -185,6 +195,12 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       helm,
       chartArgs,
       nvmeHostPid: (name) => hosts.get(name)?.pid,
+      async rebuildImages(tag) {
+        const again = await buildImages({ tag, progress: (l) => say(`  ${l}`) });
+        const use = Object.values(again.images).filter((i) => i && !NOT_IMPORTED.has(i.name));
+        await Promise.all(nodes.map((n) => importAll(n.containerdSocket, use)));
+        return again.tag;
+      },
       stop,
     };
     return lab;
