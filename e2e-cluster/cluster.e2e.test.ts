@@ -63,7 +63,11 @@ async function waitFor<T>(
 ): Promise<T> {
   const until = Date.now() + timeoutMs;
   for (;;) {
-    const v = await fn().catch(() => undefined);
+    const v = await fn().catch((err: unknown) => {
+      // A writer that reported an I/O error fails the test at once; anything else is retried.
+      if (err instanceof WriterFailed) throw err;
+      return undefined;
+    });
     if (v !== undefined && v !== false) return v;
     if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
     await Bun.sleep(250);
@@ -196,6 +200,9 @@ async function volumeNode(): Promise<string> {
 
 /** A Pod that keeps writing files to the demo volume and reading each back, failing on any error. */
 async function startLoopWriter(name: string, node: string): Promise<void> {
+  // A writer an earlier failed test left would hold the volume.
+  for (const p of (await core.listNamespacedPod({ namespace: "demo" })).items)
+    if (p.metadata?.name?.startsWith("loop-")) await deletePod(p.metadata.name);
   const image = lab.images.images.workload?.ref as string;
   const script = [
     "i=0",
@@ -219,7 +226,10 @@ async function startLoopWriter(name: string, node: string): Promise<void> {
   });
 }
 
-/** The loop writer's rounds so far; throws if it stopped or reported a failure. */
+/** A loop writer stopped or reported an I/O error. */
+class WriterFailed extends Error {}
+
+/** The loop writer's rounds so far; throws WriterFailed if it stopped or reported a failure. */
 async function loopRounds(name: string): Promise<number> {
   const p = await core.readNamespacedPod({ name, namespace: "demo" });
   const log = String(await core.readNamespacedPodLog({ name, namespace: "demo" }));
@@ -228,7 +238,9 @@ async function loopRounds(name: string): Promise<number> {
     p.status?.phase !== "Running" ||
     (p.status.containerStatuses?.[0]?.restartCount ?? 0) > 0
   )
-    throw new Error(`${name} stopped writing: ${p.status?.phase}\n${log.split("\n").slice(-5).join("\n")}`);
+    throw new WriterFailed(
+      `${name} stopped writing: ${p.status?.phase}\n${log.split("\n").slice(-5).join("\n")}`,
+    );
   return log.split("\n").filter((l) => l.startsWith("round ")).length;
 }
 
@@ -261,7 +273,7 @@ test("kill -9 of the agent's nvmf_tgt container: kubelet restarts it, the agent 
     const st = (await agentPod())?.status?.containerStatuses?.find((c) => c.name === "nvmf-tgt");
     return (st?.restartCount ?? 0) >= 1 && st?.ready === true;
   });
-  const after = await loopRounds("loop-target");
+  const after = await waitFor("the writer's log", 60_000, () => loopRounds("loop-target"));
   await waitFor("writes resumed after the target came back", 180_000, async () =>
     (await loopRounds("loop-target")) >= after + 3 ? true : undefined,
   );
@@ -280,17 +292,20 @@ test("helm upgrade to a rebuilt image with a Pod writing: no I/O error, data int
     "--wait",
     "--timeout=8m",
   ]);
-  await waitFor("every DISTORT Pod on the rebuilt image", 300_000, async () => {
+  await waitFor("every DISTORT Pod running the rebuilt image", 300_000, async () => {
     const pods = await core.listNamespacedPod({ namespace: lab.namespace });
+    // The spec names the image (the status may name another tag of the same digest).
     return pods.items.every(
       (p) =>
+        p.metadata?.deletionTimestamp === undefined &&
         p.status?.phase === "Running" &&
-        (p.status.containerStatuses ?? []).every(
-          (c) => c.ready && (!c.image.startsWith("distort.lab/") || c.image.endsWith(`:${upgraded}`)),
+        (p.status.containerStatuses ?? []).every((c) => c.ready) &&
+        (p.spec?.containers ?? []).every(
+          (c) => !c.image?.startsWith("distort.lab/") || c.image.endsWith(`:${upgraded}`),
         ),
     );
   });
-  const after = await loopRounds("loop-upgrade");
+  const after = await waitFor("the writer's log", 60_000, () => loopRounds("loop-upgrade"));
   await waitFor("the writer keeps going after the upgrade", 180_000, async () =>
     (await loopRounds("loop-upgrade")) >= after + 3 ? true : undefined,
   );
@@ -320,7 +335,7 @@ test("kill -9 of a whole node's kubelet and containerd: NotReady, back Ready, it
     return n.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True");
   });
   // The container kept running through the node's crash: its shim outlives kubelet and containerd.
-  const after = await loopRounds("loop-node");
+  const after = await waitFor("the writer's log", 60_000, () => loopRounds("loop-node"));
   await waitFor("the writer still going", 120_000, async () =>
     (await loopRounds("loop-node")) >= after + 3 ? true : undefined,
   );

@@ -265,7 +265,18 @@ describe("lab-cluster.yaml", () => {
       await render(helm, { name: "lab", files: ["examples/lab.yaml"], set: [] }, "distort", "distort-system")
     ).objects;
     const classes = (objs: KubeDoc[]) => objs.filter((o) => o.kind === "StorageClass");
-    expect(classes(lab)).toEqual(classes(bareLab));
+    // The same classes but for fast_io_fail_tmo, which holds I/O across a target Pod's restart here.
+    const fastIoFail = (objs: KubeDoc[]) =>
+      classes(objs).map((c) => {
+        const p = { ...(c as { parameters: Record<string, string> }).parameters };
+        const v = Object.entries(p).find(([k]) => /fast.?io.?fail/i.test(k));
+        if (v) delete p[v[0]];
+        return { ...c, parameters: p, fastIoFail: v?.[1] };
+      });
+    expect(fastIoFail(lab).map(({ fastIoFail: _, ...c }) => c)).toEqual(
+      fastIoFail(bareLab).map(({ fastIoFail: _, ...c }) => c),
+    );
+    expect(fastIoFail(lab).map((c) => c.fastIoFail)).toEqual(["60", "60"]);
     expect(classes(lab).map((c) => c.metadata.name)).toEqual(["distort-lab", "distort-lab-immediate"]);
   });
 });
