@@ -2,7 +2,7 @@
 // and/or Node service on the CSI UNIX socket, serves /healthz, /readyz and /metrics, and on
 // SIGTERM lets in-flight calls finish before it exits.
 import { hostname } from "node:os";
-import { Controller, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
+import { Controller, GroupController, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../lib/clock.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
 import { type Exec, hostExec } from "../lib/exec.ts";
@@ -110,6 +110,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     controller = c;
     readiness.push(() => c.notReadyReason());
     services.push(register(Controller, measure(c.service())));
+    services.push(register(GroupController, measure(c.groupService())));
     c.start().then(
       () => logger.info("controller caches synced"),
       (err) => logger.error("controller caches failed to start", { err: errorMessage(err) }),
