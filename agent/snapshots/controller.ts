@@ -23,6 +23,13 @@ import { decideGroup } from "./group.ts";
 export interface SnapshotLvols {
   /** Snapshot lvol `lvolName` as `snapshotName` unless it exists; its size. Source gone: "not-found". */
   ensureSnapshot(device: DeviceRef, lvolName: string, snapshotName: string): Promise<{ sizeBytes: number }>;
+  /**
+   * Snapshots every item at one point in the target's order (all snapshot calls issued together,
+   * after every lookup); idempotent per item; sizes in input order.
+   */
+  ensureSnapshots(
+    items: readonly { device: DeviceRef; lvolName: string; snapshotName: string }[],
+  ): Promise<{ sizeBytes: number }[]>;
   /** Gone already: done. Clones still depend on it: "precondition". */
   deleteSnapshot(device: DeviceRef, snapshotName: string): Promise<void>;
 }
@@ -304,9 +311,13 @@ export class SnapshotController {
           await Promise.all(
             d.members.map((t) => lvols.deleteSnapshot(deviceOf(t.place), t.place.externalId)),
           );
-        // One burst: the lookups, then every snapshot call, in flight together.
-        const sizes = await Promise.all(
-          d.members.map((t) => lvols.ensureSnapshot(deviceOf(t.place), t.sourceLvol, t.place.externalId)),
+        // One burst: every lookup, then every snapshot call, in flight together.
+        const sizes = await lvols.ensureSnapshots(
+          d.members.map((t) => ({
+            device: deviceOf(t.place),
+            lvolName: t.sourceLvol,
+            snapshotName: t.place.externalId,
+          })),
         );
         const now = formatConditionTime(new Date(this.o.clock.now()));
         for (const [i, t] of d.members.entries())
