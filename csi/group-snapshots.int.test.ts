@@ -7,8 +7,17 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
 import { type RunningAgent, runAgent } from "../agent/main.ts";
-import { externalIdFor, lvstoreNameFor } from "../agent/partitions/identity.ts";
-import { kinds, type NVMeDevice, type NVMeDeviceClaim, type NVMePartition } from "../api/index.ts";
+import { externalIdFor, lvstoreNameFor, snapshotExternalIdFor } from "../agent/partitions/identity.ts";
+import {
+  API_VERSION,
+  GROUP_SNAPSHOT_LABEL,
+  GroupSnapshotAnnotations,
+  kinds,
+  type NVMeDevice,
+  type NVMeDeviceClaim,
+  type NVMePartition,
+  type NVMeSnapshot,
+} from "../api/index.ts";
 import {
   GroupControllerServiceCapability_RPC_Type as GroupCap,
   GroupController,
@@ -27,6 +36,8 @@ import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { formatVolumeId, parseVolumeId } from "./controller/volume-id.ts";
 import { CsiController } from "./controller.ts";
 import { createIdentityService } from "./identity.ts";
@@ -287,4 +298,66 @@ test("bad requests get their codes and create nothing; sources on two storage no
   expect((await snaps.list({ namespace: ns })).items).toEqual([]);
   await parts.delete("vol-elsewhere", ns);
   await parts.delete("vol-here", ns);
+}, 60_000);
+
+test("a group take interrupted before any member was ready is redone whole: a member lvol left behind is replaced", async () => {
+  const size = 4 * MiB;
+  const lvs = lvstoreNameFor(device.spec.serial);
+  const snaps = new ResourceClient(tc.conn, kinds.NVMeSnapshot);
+  const srcs: { name: string; uid: string; lvol: string }[] = [];
+  for (const name of ["crash-a", "crash-b"]) {
+    const p = await parts.create(placedPartition(name, ns, device, claim, size));
+    await exported(name);
+    srcs.push({ name, uid: p.metadata.uid as string, lvol: externalIdFor(p.metadata.uid as string) });
+  }
+  const members = ["gs-crash-a", "gs-crash-b"];
+  const memberOf = (i: number): NVMeSnapshot => ({
+    apiVersion: API_VERSION,
+    kind: "NVMeSnapshot",
+    metadata: {
+      name: members[i] as string,
+      namespace: ns,
+      labels: { [GROUP_SNAPSHOT_LABEL]: "crash-group" },
+      annotations: { [GroupSnapshotAnnotations.members]: JSON.stringify(members) },
+    },
+    spec: { sourcePartitionName: srcs[i]?.name as string, sourcePartitionUID: srcs[i]?.uid as string },
+  });
+  // Member a exists alone: the agent waits for b, takes nothing.
+  const a = await snaps.create(memberOf(0));
+  await eventually(
+    async () =>
+      (await snaps.get(members[0] as string, ns))?.status?.conditions?.find(
+        (c) => c.reason === "MemberMissing",
+      ),
+    20_000,
+    "member a waits for b",
+  );
+  // What an interrupted burst would leave: a's snapshot lvol holding older bytes than the group's point.
+  const rpc = new SpdkClient({ socketPath: node.spdkSocket, logger: silentLogger });
+  try {
+    const srcA = `${lvs}/${srcs[0]?.lvol}`;
+    await node.emulator.bdev(srcA).write(0, pattern("stale", size));
+    await new SpdkMethods(rpc).bdevLvolSnapshot(srcA, snapshotExternalIdFor(a.metadata.uid as string));
+  } finally {
+    await rpc.close();
+  }
+  const now = srcs.map((s) => pattern(`group point ${s.name}`, size));
+  for (const [i, s] of srcs.entries())
+    await node.emulator.bdev(`${lvs}/${s.lvol}`).write(0, now[i] as Buffer);
+  await snaps.create(memberOf(1));
+  const ready = await eventually(
+    async () => {
+      const all = await Promise.all(members.map((m) => snaps.get(m, ns)));
+      return all.every((m) => m?.status?.readyToUse) ? (all as NVMeSnapshot[]) : undefined;
+    },
+    20_000,
+    "both members ready",
+  );
+  for (const [i, m] of ready.entries()) {
+    const got = await node.emulator.bdev(`${lvs}/${m.status?.externalId}`).read(0, size);
+    expect([m.metadata.name, got.equals(now[i] as Buffer)]).toEqual([m.metadata.name, true]);
+  }
+  for (const m of members) await snaps.delete(m, ns);
+  for (const m of members) await eventually(async () => !(await snaps.get(m, ns)), 20_000, `${m} gone`);
+  for (const s of srcs) await parts.delete(s.name, ns);
 }, 60_000);
