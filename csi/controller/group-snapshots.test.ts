@@ -1,7 +1,7 @@
 // The group snapshot helpers: names and ids, the CSI message of a group, and refusals.
 import { expect, test } from "bun:test";
 import { exampleNVMeSnapshot } from "../../api/examples.ts";
-import { GROUP_SPANS_NODES_REASON, type NVMeSnapshot } from "../../api/index.ts";
+import { GROUP_SNAPSHOT_LABEL, GROUP_SPANS_NODES_REASON, type NVMeSnapshot } from "../../api/index.ts";
 import {
   formatGroupId,
   groupInfo,
@@ -10,6 +10,7 @@ import {
   memberNameFor,
   parseGroupId,
 } from "./group-snapshots.ts";
+import { snapshotInfo } from "./snapshots.ts";
 
 function member(name: string, mut: (s: NVMeSnapshot) => void = () => {}): NVMeSnapshot {
   const s = exampleNVMeSnapshot();
@@ -78,4 +79,12 @@ test("refusals: a member on a group spanning nodes or a refused member ends the 
   );
   expect(groupRefusal([member("a", cond("SourceNotFound"))])).toBe("because SourceNotFound");
   expect(groupRefusal([member("a", cond("SourceNotExported")), member("b")])).toBeUndefined();
+});
+
+test("snapshotInfo (ListSnapshots, CreateSnapshot) names a member's group and leaves others without one", () => {
+  const inGroup = member("a", (s) => {
+    s.metadata.labels = { [GROUP_SNAPSHOT_LABEL]: "g-1" };
+  });
+  expect(snapshotInfo(inGroup, "ns").groupSnapshotId).toBe("ns/g-1");
+  expect(snapshotInfo(member("b"), "ns").groupSnapshotId).toBeUndefined();
 });
