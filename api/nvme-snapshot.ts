@@ -23,6 +23,35 @@ export const NVMeSnapshotConditionTypes = {
   DeletionBlocked: "DeletionBlocked",
 } as const;
 
+/**
+ * A volume group snapshot is the set of NVMeSnapshots carrying this label (value: the group
+ * name); each member also carries the group record in GroupSnapshotAnnotations. The agent takes
+ * all members of a group together.
+ */
+export const GROUP_SNAPSHOT_LABEL = "storage.distort.io/group-snapshot";
+
+/** Annotations every member of a group carries: together they are the group record. */
+export const GroupSnapshotAnnotations = {
+  requestName: "storage.distort.io/group-request-name",
+  /** JSON array of the member NVMeSnapshot names, in source-volume order. */
+  members: "storage.distort.io/group-members",
+  /** JSON array of the source volume ids, sorted. */
+  sourceVolumeIds: "storage.distort.io/group-source-volume-ids",
+} as const;
+
+/** Ready=False reason of every member of a group whose sources are on several storage nodes. */
+export const GROUP_SPANS_NODES_REASON = "GroupSpansNodes";
+
+/** The member names a snapshot's group record lists; empty when it records none. Pure. */
+export function groupMembersOf(s: { metadata: { annotations?: Record<string, string> } }): string[] {
+  try {
+    const v: unknown = JSON.parse(s.metadata.annotations?.[GroupSnapshotAnnotations.members] ?? "[]");
+    return Array.isArray(v) && v.every((x) => typeof x === "string") ? v : [];
+  } catch {
+    return [];
+  }
+}
+
 export const NVMeSnapshotSpecSchema = v.pipe(
   v.object({
     sourcePartitionName: v.pipe(

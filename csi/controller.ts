@@ -11,11 +11,21 @@ import type {
   NVMeVolumeAttachment,
   RDMAStorageNode,
 } from "../api/index.ts";
-import { ControllerServiceCapability_RPC_Type as Cap, type Controller } from "../gen/csi/v1/csi_pb.ts";
+import {
+  ControllerServiceCapability_RPC_Type as Cap,
+  type Controller,
+  GroupControllerServiceCapability_RPC_Type as GroupCap,
+  type GroupController,
+} from "../gen/csi/v1/csi_pb.ts";
 import type { InFlight } from "../lib/concurrency/in-flight.ts";
 import { errorMessage } from "../lib/errors.ts";
 import type { WatchCache } from "../lib/kube/cache.ts";
 import { expandVolume } from "./controller/expansion.ts";
+import {
+  createVolumeGroupSnapshot,
+  deleteVolumeGroupSnapshot,
+  getVolumeGroupSnapshot,
+} from "./controller/group-snapshots.ts";
 import { getVolume, getVolumeHealth, listVolumeHealth } from "./controller/health.ts";
 import { getCapacity, listSnapshots, listVolumes } from "./controller/listing.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
@@ -47,6 +57,14 @@ export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_SNAPSHOT,
   Cap.LIST_SNAPSHOTS,
   Cap.CLONE_VOLUME,
+];
+
+/**
+ * What GroupControllerGetCapabilities advertises: group snapshots of volumes on one storage node,
+ * taken by the agent in one burst (controller/group-snapshots.ts).
+ */
+export const GROUP_CONTROLLER_CAPABILITIES: readonly GroupCap[] = [
+  GroupCap.CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT,
 ];
 
 type Impl = Partial<ServiceImpl<typeof Controller>>;
@@ -161,6 +179,21 @@ export class CsiController {
       createSnapshot: (r, ctx) => createSnapshot(s, r, ctx),
       deleteSnapshot: (r, ctx) => deleteSnapshot(s, r, ctx),
       listSnapshots: (r) => listSnapshots(s, r),
+    };
+  }
+
+  /** The GroupController service implementation to register with serveGrpc beside service(). */
+  groupService(): Partial<ServiceImpl<typeof GroupController>> {
+    const s = this.state;
+    return {
+      groupControllerGetCapabilities: () => ({
+        capabilities: GROUP_CONTROLLER_CAPABILITIES.map((type) => ({
+          type: { case: "rpc", value: { type } },
+        })),
+      }),
+      createVolumeGroupSnapshot: (r, ctx) => createVolumeGroupSnapshot(s, r, ctx),
+      deleteVolumeGroupSnapshot: (r, ctx) => deleteVolumeGroupSnapshot(s, r, ctx),
+      getVolumeGroupSnapshot: (r) => getVolumeGroupSnapshot(s, r),
     };
   }
 }

@@ -55,7 +55,7 @@ test("GetPluginInfo names the driver and the package version", async () => {
   expect(info.vendorVersion).toBe(pkg.version);
 });
 
-test("capabilities: controller service only where one is served; topology and online expansion always", async () => {
+test("capabilities: controller and group controller services only where they are served; topology and online expansion always", async () => {
   const types = async (controller: boolean) => {
     const c = await serve(controller, []);
     const r = await c.unary(Identity.method.getPluginCapabilities, {});
@@ -67,6 +67,7 @@ test("capabilities: controller service only where one is served; topology and on
   };
   expect(await types(true)).toEqual([
     "service:CONTROLLER_SERVICE",
+    "service:GROUP_CONTROLLER_SERVICE",
     "service:VOLUME_ACCESSIBILITY_CONSTRAINTS",
     "expansion:ONLINE",
   ]);

@@ -50,7 +50,10 @@ export function createIdentityService(o: IdentityOptions): Partial<ServiceImpl<t
     getPluginCapabilities: () => ({
       capabilities: [
         ...(o.controllerService
-          ? [{ type: { case: "service" as const, value: { type: ServiceType.CONTROLLER_SERVICE } } }]
+          ? [
+              { type: { case: "service" as const, value: { type: ServiceType.CONTROLLER_SERVICE } } },
+              { type: { case: "service" as const, value: { type: ServiceType.GROUP_CONTROLLER_SERVICE } } },
+            ]
           : []),
         { type: { case: "service" as const, value: { type: ServiceType.VOLUME_ACCESSIBILITY_CONSTRAINTS } } },
         { type: { case: "volumeExpansion" as const, value: { type: ExpansionType.ONLINE } } },

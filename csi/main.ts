@@ -3,7 +3,7 @@
 // SIGTERM lets in-flight calls finish before it exits. --mode=registrar|liveness run the sidecar
 // equivalents instead (csi/sidecar/).
 import { hostname } from "node:os";
-import { Controller, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
+import { Controller, GroupController, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../lib/clock.ts";
 import { formatNodeId } from "../lib/csi-node-id.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
@@ -116,6 +116,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     controller = c;
     readiness.push(() => c.notReadyReason());
     services.push(register(Controller, measure(c.service())));
+    services.push(register(GroupController, measure(c.groupService())));
     c.start().then(
       () => logger.info("controller caches synced"),
       (err) => logger.error("controller caches failed to start", { err: errorMessage(err) }),

@@ -97,6 +97,24 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
               "cluster",
             ),
             g("snapshot.storage.k8s.io", "volumesnapshotcontents/status", ["update", "patch"], "cluster"),
+            g(
+              "groupsnapshot.storage.k8s.io",
+              "volumegroupsnapshotclasses",
+              ["get", "list", "watch"],
+              "cluster",
+            ),
+            g(
+              "groupsnapshot.storage.k8s.io",
+              "volumegroupsnapshotcontents",
+              ["get", "list", "watch", "update", "patch"],
+              "cluster",
+            ),
+            g(
+              "groupsnapshot.storage.k8s.io",
+              "volumegroupsnapshotcontents/status",
+              ["update", "patch"],
+              "cluster",
+            ),
           ]
         : []),
       ...(p.dpuCluster

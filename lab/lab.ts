@@ -235,6 +235,8 @@ export async function startLab(o: LabOptions): Promise<Lab> {
         sidecars.snapshotController,
         `--kubeconfig=${kubeconfigPath}`,
         "--leader-election=false",
+        // Group snapshots: GA and on by default in v8.7, set explicitly (the group CRDs are installed).
+        "--feature-gates=CSIVolumeGroupSnapshot=true",
         "--v=2",
       ],
     });

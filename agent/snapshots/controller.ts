@@ -2,7 +2,7 @@
 // of this node's partitions (a source becoming Exported wakes its snapshots), runs decideSnapshot, and carries the decision out
 // through the SnapshotLvols port (SpdkLvolVolumeManager in production) and the API server.
 import type { NVMePartition, NVMeSnapshot, NVMeSnapshotStatus } from "../../api/index.ts";
-import { kinds } from "../../api/index.ts";
+import { GROUP_SNAPSHOT_LABEL, groupMembersOf, kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { WatchCache } from "../../lib/kube/cache.ts";
@@ -17,11 +17,19 @@ import type { Logger } from "../../lib/log.ts";
 import type { DeviceRef } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
 import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotPlace, type SnapshotWhy } from "./decide.ts";
+import { decideGroup } from "./group.ts";
 
 /** The SPDK operations snapshots need; both idempotent (looked up by alias before acting). */
 export interface SnapshotLvols {
   /** Snapshot lvol `lvolName` as `snapshotName` unless it exists; its size. Source gone: "not-found". */
   ensureSnapshot(device: DeviceRef, lvolName: string, snapshotName: string): Promise<{ sizeBytes: number }>;
+  /**
+   * Snapshots every item at one point in the target's order (all snapshot calls issued together,
+   * after every lookup); idempotent per item; sizes in input order.
+   */
+  ensureSnapshots(
+    items: readonly { device: DeviceRef; lvolName: string; snapshotName: string }[],
+  ): Promise<{ sizeBytes: number }[]>;
   /** Gone already: done. Clones still depend on it: "precondition". */
   deleteSnapshot(device: DeviceRef, snapshotName: string): Promise<void>;
 }
@@ -60,6 +68,8 @@ export class SnapshotController {
   private readonly client: ResourceClient<NVMeSnapshot>;
   private readonly partClient: ResourceClient<NVMePartition>;
   private readonly queue: WorkQueue;
+  /** One group take at a time per group ("namespace/group"), across this agent's workers. */
+  private readonly groupLocks = new Map<string, Promise<unknown>>();
 
   constructor(private readonly o: SnapshotControllerOptions) {
     this.client = new ResourceClient(o.conn, kinds.NVMeSnapshot);
@@ -68,7 +78,12 @@ export class SnapshotController {
     this.partitions = o.manager.caches.cache(kinds.NVMePartition, onNode(o.nodeName, o.namespace));
     this.queue = new WorkQueue({ name: "snapshots", clock: o.clock });
     const enqueue = (s: NVMeSnapshot) => this.queue.add(objectKey(s.metadata));
-    this.snapshots.onChange(enqueue);
+    // A member's change (its finalizer, its deletion) can unblock the rest of its group.
+    this.snapshots.onChange((s) => {
+      enqueue(s);
+      for (const name of groupMembersOf(s))
+        if (name !== s.metadata.name) this.queue.add(objectKey({ name, namespace: s.metadata.namespace }));
+    });
     const bySource = (p: NVMePartition) => {
       for (const s of this.snapshots.list()) if (s.spec.sourcePartitionUID === p.metadata.uid) enqueue(s);
     };
@@ -166,6 +181,8 @@ export class SnapshotController {
         );
         return;
       case "take": {
+        if (s.metadata.labels?.[GROUP_SNAPSHOT_LABEL] && groupMembersOf(s).length > 0)
+          return this.reconcileGroup(s);
         const lvols = this.o.lvols;
         if (!lvols) {
           await this.writeStatus(
@@ -228,6 +245,101 @@ export class SnapshotController {
         }
         await this.setFinalizer(s, false);
         this.o.logger.info("snapshot deleted", { snapshot: key, lvol: d.place?.externalId });
+        return;
+      }
+    }
+  }
+
+  /**
+   * Takes the group `s` belongs to, one group at a time. Members are re-read from the API server
+   * (the cache may not show a take that just finished). Every member's place is recorded, then all
+   * bdev_lvol_snapshot calls go out together on the persistent connection, and only then is any
+   * member marked ready: a crash in between leaves no member ready, and the next pass deletes
+   * what the interrupted burst made and takes the whole group again.
+   */
+  private async reconcileGroup(s: NVMeSnapshot): Promise<undefined> {
+    const group = `${s.metadata.namespace}/${s.metadata.labels?.[GROUP_SNAPSHOT_LABEL]}`;
+    const prev = this.groupLocks.get(group) ?? Promise.resolve();
+    const run = prev.catch(() => {}).then(() => this.takeGroup(s, group));
+    this.groupLocks.set(group, run);
+    try {
+      await run;
+    } finally {
+      if (this.groupLocks.get(group) === run) this.groupLocks.delete(group);
+    }
+    return undefined;
+  }
+
+  private async takeGroup(s: NVMeSnapshot, group: string): Promise<void> {
+    const names = groupMembersOf(s);
+    const members = new Map<string, NVMeSnapshot>();
+    const sources = new Map<string, NVMePartition | undefined>();
+    for (const name of names) {
+      const m = await this.client.get(name, s.metadata.namespace);
+      if (!m) continue;
+      members.set(name, m);
+      sources.set(name, await this.sourceOf(m));
+    }
+    const d = decideGroup(names, members, (m) => sources.get(m.metadata.name), this.o.nodeName);
+    const notReady = (st: NVMeSnapshotStatus) => {
+      st.readyToUse = false;
+    };
+    switch (d.action) {
+      case "ignore":
+        return;
+      case "wait":
+        await this.writeStatus(s, notReady, { type: "Ready", status: "False", why: d.why });
+        throw new StorageError("unavailable", d.why.message);
+      case "refuse":
+        for (const m of members.values())
+          if ((m.status?.nodeName ?? sources.get(m.metadata.name)?.spec.nodeName) === this.o.nodeName)
+            await this.writeStatus(m, notReady, { type: "Ready", status: "False", why: d.why });
+        return;
+      case "take": {
+        const lvols = this.o.lvols;
+        if (!lvols) {
+          const why = {
+            reason: "UnsupportedBackend",
+            message: `node ${this.o.nodeName} serves no spdk backend`,
+          };
+          for (const t of d.members)
+            await this.writeStatus(t.snapshot, notReady, { type: "Ready", status: "False", why });
+          return;
+        }
+        for (const t of d.members)
+          await this.writeStatus(t.snapshot, (st) => {
+            st.nodeName = t.place.nodeName;
+            st.deviceSerial = t.place.deviceSerial;
+            st.externalId = t.place.externalId;
+          });
+        if (d.fresh)
+          await Promise.all(
+            d.members.map((t) => lvols.deleteSnapshot(deviceOf(t.place), t.place.externalId)),
+          );
+        // One burst: every lookup, then every snapshot call, in flight together.
+        const sizes = await lvols.ensureSnapshots(
+          d.members.map((t) => ({
+            device: deviceOf(t.place),
+            lvolName: t.sourceLvol,
+            snapshotName: t.place.externalId,
+          })),
+        );
+        const now = formatConditionTime(new Date(this.o.clock.now()));
+        for (const [i, t] of d.members.entries())
+          await this.writeStatus(
+            t.snapshot,
+            (st) => {
+              st.readyToUse = true;
+              st.sizeBytes = sizes[i]?.sizeBytes ?? 0;
+              st.creationTime ??= now;
+            },
+            {
+              type: "Ready",
+              status: "True",
+              why: { reason: "SnapshotTaken", message: `lvol ${t.place.externalId} (group ${group})` },
+            },
+          );
+        this.o.logger.info("group snapshot ready", { group, members: d.members.length });
         return;
       }
     }

@@ -5,7 +5,7 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext } from "@connectrpc/connect";
-import { API_VERSION, type NVMeSnapshot } from "../../api/index.ts";
+import { API_VERSION, GROUP_SNAPSHOT_LABEL, type NVMeSnapshot } from "../../api/index.ts";
 import type {
   CreateSnapshotRequest,
   DeleteSnapshotRequest,
@@ -25,10 +25,12 @@ export const SnapshotAnnotations = {
 
 /**
  * The CSI Snapshot of an NVMeSnapshot in namespace `ns`. The source volume id is the one recorded
- * at creation, else composed from the spec when that makes a valid id, else empty. Pure.
+ * at creation, else composed from the spec when that makes a valid id, else empty; a member of a
+ * volume group snapshot carries its group id. Pure.
  */
 export function snapshotInfo(s: NVMeSnapshot, ns: string): MessageInitShape<typeof SnapshotSchema> {
   const created = s.status?.creationTime ?? s.metadata.creationTimestamp;
+  const group = s.metadata.labels?.[GROUP_SNAPSHOT_LABEL];
   let sourceVolumeId = s.metadata.annotations?.[SnapshotAnnotations.sourceVolumeId] ?? "";
   if (!sourceVolumeId) {
     const src = { namespace: ns, name: s.spec.sourcePartitionName, uid: s.spec.sourcePartitionUID };
@@ -40,6 +42,8 @@ export function snapshotInfo(s: NVMeSnapshot, ns: string): MessageInitShape<type
     sizeBytes: BigInt(s.status?.sizeBytes ?? 0),
     readyToUse: s.status?.readyToUse === true,
     ...(created ? { creationTime: timestampFromDate(new Date(created)) } : {}),
+    // A group member names its group (CSI: empty for a snapshot outside any group).
+    ...(group ? { groupSnapshotId: `${ns}/${group}` } : {}),
   };
 }
 

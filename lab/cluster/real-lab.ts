@@ -343,7 +343,7 @@ async function installAddons(conn: KubeConnection, images: BuiltImages): Promise
                   name: "snapshot-controller",
                   image: image.ref,
                   imagePullPolicy: "Never",
-                  args: ["--leader-election=false", "--v=2"],
+                  args: ["--leader-election=false", "--feature-gates=CSIVolumeGroupSnapshot=true", "--v=2"],
                 },
               ],
             },

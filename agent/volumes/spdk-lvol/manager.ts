@@ -212,6 +212,56 @@ export class SpdkLvolVolumeManager implements VolumeManager {
   }
 
   /**
+   * Snapshots several lvols at one point in the target's order: looks every source and snapshot
+   * up first, then issues all missing bdev_lvol_snapshot calls in one go (nothing awaited
+   * between them, so they reach the RPC server together with no other call between them), then
+   * reads the results. Idempotent like ensureSnapshot; sizes in input order. Any source missing:
+   * "not-found" before any snapshot is taken.
+   */
+  async ensureSnapshots(
+    items: readonly { device: DeviceRef; lvolName: string; snapshotName: string }[],
+  ): Promise<{ sizeBytes: number }[]> {
+    const found = await Promise.all(
+      items.map(async (i) => ({
+        have: await this.lvolByName(i.device, i.snapshotName),
+        src: await this.lvolByName(i.device, i.lvolName),
+      })),
+    );
+    for (const [n, f] of found.entries()) {
+      const i = items[n] as (typeof items)[number];
+      if (!f.have && !f.src)
+        throw new StorageError(
+          "not-found",
+          `lvol ${lvstoreNameFor(i.device.serial)}/${i.lvolName} to snapshot does not exist`,
+        );
+    }
+    const calls: Promise<unknown>[] = [];
+    for (const [n, f] of found.entries()) {
+      if (f.have) continue;
+      const i = items[n] as (typeof items)[number];
+      calls.push(
+        this.m
+          .bdevLvolSnapshot(`${lvstoreNameFor(i.device.serial)}/${i.lvolName}`, i.snapshotName)
+          .catch((err) => {
+            if (!isKind(err, "already-exists")) throw err;
+          }),
+      );
+    }
+    await Promise.all(calls);
+    return Promise.all(
+      items.map(async (i) => {
+        const made = await this.lvolByName(i.device, i.snapshotName);
+        if (!made)
+          throw new StorageError(
+            "unavailable",
+            `snapshot ${i.snapshotName} not visible right after creation`,
+          );
+        return { sizeBytes: made.num_blocks * made.block_size };
+      }),
+    );
+  }
+
+  /**
    * Deletes snapshot `snapshotName`; gone already counts as deleted. SPDK refuses while more than
    * one clone depends on it: "precondition", and nothing changed.
    */
