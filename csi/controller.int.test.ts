@@ -164,6 +164,7 @@ describe("identity and input validation", () => {
     expect(types).toEqual([...CONTROLLER_CAPABILITIES]);
     expect(types).toContain(Cap.CREATE_DELETE_SNAPSHOT);
     expect(types).toContain(Cap.LIST_SNAPSHOTS);
+    expect(types).toContain(Cap.GET_SNAPSHOT);
     expect(types).toContain(Cap.CLONE_VOLUME);
     expect(types).not.toContain(Cap.MODIFY_VOLUME);
   });
@@ -515,6 +516,13 @@ describe("identity and input validation", () => {
         GRPC.ABORTED,
       ],
       ["ListSnapshots unknown id: empty", () => c.unary(M.listSnapshots, { snapshotId: fake }), GRPC.OK],
+      ["GetSnapshot without id", () => c.unary(M.getSnapshot, {}), GRPC.INVALID_ARGUMENT],
+      ["GetSnapshot unknown id", () => c.unary(M.getSnapshot, { snapshotId: fake }), GRPC.NOT_FOUND],
+      [
+        "GetSnapshot malformed id",
+        () => c.unary(M.getSnapshot, { snapshotId: "not-a-snapshot" }),
+        GRPC.NOT_FOUND,
+      ],
       [
         "ControllerModifyVolume is not offered",
         () => c.unary(M.controllerModifyVolume, { volumeId: fake }),

@@ -17,7 +17,7 @@ import { errorMessage } from "../lib/errors.ts";
 import type { WatchCache } from "../lib/kube/cache.ts";
 import { expandVolume } from "./controller/expansion.ts";
 import { getVolume, getVolumeHealth, listVolumeHealth } from "./controller/health.ts";
-import { getCapacity, listSnapshots, listVolumes } from "./controller/listing.ts";
+import { getCapacity, getSnapshot, listSnapshots, listVolumes } from "./controller/listing.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
 import { publishVolume, unpublishVolume } from "./controller/publish.ts";
 import { createSnapshot, deleteSnapshot } from "./controller/snapshots.ts";
@@ -46,6 +46,7 @@ export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.SINGLE_NODE_MULTI_WRITER,
   Cap.CREATE_DELETE_SNAPSHOT,
   Cap.LIST_SNAPSHOTS,
+  Cap.GET_SNAPSHOT,
   Cap.CLONE_VOLUME,
 ];
 
@@ -161,6 +162,7 @@ export class CsiController {
       createSnapshot: (r, ctx) => createSnapshot(s, r, ctx),
       deleteSnapshot: (r, ctx) => deleteSnapshot(s, r, ctx),
       listSnapshots: (r) => listSnapshots(s, r),
+      getSnapshot: (r) => getSnapshot(s, r),
     };
   }
 }
