@@ -30,12 +30,14 @@ export type { ControllerOptions } from "./controller/state.ts";
 /**
  * What ControllerGetCapabilities advertises, and nothing else: every entry is backed by a handler
  * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only). Read-only
- * publication (the target ACL is per host, not per mode) and ModifyVolume (no mutable parameters)
- * are absent.
+ * publication is enforced by the node (read-only mounts, read-only block devices): the target ACL
+ * admits a host for reads and writes alike, so a reader host is trusted to the node plugin, and
+ * readers never share a volume with a writer. ModifyVolume (no mutable parameters) is absent.
  */
 export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_VOLUME,
   Cap.PUBLISH_UNPUBLISH_VOLUME,
+  Cap.PUBLISH_READONLY,
   Cap.LIST_VOLUMES,
   Cap.LIST_VOLUMES_PUBLISHED_NODES,
   Cap.GET_CAPACITY,

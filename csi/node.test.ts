@@ -222,15 +222,9 @@ describe("bad input: right code, no port touched", () => {
       I,
     ],
     [
-      "stage: multi-node reader",
+      "stage: multi-node single writer",
       "nodeStageVolume",
-      stageReq({ volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY) }),
-      I,
-    ],
-    [
-      "stage: single-node reader",
-      "nodeStageVolume",
-      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_READER_ONLY) }),
+      stageReq({ volumeCapability: blockCap(Mode.MULTI_NODE_SINGLE_WRITER) }),
       I,
     ],
     ["stage: btrfs", "nodeStageVolume", stageReq({ volumeCapability: mountCap("btrfs") }), I],
@@ -646,6 +640,64 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     await stage();
     await svc.nodePublishVolume?.(publishReq({ readonly: true }), ctx());
     expect(mounter.table.find((e) => e.mountPoint === TARGET)?.readonly).toBe(true);
+  });
+
+  test.each([
+    ["SINGLE_NODE_READER_ONLY", Mode.SINGLE_NODE_READER_ONLY],
+    ["MULTI_NODE_READER_ONLY", Mode.MULTI_NODE_READER_ONLY],
+  ])("%s: the device is set read-only, mounted ro, and published read-only unasked", async (_n, mode) => {
+    mounter.content.set(DEV, { kind: "filesystem", fsType: "ext4" });
+    await stage({ volumeCapability: mountCap("ext4", mode, ["noatime"]) });
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(true);
+    expect(log.calls.find((c) => c[1] === "mount")).toEqual([
+      "mounter",
+      "mount",
+      DEV,
+      STAGE,
+      "ext4",
+      ["noatime", "ro"],
+    ]);
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: mountCap("ext4", mode), readonly: false }),
+      ctx(),
+    );
+    expect(mounter.table.find((e) => e.mountPoint === TARGET)?.readonly).toBe(true);
+    // The same request again is the same publication, not a conflict.
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: mountCap("ext4", mode), readonly: false }),
+      ctx(),
+    );
+    await svc.nodeUnpublishVolume?.(
+      create(NodeUnpublishVolumeRequestSchema, { volumeId: VOL, targetPath: TARGET }),
+      ctx(),
+    );
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(false);
+  });
+
+  test("a blank reader-only volume is FAILED_PRECONDITION and never formatted", async () => {
+    expect(await codeOf(stage({ volumeCapability: mountCap("ext4", Mode.MULTI_NODE_READER_ONLY) }))).toBe(
+      Code.FailedPrecondition,
+    );
+    expect(log.methods("mounter")).not.toContain("mkfs");
+    expect(log.methods("mounter")).not.toContain("mount");
+  });
+
+  test("a reader-only raw block volume is published through a read-only view", async () => {
+    await stage({ volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY) });
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(true);
+    await svc.nodePublishVolume?.(
+      publishReq({
+        targetPath: BLOCK_TARGET,
+        volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY),
+        readonly: false,
+      }),
+      ctx(),
+    );
+    expect(log.methods("mounter")).toContain("readOnlyView");
+    expect(state.records.get(VOL)?.publications).toMatchObject([
+      { targetPath: BLOCK_TARGET, readonly: true },
+    ]);
   });
 
   test("a target holding another mount is ALREADY_EXISTS", async () => {

@@ -20,6 +20,7 @@ import type { NvmeInitiator } from "./host/nvme-initiator.ts";
 import { assessHealth, type MountObservation } from "./node/health.ts";
 import type { NodeStateStore, Publication, StagedVolume } from "./node/state-store.ts";
 import {
+  isReaderMode,
   parseCapability,
   parseStageContexts,
   requireVolumeId,
@@ -97,7 +98,10 @@ function describeAccess(a: VolumeAccess): string {
  * a crash never loses track of a connection; a first stage that fails is rolled back (disconnect,
  * record removed). A device is formatted only when it reads back blank. Read-only raw block
  * publishes bind a read-only loop view of the device, because a read-only bind mount of a device
- * node does not stop writes through it.
+ * node does not stop writes through it. Reader-only modes (SINGLE_/MULTI_NODE_READER_ONLY) are
+ * where read-only is enforced, since the target's ACL admits a host for writes too: staging sets
+ * the device read-only in the kernel and mounts `ro`, refuses to format a blank device, and every
+ * publication is read-only; unstaging clears the device's read-only flag again.
  */
 export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof Node>> {
   const { initiator, mounter, fs, state, clock } = deps;
@@ -162,6 +166,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     rec: StagedVolume,
     device: string,
     access: VolumeAccess & { kind: "mount" },
+    readonly: boolean,
   ) {
     const staging = rec.stagingPath;
     const top = (await mounter.mountsAt(staging)).at(-1);
@@ -172,6 +177,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       );
     }
     const content = await mounter.probe(device);
+    if (content.kind === "blank" && readonly) {
+      throw failedPrecondition(
+        `volume ${rec.volumeId} is blank and staged ${rec.mode}: a reader-only volume is never formatted (that would write it); fill it first (a writer stage, a snapshot or a clone)`,
+        { device },
+      );
+    }
     if (content.kind === "blank") {
       deps.logger.info("formatting blank volume", { volume: rec.volumeId, device, fsType: access.fsType });
       await mounter.mkfs(device, access.fsType);
@@ -186,7 +197,9 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         { device },
       );
     }
-    await mounter.mount(device, staging, access.fsType, access.mountFlags);
+    const flags =
+      readonly && !access.mountFlags.includes("ro") ? [...access.mountFlags, "ro"] : access.mountFlags;
+    await mounter.mount(device, staging, access.fsType, flags);
   }
 
   /** True when `top` (the visible mount at `target`) is this publication of the volume. */
@@ -325,7 +338,11 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
             rec = { ...rec, device };
             await state.put(rec);
           }
-          if (cap.access.kind === "mount") await ensureStagingMount(rec, device, cap.access);
+          // Reader-only: the kernel refuses every write to the device itself, so neither a mount
+          // nor a raw open on this node can write what other readers read.
+          const readonly = isReaderMode(cap.mode);
+          if (readonly) await mounter.setReadOnly(device);
+          if (cap.access.kind === "mount") await ensureStagingMount(rec, device, cap.access, readonly);
           log.info("volume staged", { device, access: describeAccess(cap.access), staging });
         } catch (err) {
           // A first stage that fails leaves nothing behind, so a pod that never starts holds no
@@ -361,6 +378,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         await unmountAll(staging);
         // Views left by an unpublish that stopped half-way.
         for (const p of rec.publications) if (p.view) await mounter.releaseReadOnlyView(p.view);
+        if (isReaderMode(rec.mode)) {
+          // The read-only flag outlives the volume when the device stays (a shared connection):
+          // clear it on the device the NQN resolves to now, never a renumbered neighbour.
+          const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
+          if (now !== undefined && (await fs.exists(now))) await mounter.setReadWrite(now);
+        }
         const sharing = (await state.list()).filter((r) => r.nqn === rec.nqn && r.volumeId !== volumeId);
         if (sharing.length === 0) await initiator.disconnect(rec.nqn);
         else
@@ -383,11 +406,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       }
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       if (target === staging) throw invalidArgument("target_path equals staging_target_path");
-      const readonly = req.readonly;
       return inFlight.run(volumeId, "NodePublishVolume", async () => {
         let rec = await state.get(volumeId);
         if (rec === undefined || rec.device === undefined)
           throw failedPrecondition(`volume ${volumeId} is not staged on this node`);
+        // A reader-only volume is published read-only even when the CO did not ask for it.
+        const readonly = req.readonly || isReaderMode(cap.mode) || isReaderMode(rec.mode);
         let device = rec.device;
         if (rec.stagingPath !== staging)
           throw failedPrecondition(`volume ${volumeId} is staged at ${rec.stagingPath}, not ${staging}`);

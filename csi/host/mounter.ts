@@ -66,6 +66,13 @@ export interface Mounter {
   readOnlyView(device: string): Promise<string>;
   /** Detaches a view made by readOnlyView(); a view already gone is fine. */
   releaseReadOnlyView(view: string): Promise<void>;
+  /**
+   * Sets block device `device` read-only in the kernel (`blockdev --setro`, BLKROSET): every
+   * later open for writing and every write through it fails, whoever opens it. Idempotent.
+   */
+  setReadOnly(device: string): Promise<void>;
+  /** Undoes setReadOnly() (`blockdev --setrw`). Idempotent. */
+  setReadWrite(device: string): Promise<void>;
 }
 
 /** argv making `fsType` on `device`, without forcing: both tools then refuse to overwrite a signature. */
@@ -204,6 +211,14 @@ export class HostMounter implements Mounter {
     );
     if (existing) return existing.name;
     return parseAttached(await runChecked(this.#exec, attachArgv(device, { readonly: true }), this.#cmd));
+  }
+
+  async setReadOnly(device: string): Promise<void> {
+    await runChecked(this.#exec, ["blockdev", "--setro", device], this.#cmd);
+  }
+
+  async setReadWrite(device: string): Promise<void> {
+    await runChecked(this.#exec, ["blockdev", "--setrw", device], this.#cmd);
   }
 
   async releaseReadOnlyView(view: string): Promise<void> {

@@ -17,14 +17,34 @@ import { namespaceIdDigits } from "../host/nvme-initiator.ts";
 /** Longest volume ID accepted, in bytes. */
 export const MAX_VOLUME_ID_BYTES = 1024;
 
-/** Access modes of one node; every multi-node mode is refused because a volume is fenced to one host. */
-export type AccessMode = "SINGLE_NODE_WRITER" | "SINGLE_NODE_SINGLE_WRITER" | "SINGLE_NODE_MULTI_WRITER";
+/**
+ * Access modes the node serves: the single-node writer modes, and the two reader-only modes
+ * (several nodes may read; the controller never lets a writer in beside them). Multi-node writer
+ * modes are refused: a volume is fenced to one writing host.
+ */
+export type AccessMode =
+  | "SINGLE_NODE_WRITER"
+  | "SINGLE_NODE_SINGLE_WRITER"
+  | "SINGLE_NODE_MULTI_WRITER"
+  | "SINGLE_NODE_READER_ONLY"
+  | "MULTI_NODE_READER_ONLY";
 
 const SUPPORTED_MODES: ReadonlyMap<Mode, AccessMode> = new Map([
   [Mode.SINGLE_NODE_WRITER, "SINGLE_NODE_WRITER"],
   [Mode.SINGLE_NODE_SINGLE_WRITER, "SINGLE_NODE_SINGLE_WRITER"],
   [Mode.SINGLE_NODE_MULTI_WRITER, "SINGLE_NODE_MULTI_WRITER"],
+  [Mode.SINGLE_NODE_READER_ONLY, "SINGLE_NODE_READER_ONLY"],
+  [Mode.MULTI_NODE_READER_ONLY, "MULTI_NODE_READER_ONLY"],
 ]);
+
+/**
+ * True for the reader-only modes: the node stages them read-only (the device set read-only,
+ * filesystems mounted `ro`, never formatted) and publishes them read-only whatever the request's
+ * readonly flag says.
+ */
+export function isReaderMode(mode: AccessMode): boolean {
+  return mode === "SINGLE_NODE_READER_ONLY" || mode === "MULTI_NODE_READER_ONLY";
+}
 
 /** How the workload uses the volume. */
 export type VolumeAccess =
@@ -81,7 +101,7 @@ export function checkMountFlags(flags: readonly string[]): string[] {
 
 /**
  * The capability as the node supports it: block, or mount with ext4/xfs (an empty fs_type means
- * `defaultFsType`), in a single-node access mode. Anything else is "invalid": the plugin never
+ * `defaultFsType`), in a single-node writer mode or a reader-only mode. Anything else is "invalid": the plugin never
  * supports it, whatever the volume.
  */
 export function parseCapability(cap: VolumeCapability | undefined, defaultFsType: FsType): Capability {
@@ -89,9 +109,12 @@ export function parseCapability(cap: VolumeCapability | undefined, defaultFsType
   const rawMode = cap.accessMode?.mode ?? Mode.UNKNOWN;
   const mode = SUPPORTED_MODES.get(rawMode);
   if (mode === undefined) {
-    throw invalid(`access mode ${Mode[rawMode] ?? rawMode} is not supported; a volume is used by one node`, {
-      mode: Mode[rawMode] ?? rawMode,
-    });
+    throw invalid(
+      `access mode ${Mode[rawMode] ?? rawMode} is not supported; a volume has one writing node or only readers`,
+      {
+        mode: Mode[rawMode] ?? rawMode,
+      },
+    );
   }
   switch (cap.accessType.case) {
     case "block":
