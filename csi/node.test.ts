@@ -242,9 +242,15 @@ describe("bad input: right code, no port touched", () => {
       I,
     ],
     [
-      "stage: mount group",
+      "stage: a mount group that is not a group id",
       "nodeStageVolume",
-      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "1000") }),
+      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "staff") }),
+      I,
+    ],
+    [
+      "stage: a mount group above the largest gid",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4294967295") }),
       I,
     ],
     ["stage: no volume context", "nodeStageVolume", stageReq({ volumeContext: {} }), I],
@@ -700,6 +706,26 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     ]);
   });
 
+  test("volume_mount_group gives a read-write publication's tree to the group; a read-only one is left", async () => {
+    await stage({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4321") });
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4321") }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "applyMountGroup")).toEqual([
+      ["mounter", "applyMountGroup", TARGET, 4321],
+    ]);
+    await svc.nodePublishVolume?.(
+      publishReq({
+        targetPath: TARGET2,
+        readonly: true,
+        volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4321"),
+      }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "applyMountGroup")).toHaveLength(1);
+  });
+
   test("a target holding another mount is ALREADY_EXISTS", async () => {
     await stage();
     mounter.addDevice("/dev/sdz", { kind: "filesystem", fsType: "ext4" }, 1);
@@ -1015,6 +1041,7 @@ describe("stats, health, expansion, info", () => {
       "EXPAND_VOLUME",
       "SINGLE_NODE_MULTI_WRITER",
       "GET_VOLUME_HEALTH",
+      "VOLUME_MOUNT_GROUP",
     ]);
   });
 });

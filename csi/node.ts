@@ -476,6 +476,10 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
             throw failedPrecondition(`target_path ${target} exists and is not a directory`);
           await state.put({ ...rec, publications: [...others, { targetPath: target, readonly }] });
           await mounter.bindMount(staging, target, { readonly });
+          // fsGroup under VOLUME_MOUNT_GROUP: ext4 and XFS have no gid= mount option, so the tree
+          // is given to the group as kubelet would have done (a read-only one cannot be, nor need be).
+          if (cap.mountGroup !== undefined && !readonly)
+            await mounter.applyMountGroup(target, cap.mountGroup);
         } else {
           if (!(await fs.exists(target))) await createEmptyFile(fs, target);
           else if (await fs.isDirectory(target))
@@ -648,6 +652,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         RpcType.EXPAND_VOLUME,
         RpcType.SINGLE_NODE_MULTI_WRITER,
         RpcType.GET_VOLUME_HEALTH,
+        RpcType.VOLUME_MOUNT_GROUP,
       ];
       return { capabilities: types.map((type) => ({ type: { case: "rpc" as const, value: { type } } })) };
     },

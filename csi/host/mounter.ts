@@ -73,6 +73,13 @@ export interface Mounter {
   setReadOnly(device: string): Promise<void>;
   /** Undoes setReadOnly() (`blockdev --setrw`). Idempotent. */
   setReadWrite(device: string): Promise<void>;
+  /**
+   * Makes the filesystem tree at directory `root` usable by group `gid`, as kubelet's fsGroup
+   * does: every entry's group becomes `gid` with group read/write (and search on directories),
+   * directories get set-group-ID so new entries inherit the group. Skipped, as kubelet's
+   * OnRootMismatch policy, when `root` already has that group and set-group-ID.
+   */
+  applyMountGroup(root: string, gid: number): Promise<void>;
 }
 
 /** argv making `fsType` on `device`, without forcing: both tools then refuse to overwrite a signature. */
@@ -219,6 +226,20 @@ export class HostMounter implements Mounter {
 
   async setReadWrite(device: string): Promise<void> {
     await runChecked(this.#exec, ["blockdev", "--setrw", device], this.#cmd);
+  }
+
+  async applyMountGroup(root: string, gid: number): Promise<void> {
+    const [group, mode] = (await runChecked(this.#exec, ["stat", "-c", "%g %a", root], this.#cmd))
+      .trim()
+      .split(" ");
+    if (Number(group) === gid && (Number.parseInt(mode ?? "0", 8) & 0o2000) !== 0) return;
+    await runChecked(this.#exec, ["chgrp", "-R", "--no-dereference", String(gid), root], this.#format);
+    await runChecked(this.#exec, ["chmod", "-R", "g+rwX", root], this.#format);
+    await runChecked(
+      this.#exec,
+      ["find", root, "-xdev", "-type", "d", "-exec", "chmod", "g+s", "{}", "+"],
+      this.#format,
+    );
   }
 
   async releaseReadOnlyView(view: string): Promise<void> {

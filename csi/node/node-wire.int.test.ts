@@ -468,6 +468,35 @@ test("reader-only modes: the device is read-only in the kernel, mounts are ro, w
   await unstage(v);
 });
 
+test("volume_mount_group: the filesystem tree belongs to the group, set-group-ID, for ext4 and xfs", async () => {
+  for (const [fsType, size] of [
+    ["ext4", 64 * MIB],
+    ["xfs", 320 * MIB],
+  ] as const) {
+    const v = await volume(size);
+    const plain = mountCap(fsType);
+    await stage(v, plain);
+    await publish(v, plain, v.target);
+    mkdirSync(join(v.target, "old-dir"));
+    writeFileSync(join(v.target, "old-dir", "old-file"), "before the group");
+    await unpublish(v, v.target);
+    const grouped = {
+      ...plain,
+      accessType: { case: "mount" as const, value: { fsType, mountFlags: [], volumeMountGroup: "4321" } },
+    };
+    await publish(v, grouped, v.target);
+    const st = (p: string) => sh("stat", "-c", "%g %A", p).then((o) => o.trim());
+    expect(await st(v.target)).toMatch(/^4321 drwxrwsr-x$/);
+    expect(await st(join(v.target, "old-dir"))).toMatch(/^4321 drwxrwsr-x$/);
+    expect(await st(join(v.target, "old-dir", "old-file"))).toMatch(/^4321 -rw-rw-r--$/);
+    // A new entry inherits the group through set-group-ID.
+    writeFileSync(join(v.target, "new-file"), "after");
+    expect((await st(join(v.target, "new-file"))).split(" ")[0]).toBe("4321");
+    await unpublish(v, v.target);
+    await unstage(v);
+  }
+});
+
 test("health turns INACCESSIBLE when the target drops the host, and recovers", async () => {
   const v = await volume(64 * MIB);
   const cap = mountCap("ext4");

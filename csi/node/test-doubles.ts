@@ -190,6 +190,9 @@ export class FakeMounter implements Mounter {
     this.readOnlyDevices.delete(device);
   }
 
+  async applyMountGroup(root: string, gid: number): Promise<void> {
+    this.log.record("mounter", "applyMountGroup", root, gid);
+  }
   async releaseReadOnlyView(view: string): Promise<void> {
     this.log.record("mounter", "releaseReadOnlyView", view);
   }

@@ -54,7 +54,15 @@ export type VolumeAccess =
 export interface Capability {
   readonly access: VolumeAccess;
   readonly mode: AccessMode;
+  /**
+   * The group id a mounted volume is to be usable by (volume_mount_group, Kubernetes' fsGroup
+   * under VOLUME_MOUNT_GROUP); undefined when the CO sent none. Applied per publication.
+   */
+  readonly mountGroup?: number;
 }
+
+/** Largest group id accepted: (gid_t)-1 is "no change" to chown(2), so one below it. */
+export const MAX_GID = 4294967294;
 
 /** Where NodeStage connects, from the volume context, plus the host identity from the publish context. */
 export interface StageTarget {
@@ -127,11 +135,18 @@ export function parseCapability(cap: VolumeCapability | undefined, defaultFsType
           fsType: m.fsType,
         });
       }
-      if (m.volumeMountGroup !== "")
-        throw invalid("volume_mount_group is not supported (VOLUME_MOUNT_GROUP is not offered)");
+      let mountGroup: number | undefined;
+      if (m.volumeMountGroup !== "") {
+        mountGroup = /^\d{1,10}$/.test(m.volumeMountGroup) ? Number(m.volumeMountGroup) : Number.NaN;
+        if (!(mountGroup <= MAX_GID))
+          throw invalid(
+            `volume_mount_group "${m.volumeMountGroup}" is not a numeric group id (0..${MAX_GID})`,
+          );
+      }
       return {
         access: { kind: "mount", fsType: fsType as FsType, mountFlags: checkMountFlags(m.mountFlags) },
         mode,
+        ...(mountGroup === undefined ? {} : { mountGroup }),
       };
     }
     default:
