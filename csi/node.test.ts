@@ -521,6 +521,29 @@ describe("NodeStageVolume", () => {
     });
   });
 
+  test("mkfsOptions from the volume context are passed to mkfs; bad ones are INVALID_ARGUMENT before connecting", async () => {
+    await stage({
+      volumeContext: volumeContext({ [VolumeContextKeys.mkfsOptions]: "-b 4096 -E nodiscard" }),
+    });
+    expect(log.calls.find((c) => c[1] === "mkfs")).toEqual([
+      "mounter",
+      "mkfs",
+      DEV,
+      "ext4",
+      ["-b", "4096", "-E", "nodiscard"],
+    ]);
+    const connects = () => log.calls.filter((c) => c[1] === "connect").length;
+    const before = connects();
+    expect(
+      await codeOf(
+        stage({
+          volumeContext: volumeContext({ [VolumeContextKeys.mkfsOptions]: "-K" }),
+        }),
+      ),
+    ).toBe(Code.InvalidArgument);
+    expect(connects()).toBe(before);
+  });
+
   test("an empty fs_type means the default filesystem", async () => {
     build({ defaultFsType: "xfs" });
     await stage({ volumeCapability: mountCap("") });

@@ -13,6 +13,7 @@ import { InFlight } from "../lib/concurrency/in-flight.ts";
 import { StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
+import { parseMkfsOptions } from "../lib/mkfs-options.ts";
 import { alreadyExists, failedPrecondition, invalidArgument, notFound } from "./errors.ts";
 import type { FsType, Mounter } from "./host/mounter.ts";
 import type { MountEntry } from "./host/mountinfo.ts";
@@ -167,6 +168,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     device: string,
     access: VolumeAccess & { kind: "mount" },
     readonly: boolean,
+    mkfsArgs: readonly string[],
   ) {
     const staging = rec.stagingPath;
     const top = (await mounter.mountsAt(staging)).at(-1);
@@ -185,7 +187,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     }
     if (content.kind === "blank") {
       deps.logger.info("formatting blank volume", { volume: rec.volumeId, device, fsType: access.fsType });
-      await mounter.mkfs(device, access.fsType);
+      await mounter.mkfs(device, access.fsType, mkfsArgs);
       const made = await mounter.probe(device);
       if (made.kind !== "filesystem" || made.fsType !== access.fsType) {
         throw new StorageError("internal", `${device} does not show ${access.fsType} after mkfs`);
@@ -282,6 +284,11 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       const cap = parseCapability(req.volumeCapability, defaultFs);
       const target = parseStageContexts(req.volumeContext, req.publishContext);
+      // Checked again here (the controller checked the StorageClass): a context is only a map.
+      const mkfsArgs =
+        cap.access.kind === "mount" && target.mkfsOptions !== undefined
+          ? parseMkfsOptions(target.mkfsOptions, cap.access.fsType)
+          : [];
       if (target.hostNqn !== deps.hostNqn) {
         throw failedPrecondition(
           `volume ${volumeId} was published to host ${target.hostNqn}, but this node's host NQN is ${deps.hostNqn}`,
@@ -342,7 +349,8 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           // nor a raw open on this node can write what other readers read.
           const readonly = isReaderMode(cap.mode);
           if (readonly) await mounter.setReadOnly(device);
-          if (cap.access.kind === "mount") await ensureStagingMount(rec, device, cap.access, readonly);
+          if (cap.access.kind === "mount")
+            await ensureStagingMount(rec, device, cap.access, readonly, mkfsArgs);
           log.info("volume staged", { device, access: describeAccess(cap.access), staging });
         } catch (err) {
           // A first stage that fails leaves nothing behind, so a pod that never starts holds no

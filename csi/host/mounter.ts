@@ -48,8 +48,11 @@ export interface Mounter {
    * signature; an unreadable device is StorageError "unavailable", never "blank".
    */
   probe(device: string): Promise<DeviceContent>;
-  /** Makes a filesystem on `device`; refuses (fails) when the tool finds an existing signature. */
-  mkfs(device: string, fsType: FsType): Promise<void>;
+  /**
+   * Makes a filesystem on `device` with `extraArgs` (already allow-listed, lib/mkfs-options.ts)
+   * after DISTORT's own; refuses (fails) when the tool finds an existing signature.
+   */
+  mkfs(device: string, fsType: FsType, extraArgs?: readonly string[]): Promise<void>;
   /** Grows the mounted filesystem on `device` (mounted at `mountPoint`) to fill the device. */
   growFs(fsType: FsType, device: string, mountPoint: string): Promise<void>;
   /** Usage of the filesystem mounted at `path`. */
@@ -83,9 +86,9 @@ export interface Mounter {
 }
 
 /** argv making `fsType` on `device`, without forcing: both tools then refuse to overwrite a signature. */
-export function mkfsArgv(fsType: FsType, device: string): string[] {
+export function mkfsArgv(fsType: FsType, device: string, extraArgs: readonly string[] = []): string[] {
   // -m0: a volume belongs to one workload; blocks reserved for root would only be lost space.
-  return fsType === "ext4" ? ["mkfs.ext4", "-m0", device] : ["mkfs.xfs", device];
+  return fsType === "ext4" ? ["mkfs.ext4", "-m0", ...extraArgs, device] : ["mkfs.xfs", ...extraArgs, device];
 }
 
 /** argv growing a mounted filesystem: resize2fs takes the device, xfs_growfs the mount point. */
@@ -188,8 +191,8 @@ export class HostMounter implements Mounter {
     return interpretBlkid(await this.#exec.run(blkidArgv(device), this.#cmd));
   }
 
-  async mkfs(device: string, fsType: FsType): Promise<void> {
-    await runChecked(this.#exec, mkfsArgv(fsType, device), this.#format);
+  async mkfs(device: string, fsType: FsType, extraArgs: readonly string[] = []): Promise<void> {
+    await runChecked(this.#exec, mkfsArgv(fsType, device, extraArgs), this.#format);
   }
 
   async growFs(fsType: FsType, device: string, mountPoint: string): Promise<void> {

@@ -497,6 +497,24 @@ test("volume_mount_group: the filesystem tree belongs to the group, set-group-ID
   }
 });
 
+test("mkfsOptions from the volume context shape the real filesystem", async () => {
+  const v = await volume(64 * MIB);
+  const withOpts = {
+    ...v,
+    volumeContext: { ...v.volumeContext, [VolumeContextKeys.mkfsOptions]: "-b 1024 -I 128" },
+  };
+  await stage(withOpts, mountCap("ext4"));
+  const device = mountSource(v.staging)?.source as string;
+  const sb = await sh("dumpe2fs", "-h", device);
+  expect(sb).toMatch(/^Block size:\s+1024$/m);
+  expect(sb).toMatch(/^Inode size:\s+128$/m);
+  await unstage(v);
+  const x = await volume(320 * MIB);
+  const refused = { ...x, volumeContext: { ...x.volumeContext, [VolumeContextKeys.mkfsOptions]: "-f" } };
+  expect(await codeOf(stage(refused, mountCap("xfs")))).toBe(Code.InvalidArgument);
+  expect(await blkidType(files.at(-1) as string)).toBeUndefined();
+});
+
 test("health turns INACCESSIBLE when the target drops the host, and recovers", async () => {
   const v = await volume(64 * MIB);
   const cap = mountCap("ext4");

@@ -145,8 +145,9 @@ export class FakeMounter implements Mounter {
     if (c === undefined) throw new StorageError("unavailable", `cannot read ${device}`);
     return c;
   }
-  async mkfs(device: string, fsType: FsType): Promise<void> {
-    this.log.record("mounter", "mkfs", device, fsType);
+  async mkfs(device: string, fsType: FsType, extraArgs: readonly string[] = []): Promise<void> {
+    if (extraArgs.length > 0) this.log.record("mounter", "mkfs", device, fsType, extraArgs);
+    else this.log.record("mounter", "mkfs", device, fsType);
     if (this.readOnlyDevices.has(device)) throw new StorageError("internal", `mkfs: ${device} is read-only`);
     this.content.set(device, { kind: "filesystem", fsType });
   }

@@ -74,6 +74,8 @@ export interface StageTarget {
   /** The host NQN the controller put on the target's ACL for this attachment. */
   readonly hostNqn: string;
   readonly attachmentId: string;
+  /** The StorageClass's mkfsOptions, unparsed (NodeStage checks them against the filesystem). */
+  readonly mkfsOptions: string | undefined;
 }
 
 const invalid = invalidArgument;
@@ -193,5 +195,6 @@ export function parseStageContexts(
     namespaceUUID,
     hostNqn: pc.output[PublishContextKeys.hostNQN],
     attachmentId: pc.output[PublishContextKeys.attachmentId],
+    mkfsOptions: ctx[VolumeContextKeys.mkfsOptions],
   };
 }
