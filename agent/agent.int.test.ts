@@ -84,6 +84,9 @@ test("the reporter publishes the drive with reserved, 4 MiB-rounded capacity and
   );
   expect(sn.status?.rdmaIP).toBe("127.0.0.1");
   expect(sn.status?.lastHeartbeatTime).toBeTruthy();
+  // Read from the target (the emulator answers as v25.05.1 does).
+  expect(sn.status?.spdkVersion).toBe("v25.05.1");
+  expect(sn.status?.conditions?.find((c) => c.type === "SpdkInventoryReady")?.status).toBe("True");
 });
 
 test("a placed partition becomes Exported and really exists in the target; attachments drive the ACL; deletion leaves nothing", async () => {

@@ -182,6 +182,7 @@ export async function runAgent(
     ? {
         listControllers: () => (spdk as SpdkClient).call("bdev_nvme_get_controllers"),
         getBdevs: () => (spdk as SpdkClient).call("bdev_get_bdevs"),
+        getVersion: () => (spdk as SpdkClient).call("spdk_get_version"),
       }
     : undefined;
   const reporter = new Reporter(

@@ -46,6 +46,15 @@ export const RDMAStorageNodeStatusSchema = v.pipe(
     totalBytes: v.optional(int64("Sum of allocatable bytes of devices claimed on this node.")),
     freeBytes: v.optional(int64("Sum of free bytes of devices claimed on this node.")),
     exportCount: v.optional(int64("Partitions currently exported by this node.")),
+    spdkVersion: v.optional(
+      v.pipe(
+        v.string(),
+        v.maxLength(64),
+        v.description(
+          "Version of the node's SPDK target (spdk_get_version), e.g. v25.05.1; below the agent's minimum SpdkInventoryReady is False with reason SpdkVersionUnsupported.",
+        ),
+      ),
+    ),
     lastHeartbeatTime: v.optional(dateTime("When the agent's reporter last refreshed this status.")),
     conditions: conditions("Ready, KernelInventoryReady, SpdkInventoryReady, NVMeInventoryReady."),
     observedGeneration: ObservedGenerationSchema,

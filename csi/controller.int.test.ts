@@ -29,7 +29,7 @@ import { DRIVER_NAME, PublishContextKeys, VolumeContextKeys } from "../lib/volum
 import { FENCED_ANNOTATION, PREVIOUS_NODE_ANNOTATION } from "./controller/fencing.ts";
 import { Annotations } from "./controller/fingerprint.ts";
 import { StandIn } from "./controller/testdata/stand-in.ts";
-import { attachmentNameFor, parseVolumeId } from "./controller/volume-id.ts";
+import { attachmentNameFor, parseVolumeId, readerAttachmentNameFor } from "./controller/volume-id.ts";
 import { CONTROLLER_CAPABILITIES, CsiController } from "./controller.ts";
 import { createIdentityService } from "./identity.ts";
 
@@ -171,6 +171,7 @@ describe("identity and input validation", () => {
     expect(types).toEqual([...CONTROLLER_CAPABILITIES]);
     expect(types).toContain(Cap.CREATE_DELETE_SNAPSHOT);
     expect(types).toContain(Cap.LIST_SNAPSHOTS);
+    expect(types).toContain(Cap.GET_SNAPSHOT);
     expect(types).toContain(Cap.CLONE_VOLUME);
     expect(types).not.toContain(Cap.MODIFY_VOLUME);
   });
@@ -208,11 +209,11 @@ describe("identity and input validation", () => {
         GRPC.INVALID_ARGUMENT,
       ],
       [
-        "CreateVolume reader-only",
+        "CreateVolume multi-node single writer",
         () =>
           c.unary(
             M.createVolume,
-            createReq("v", { volumeCapabilities: [blockCap(Mode.SINGLE_NODE_READER_ONLY)] }),
+            createReq("v", { volumeCapabilities: [blockCap(Mode.MULTI_NODE_SINGLE_WRITER)] }),
           ),
         GRPC.INVALID_ARGUMENT,
       ],
@@ -522,6 +523,13 @@ describe("identity and input validation", () => {
         GRPC.ABORTED,
       ],
       ["ListSnapshots unknown id: empty", () => c.unary(M.listSnapshots, { snapshotId: fake }), GRPC.OK],
+      ["GetSnapshot without id", () => c.unary(M.getSnapshot, {}), GRPC.INVALID_ARGUMENT],
+      ["GetSnapshot unknown id", () => c.unary(M.getSnapshot, { snapshotId: fake }), GRPC.NOT_FOUND],
+      [
+        "GetSnapshot malformed id",
+        () => c.unary(M.getSnapshot, { snapshotId: "not-a-snapshot" }),
+        GRPC.NOT_FOUND,
+      ],
       [
         "ControllerModifyVolume is not offered",
         () => c.unary(M.controllerModifyVolume, { volumeId: fake }),
@@ -1075,6 +1083,85 @@ describe("host NQN from the CSI node ID", () => {
     );
     expect(forged.code).toBe(GRPC.FAILED_PRECONDITION);
     expect(forged.details).toContain("is not the one node");
+
+describe("MULTI_NODE_READER_ONLY publications", () => {
+  let e: Env;
+  let volumeId: string;
+  const nodes: string[] = [];
+  beforeAll(async () => {
+    e = await env();
+    e.standIn.auto.exportNew = true;
+    e.standIn.auto.grant = true;
+    e.standIn.auto.release = true;
+    volumeId = (
+      await e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-rox", { volumeCapabilities: [mountCap(Mode.MULTI_NODE_READER_ONLY)] }),
+      )
+    ).volume!.volumeId;
+    for (const n of ["a", "b", "c"]) {
+      const name = `node-rox-${n}-${suffix()}`;
+      await createNode(name);
+      await registerHostNQN(
+        tc.conn,
+        name,
+        `nqn.2014-08.org.nvmexpress:uuid:0000000${nodes.length}-6c1f-4c55-9a51-1f2b3c4d5e6f`,
+      );
+      nodes.push(name);
+    }
+  });
+  const publish = (nodeId: string, mode: Mode) =>
+    e.client.unary(
+      Controller.method.controllerPublishVolume,
+      { volumeId, nodeId, volumeCapability: mountCap(mode), readonly: true },
+      { timeoutMs: 10_000 },
+    );
+  const unpublish = (nodeId: string) =>
+    e.client.unary(Controller.method.controllerUnpublishVolume, { volumeId, nodeId }, { timeoutMs: 10_000 });
+  const published = async () =>
+    [
+      ...((await e.client.unary(Controller.method.controllerGetVolume, { volumeId })).status
+        ?.publishedNodeIds ?? []),
+    ].sort();
+
+  test("several readers share the volume, each on its own attachment; a writer is refused while any is there", async () => {
+    const [a, b, c] = nodes as [string, string, string];
+    const ref = parseVolumeId(volumeId)!;
+    const ra = await publish(a, Mode.MULTI_NODE_READER_ONLY);
+    const rb = await publish(b, Mode.MULTI_NODE_READER_ONLY);
+    expect(ra.publishContext?.[PublishContextKeys.attachmentId]).not.toBe(
+      rb.publishContext?.[PublishContextKeys.attachmentId],
+    );
+    expect((await e.standIn.atts.get(readerAttachmentNameFor(ref.name, ref.uid, a), e.ns))?.spec.nodeId).toBe(
+      a,
+    );
+    expect((await e.standIn.atts.get(readerAttachmentNameFor(ref.name, ref.uid, b), e.ns))?.spec.nodeId).toBe(
+      b,
+    );
+    expect(await e.standIn.atts.get(attachmentNameFor(ref.name, ref.uid), e.ns)).toBeUndefined();
+    await eventually(async () => (await published()).length === 2);
+    expect(await published()).toEqual([a, b].sort());
+    // Repeating a reader publish is idempotent.
+    expect((await publish(a, Mode.MULTI_NODE_READER_ONLY)).publishContext).toEqual(ra.publishContext);
+    for (const mode of [Mode.SINGLE_NODE_WRITER, Mode.SINGLE_NODE_READER_ONLY]) {
+      const refused = await failure(publish(c, mode));
+      expect(refused.code).toBe(GRPC.FAILED_PRECONDITION);
+      expect(refused.details).toContain("MULTI_NODE_READER_ONLY");
+    }
+    await unpublish(a);
+    expect(await e.standIn.atts.get(readerAttachmentNameFor(ref.name, ref.uid, a), e.ns)).toBeUndefined();
+    expect((await failure(publish(c, Mode.SINGLE_NODE_WRITER))).code).toBe(GRPC.FAILED_PRECONDITION);
+    await unpublish(b);
+    // No reader left: a single-node publication may have it, and then readers are refused.
+    await publish(c, Mode.SINGLE_NODE_WRITER);
+    const noReader = await failure(publish(a, Mode.MULTI_NODE_READER_ONLY));
+    expect(noReader.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(noReader.details).toContain(`published to node ${c}`);
+    await unpublish(c);
+    await publish(a, Mode.MULTI_NODE_READER_ONLY);
+    // Unpublish from every node (empty node id) removes readers too.
+    await unpublish("");
+    await eventually(async () => (await published()).length === 0);
   });
 });
 

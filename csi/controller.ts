@@ -27,7 +27,7 @@ import {
   getVolumeGroupSnapshot,
 } from "./controller/group-snapshots.ts";
 import { getVolume, getVolumeHealth, listVolumeHealth } from "./controller/health.ts";
-import { getCapacity, listSnapshots, listVolumes } from "./controller/listing.ts";
+import { getCapacity, getSnapshot, listSnapshots, listVolumes } from "./controller/listing.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
 import { publishVolume, unpublishVolume } from "./controller/publish.ts";
 import { createSnapshot, deleteSnapshot } from "./controller/snapshots.ts";
@@ -40,12 +40,14 @@ export type { ControllerOptions } from "./controller/state.ts";
 /**
  * What ControllerGetCapabilities advertises, and nothing else: every entry is backed by a handler
  * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only). Read-only
- * publication (the target ACL is per host, not per mode) and ModifyVolume (no mutable parameters)
- * are absent.
+ * publication is enforced by the node (read-only mounts, read-only block devices): the target ACL
+ * admits a host for reads and writes alike, so a reader host is trusted to the node plugin, and
+ * readers never share a volume with a writer. ModifyVolume (no mutable parameters) is absent.
  */
 export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_VOLUME,
   Cap.PUBLISH_UNPUBLISH_VOLUME,
+  Cap.PUBLISH_READONLY,
   Cap.LIST_VOLUMES,
   Cap.LIST_VOLUMES_PUBLISHED_NODES,
   Cap.GET_CAPACITY,
@@ -56,6 +58,7 @@ export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.SINGLE_NODE_MULTI_WRITER,
   Cap.CREATE_DELETE_SNAPSHOT,
   Cap.LIST_SNAPSHOTS,
+  Cap.GET_SNAPSHOT,
   Cap.CLONE_VOLUME,
 ];
 
@@ -179,6 +182,7 @@ export class CsiController {
       createSnapshot: (r, ctx) => createSnapshot(s, r, ctx),
       deleteSnapshot: (r, ctx) => deleteSnapshot(s, r, ctx),
       listSnapshots: (r) => listSnapshots(s, r),
+      getSnapshot: (r) => getSnapshot(s, r),
     };
   }
 

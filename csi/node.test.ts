@@ -225,15 +225,9 @@ describe("bad input: right code, no port touched", () => {
       I,
     ],
     [
-      "stage: multi-node reader",
+      "stage: multi-node single writer",
       "nodeStageVolume",
-      stageReq({ volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY) }),
-      I,
-    ],
-    [
-      "stage: single-node reader",
-      "nodeStageVolume",
-      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_READER_ONLY) }),
+      stageReq({ volumeCapability: blockCap(Mode.MULTI_NODE_SINGLE_WRITER) }),
       I,
     ],
     ["stage: btrfs", "nodeStageVolume", stageReq({ volumeCapability: mountCap("btrfs") }), I],
@@ -251,9 +245,15 @@ describe("bad input: right code, no port touched", () => {
       I,
     ],
     [
-      "stage: mount group",
+      "stage: a mount group that is not a group id",
       "nodeStageVolume",
-      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "1000") }),
+      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "staff") }),
+      I,
+    ],
+    [
+      "stage: a mount group above the largest gid",
+      "nodeStageVolume",
+      stageReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4294967295") }),
       I,
     ],
     ["stage: no volume context", "nodeStageVolume", stageReq({ volumeContext: {} }), I],
@@ -540,6 +540,29 @@ describe("NodeStageVolume", () => {
     });
   });
 
+  test("mkfsOptions from the volume context are passed to mkfs; bad ones are INVALID_ARGUMENT before connecting", async () => {
+    await stage({
+      volumeContext: volumeContext({ [VolumeContextKeys.mkfsOptions]: "-b 4096 -E nodiscard" }),
+    });
+    expect(log.calls.find((c) => c[1] === "mkfs")).toEqual([
+      "mounter",
+      "mkfs",
+      DEV,
+      "ext4",
+      ["-b", "4096", "-E", "nodiscard"],
+    ]);
+    const connects = () => log.calls.filter((c) => c[1] === "connect").length;
+    const before = connects();
+    expect(
+      await codeOf(
+        stage({
+          volumeContext: volumeContext({ [VolumeContextKeys.mkfsOptions]: "-K" }),
+        }),
+      ),
+    ).toBe(Code.InvalidArgument);
+    expect(connects()).toBe(before);
+  });
+
   test("an empty fs_type means the default filesystem", async () => {
     build({ defaultFsType: "xfs" });
     await stage({ volumeCapability: mountCap("") });
@@ -665,6 +688,84 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     await stage();
     await svc.nodePublishVolume?.(publishReq({ readonly: true }), ctx());
     expect(mounter.table.find((e) => e.mountPoint === TARGET)?.readonly).toBe(true);
+  });
+
+  test.each([
+    ["SINGLE_NODE_READER_ONLY", Mode.SINGLE_NODE_READER_ONLY],
+    ["MULTI_NODE_READER_ONLY", Mode.MULTI_NODE_READER_ONLY],
+  ])("%s: the device is set read-only, mounted ro, and published read-only unasked", async (_n, mode) => {
+    mounter.content.set(DEV, { kind: "filesystem", fsType: "ext4" });
+    await stage({ volumeCapability: mountCap("ext4", mode, ["noatime"]) });
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(true);
+    expect(log.calls.find((c) => c[1] === "mount")).toEqual([
+      "mounter",
+      "mount",
+      DEV,
+      STAGE,
+      "ext4",
+      ["noatime", "ro"],
+    ]);
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: mountCap("ext4", mode), readonly: false }),
+      ctx(),
+    );
+    expect(mounter.table.find((e) => e.mountPoint === TARGET)?.readonly).toBe(true);
+    // The same request again is the same publication, not a conflict.
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: mountCap("ext4", mode), readonly: false }),
+      ctx(),
+    );
+    await svc.nodeUnpublishVolume?.(
+      create(NodeUnpublishVolumeRequestSchema, { volumeId: VOL, targetPath: TARGET }),
+      ctx(),
+    );
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(false);
+  });
+
+  test("a blank reader-only volume is FAILED_PRECONDITION and never formatted", async () => {
+    expect(await codeOf(stage({ volumeCapability: mountCap("ext4", Mode.MULTI_NODE_READER_ONLY) }))).toBe(
+      Code.FailedPrecondition,
+    );
+    expect(log.methods("mounter")).not.toContain("mkfs");
+    expect(log.methods("mounter")).not.toContain("mount");
+  });
+
+  test("a reader-only raw block volume is published through a read-only view", async () => {
+    await stage({ volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY) });
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(true);
+    await svc.nodePublishVolume?.(
+      publishReq({
+        targetPath: BLOCK_TARGET,
+        volumeCapability: blockCap(Mode.MULTI_NODE_READER_ONLY),
+        readonly: false,
+      }),
+      ctx(),
+    );
+    expect(log.methods("mounter")).toContain("readOnlyView");
+    expect(state.records.get(VOL)?.publications).toMatchObject([
+      { targetPath: BLOCK_TARGET, readonly: true },
+    ]);
+  });
+
+  test("volume_mount_group gives a read-write publication's tree to the group; a read-only one is left", async () => {
+    await stage({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4321") });
+    await svc.nodePublishVolume?.(
+      publishReq({ volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4321") }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "applyMountGroup")).toEqual([
+      ["mounter", "applyMountGroup", TARGET, 4321],
+    ]);
+    await svc.nodePublishVolume?.(
+      publishReq({
+        targetPath: TARGET2,
+        readonly: true,
+        volumeCapability: mountCap("ext4", Mode.SINGLE_NODE_WRITER, [], "4321"),
+      }),
+      ctx(),
+    );
+    expect(log.calls.filter((c) => c[1] === "applyMountGroup")).toHaveLength(1);
   });
 
   test("a target holding another mount is ALREADY_EXISTS", async () => {
@@ -982,6 +1083,7 @@ describe("stats, health, expansion, info", () => {
       "EXPAND_VOLUME",
       "SINGLE_NODE_MULTI_WRITER",
       "GET_VOLUME_HEALTH",
+      "VOLUME_MOUNT_GROUP",
     ]);
   });
 });

@@ -13,6 +13,7 @@ import { InFlight } from "../lib/concurrency/in-flight.ts";
 import { StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
+import { parseMkfsOptions } from "../lib/mkfs-options.ts";
 import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
 import { parseVolumeId } from "./controller/volume-id.ts";
 import { alreadyExists, failedPrecondition, invalidArgument, notFound } from "./errors.ts";
@@ -22,6 +23,7 @@ import type { NvmeInitiator } from "./host/nvme-initiator.ts";
 import { assessHealth, type MountObservation } from "./node/health.ts";
 import type { NodeStateStore, Publication, StagedVolume } from "./node/state-store.ts";
 import {
+  isReaderMode,
   parseCapability,
   parseStageContexts,
   requireVolumeId,
@@ -99,7 +101,10 @@ function describeAccess(a: VolumeAccess): string {
  * a crash never loses track of a connection; a first stage that fails is rolled back (disconnect,
  * record removed). A device is formatted only when it reads back blank. Read-only raw block
  * publishes bind a read-only loop view of the device, because a read-only bind mount of a device
- * node does not stop writes through it.
+ * node does not stop writes through it. Reader-only modes (SINGLE_/MULTI_NODE_READER_ONLY) are
+ * where read-only is enforced, since the target's ACL admits a host for writes too: staging sets
+ * the device read-only in the kernel and mounts `ro`, refuses to format a blank device, and every
+ * publication is read-only; unstaging clears the device's read-only flag again.
  */
 export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof Node>> {
   const { initiator, mounter, fs, state, clock } = deps;
@@ -164,6 +169,8 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     rec: StagedVolume,
     device: string,
     access: VolumeAccess & { kind: "mount" },
+    readonly: boolean,
+    mkfsArgs: readonly string[],
   ) {
     const staging = rec.stagingPath;
     const top = (await mounter.mountsAt(staging)).at(-1);
@@ -174,9 +181,15 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       );
     }
     const content = await mounter.probe(device);
+    if (content.kind === "blank" && readonly) {
+      throw failedPrecondition(
+        `volume ${rec.volumeId} is blank and staged ${rec.mode}: a reader-only volume is never formatted (that would write it); fill it first (a writer stage, a snapshot or a clone)`,
+        { device },
+      );
+    }
     if (content.kind === "blank") {
       deps.logger.info("formatting blank volume", { volume: rec.volumeId, device, fsType: access.fsType });
-      await mounter.mkfs(device, access.fsType);
+      await mounter.mkfs(device, access.fsType, mkfsArgs);
       const made = await mounter.probe(device);
       if (made.kind !== "filesystem" || made.fsType !== access.fsType) {
         throw new StorageError("internal", `${device} does not show ${access.fsType} after mkfs`);
@@ -188,7 +201,9 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         { device },
       );
     }
-    await mounter.mount(device, staging, access.fsType, access.mountFlags);
+    const flags =
+      readonly && !access.mountFlags.includes("ro") ? [...access.mountFlags, "ro"] : access.mountFlags;
+    await mounter.mount(device, staging, access.fsType, flags);
   }
 
   /** True when `top` (the visible mount at `target`) is this publication of the volume. */
@@ -271,6 +286,11 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       const cap = parseCapability(req.volumeCapability, defaultFs);
       const target = parseStageContexts(req.volumeContext, req.publishContext);
+      // Checked again here (the controller checked the StorageClass): a context is only a map.
+      const mkfsArgs =
+        cap.access.kind === "mount" && target.mkfsOptions !== undefined
+          ? parseMkfsOptions(target.mkfsOptions, cap.access.fsType)
+          : [];
       if (target.hostNqn !== deps.hostNqn) {
         throw failedPrecondition(
           `volume ${volumeId} was published to host ${target.hostNqn}, but this node's host NQN is ${deps.hostNqn}`,
@@ -338,7 +358,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
             rec = { ...rec, device };
             await state.put(rec);
           }
-          if (cap.access.kind === "mount") await ensureStagingMount(rec, device, cap.access);
+          // Reader-only: the kernel refuses every write to the device itself, so neither a mount
+          // nor a raw open on this node can write what other readers read.
+          const readonly = isReaderMode(cap.mode);
+          if (readonly) await mounter.setReadOnly(device);
+          if (cap.access.kind === "mount")
+            await ensureStagingMount(rec, device, cap.access, readonly, mkfsArgs);
           log.info("volume staged", { device, access: describeAccess(cap.access), staging });
         } catch (err) {
           // A first stage that fails leaves nothing behind, so a pod that never starts holds no
@@ -374,6 +399,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         await unmountAll(staging);
         // Views left by an unpublish that stopped half-way.
         for (const p of rec.publications) if (p.view) await mounter.releaseReadOnlyView(p.view);
+        if (isReaderMode(rec.mode)) {
+          // The read-only flag outlives the volume when the device stays (a shared connection):
+          // clear it on the device the NQN resolves to now, never a renumbered neighbour.
+          const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
+          if (now !== undefined && (await fs.exists(now))) await mounter.setReadWrite(now);
+        }
         const sharing = (await state.list()).filter((r) => r.nqn === rec.nqn && r.volumeId !== volumeId);
         if (sharing.length === 0) await initiator.disconnect(rec.nqn);
         else
@@ -396,11 +427,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       }
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       if (target === staging) throw invalidArgument("target_path equals staging_target_path");
-      const readonly = req.readonly;
       return inFlight.run(volumeId, "NodePublishVolume", async () => {
         let rec = await state.get(volumeId);
         if (rec === undefined || rec.device === undefined)
           throw failedPrecondition(`volume ${volumeId} is not staged on this node`);
+        // A reader-only volume is published read-only even when the CO did not ask for it.
+        const readonly = req.readonly || isReaderMode(cap.mode) || isReaderMode(rec.mode);
         let device = rec.device;
         if (rec.stagingPath !== staging)
           throw failedPrecondition(`volume ${volumeId} is staged at ${rec.stagingPath}, not ${staging}`);
@@ -465,6 +497,10 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
             throw failedPrecondition(`target_path ${target} exists and is not a directory`);
           await state.put({ ...rec, publications: [...others, { targetPath: target, readonly }] });
           await mounter.bindMount(staging, target, { readonly });
+          // fsGroup under VOLUME_MOUNT_GROUP: ext4 and XFS have no gid= mount option, so the tree
+          // is given to the group as kubelet would have done (a read-only one cannot be, nor need be).
+          if (cap.mountGroup !== undefined && !readonly)
+            await mounter.applyMountGroup(target, cap.mountGroup);
         } else {
           if (!(await fs.exists(target))) await createEmptyFile(fs, target);
           else if (await fs.isDirectory(target))
@@ -637,6 +673,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
         RpcType.EXPAND_VOLUME,
         RpcType.SINGLE_NODE_MULTI_WRITER,
         RpcType.GET_VOLUME_HEALTH,
+        RpcType.VOLUME_MOUNT_GROUP,
       ];
       return { capabilities: types.map((type) => ({ type: { case: "rpc" as const, value: { type } } })) };
     },

@@ -22,6 +22,8 @@ export const VolumeContextKeys = {
   ctrlLossTmo: "storage.distort.io/ctrlLossTmo",
   reconnectDelay: "storage.distort.io/reconnectDelay",
   fastIoFailTmo: "storage.distort.io/fastIoFailTmo",
+  /** From the StorageClass parameter mkfsOptions: extra mkfs arguments (lib/mkfs-options.ts). */
+  mkfsOptions: "storage.distort.io/mkfsOptions",
 } as const;
 
 /** publish_context keys, set by ControllerPublishVolume once AccessReady is True. */
@@ -73,6 +75,7 @@ export const VolumeContextSchema = v.object({
   [VolumeContextKeys.ctrlLossTmo]: v.optional(numeric("ctrlLossTmo", -1, 86400)),
   [VolumeContextKeys.reconnectDelay]: v.optional(numeric("reconnectDelay", 1, 3600)),
   [VolumeContextKeys.fastIoFailTmo]: v.optional(numeric("fastIoFailTmo", -1, 86400)),
+  [VolumeContextKeys.mkfsOptions]: v.optional(v.pipe(v.string(), v.maxLength(1024))),
 });
 export type VolumeContext = v.InferOutput<typeof VolumeContextSchema>;
 

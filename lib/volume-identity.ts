@@ -31,3 +31,13 @@ export function nqnFor(externalId: string): string {
 export function attachmentNameFor(partitionName: string, partitionUID: string): string {
   return `${partitionName}-${sha256hex(partitionUID).slice(0, 10)}`;
 }
+
+/**
+ * The NVMeVolumeAttachment name of one reader node of a MULTI_NODE_READER_ONLY partition:
+ * attachmentNameFor() plus "-r" and 10 hex of SHA-256(node id), so each reader node has exactly
+ * one, and it never equals the partition's writer-style attachment name. The agent admits a
+ * reader record only under the name its own spec.nodeId derives.
+ */
+export function readerAttachmentNameFor(partitionName: string, partitionUID: string, nodeId: string): string {
+  return `${attachmentNameFor(partitionName, partitionUID)}-r${sha256hex(nodeId).slice(0, 10)}`;
+}

@@ -104,6 +104,13 @@ const StorageClassSchema = v.pipe(
     volumeBindingMode: v.picklist(["WaitForFirstConsumer", "Immediate"]),
     allowVolumeExpansion: v.boolean(),
     portalPort: v.optional(port("NVMe-oF listener port for volumes of this class")),
+    mkfsOptions: v.optional(
+      v.pipe(
+        v.string(),
+        v.maxLength(1024),
+        v.description("extra mkfs arguments for fsType, from an allow-list (lib/mkfs-options.ts)"),
+      ),
+    ),
     // Ranges of csi/context.ts's volume-context schema (nvme connect -l/-c/-F bounds).
     reconnect: v.optional(
       v.strictObject({

@@ -68,6 +68,8 @@ export interface SourceScan {
   readonly source: SourceName;
   readonly failure?: { readonly reason: string; readonly message: string };
   readonly notConfigured?: boolean;
+  /** SPDK only: the target's version ("v25.05.1") when it was read this scan. */
+  readonly version?: string;
   /** Local controllers seen, valid or not (for messages). */
   readonly found: number;
   readonly controllers: readonly SourceController[];
@@ -95,6 +97,8 @@ export interface DiscoveryResult {
   readonly devices: readonly DiscoveredDevice[];
   readonly kernel: SourceHealth;
   readonly spdk: SourceHealth;
+  /** The SPDK target's version ("v25.05.1") when this pass read it. */
+  readonly spdkVersion?: string;
   /**
    * True only when both sources are ok: then a device missing from `devices` is really gone (or
    * deliberately skipped). When false, absence proves nothing.

@@ -116,6 +116,7 @@ export function assembleInventory(
     devices,
     kernel: kh,
     spdk: sh,
+    ...(spdk.version === undefined ? {} : { spdkVersion: spdk.version }),
     complete: kh.state === "ok" && sh.state === "ok",
     problems: [...k.problems, ...s.problems],
     skipped: [...k.skipped, ...s.skipped],

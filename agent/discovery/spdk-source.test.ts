@@ -240,3 +240,36 @@ test.each<[string, SpdkInventorySource | undefined, string | undefined, number]>
   expect(scan.controllers.length).toBe(advertised);
   expect(scan.notConfigured === true).toBe(src === undefined);
 });
+
+const versioned = (reply: () => Promise<unknown>): SpdkInventorySource => ({
+  listControllers: async () => spdkControllers([drive(0)]),
+  getBdevs: async () => spdkBdevs([drive(0)]),
+  getVersion: reply,
+});
+const versionReply = (major: number, minor: number, patch: number) => ({
+  version: `SPDK v${major}.${String(minor).padStart(2, "0")}.${patch} git sha1 0123456789`,
+  fields: { major, minor, patch, suffix: "", commit: "0123456789" },
+});
+
+test("scanSpdk reads the target's version and records it with the drives", async () => {
+  const scan = await scanSpdk(versioned(async () => versionReply(25, 5, 1)));
+  expect(scan.failure).toBeUndefined();
+  expect(scan.version).toBe("v25.05.1");
+  expect(scan.controllers.length).toBe(1);
+});
+
+test("scanSpdk refuses a target older than the minimum: no drives, the version and why", async () => {
+  const scan = await scanSpdk(versioned(async () => versionReply(24, 9, 0)));
+  expect(scan.failure?.reason).toBe("SpdkVersionUnsupported");
+  expect(scan.failure?.message).toContain("SPDK v24.09.0");
+  expect(scan.failure?.message).toContain("v25.05.0 or newer");
+  expect(scan.version).toBe("v24.09.0");
+  expect(scan.controllers.length).toBe(0);
+});
+
+test("scanSpdk: a failing or malformed spdk_get_version is a failed source", async () => {
+  expect((await scanSpdk(versioned(() => Promise.reject(new Error("closed"))))).failure?.reason).toBe(
+    "RpcFailed",
+  );
+  expect((await scanSpdk(versioned(async () => ({ version: "x" })))).failure?.reason).toBe("ReplyMalformed");
+});

@@ -4,6 +4,12 @@
 import * as v from "valibot";
 import { errorMessage } from "../../lib/errors.ts";
 import { normalizePciAddress } from "../../lib/pci-address.ts";
+import {
+  formatSpdkVersion,
+  MIN_SPDK_VERSION,
+  parseSpdkVersion,
+  spdkVersionSupported,
+} from "../../lib/spdk/version.ts";
 import type { InventoryProblem, SkippedController, SourceController, SourceScan } from "./inventory.ts";
 import { checkSerial, isProblem, validateController } from "./validate-controller.ts";
 
@@ -16,6 +22,8 @@ export interface SpdkInventorySource {
   listControllers(): Promise<unknown>;
   /** bdev_get_bdevs without params. */
   getBdevs(): Promise<unknown>;
+  /** spdk_get_version without params; when absent, the version is neither read nor checked. */
+  getVersion?(): Promise<unknown>;
 }
 
 const TridSchema = v.looseObject({
@@ -210,20 +218,51 @@ export function parseSpdkInventory(
 export async function scanSpdk(source: SpdkInventorySource | undefined): Promise<SourceScan> {
   const empty = { source: "spdk" as const, found: 0, controllers: [], problems: [], skipped: [] };
   if (!source) return { ...empty, notConfigured: true };
+  let version: string | undefined;
+  if (source.getVersion) {
+    let reply: unknown;
+    try {
+      reply = await source.getVersion();
+    } catch (err) {
+      return {
+        ...empty,
+        failure: { reason: "RpcFailed", message: `spdk_get_version failed: ${errorMessage(err)}` },
+      };
+    }
+    const parsed = parseSpdkVersion(reply);
+    if (!parsed)
+      return {
+        ...empty,
+        failure: { reason: "ReplyMalformed", message: "spdk_get_version reply has no version fields" },
+      };
+    version = formatSpdkVersion(parsed);
+    if (!spdkVersionSupported(parsed)) {
+      return {
+        ...empty,
+        version,
+        failure: {
+          reason: "SpdkVersionUnsupported",
+          message: `the target runs ${parsed.text}; this agent needs SPDK ${formatSpdkVersion(MIN_SPDK_VERSION)} or newer, so it advertises no SPDK drives until nvmf_tgt is upgraded`,
+        },
+      };
+    }
+  }
+  const withVersion = version === undefined ? {} : { version };
   let replies: [unknown, unknown];
   try {
     replies = await Promise.all([source.listControllers(), source.getBdevs()]);
   } catch (err) {
     return {
       ...empty,
+      ...withVersion,
       failure: { reason: "RpcFailed", message: `SPDK inventory RPC failed: ${errorMessage(err)}` },
     };
   }
   try {
-    return { source: "spdk", ...parseSpdkInventory(replies[0], replies[1]) };
+    return { source: "spdk", ...withVersion, ...parseSpdkInventory(replies[0], replies[1]) };
   } catch (err) {
     if (err instanceof SpdkReplyError) {
-      return { ...empty, failure: { reason: "ReplyMalformed", message: err.message } };
+      return { ...empty, ...withVersion, failure: { reason: "ReplyMalformed", message: err.message } };
     }
     throw err;
   }

@@ -210,3 +210,35 @@ test("conditions written by others (the manager's stale-heartbeat Ready aside) a
     "NVMeInventoryReady",
   ]);
 });
+
+test("the SPDK version is recorded, and kept by a pass that could not read it", () => {
+  const before = nextNodeStatus(
+    undefined,
+    1,
+    obs({ inventory: { kernel: ok, spdk: ok, complete: true, spdkVersion: "v25.05.1" } }),
+    now,
+  );
+  expect(before.spdkVersion).toBe("v25.05.1");
+  expect(nextNodeStatus(before, 1, obs(), now).spdkVersion).toBe("v25.05.1");
+  expect(nextNodeStatus(undefined, 1, obs(), now).spdkVersion).toBeUndefined();
+});
+
+test("an SPDK target below the minimum makes SpdkInventoryReady False with the reason, and no placement", () => {
+  const tooOld = {
+    state: "failed" as const,
+    reason: "SpdkVersionUnsupported",
+    message: "the target runs SPDK v24.09.0",
+  };
+  const s = nextNodeStatus(
+    undefined,
+    1,
+    obs({ inventory: { kernel: ok, spdk: tooOld, complete: false, spdkVersion: "v24.09.0" } }),
+    now,
+  );
+  expect(s.spdkVersion).toBe("v24.09.0");
+  expect(s.conditions.find((c) => c.type === "SpdkInventoryReady")).toMatchObject({
+    status: "False",
+    reason: "SpdkVersionUnsupported",
+  });
+  expect(s.conditions.find((c) => c.type === "NVMeInventoryReady")?.status).toBe("False");
+});

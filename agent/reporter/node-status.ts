@@ -35,7 +35,7 @@ export function claimedCapacity(devices: Iterable<NVMeDevice>, node: string): Cl
 /** Everything one pass observed about the node. */
 export interface NodeObservation {
   readonly endpoint: EndpointResult;
-  readonly inventory: Pick<DiscoveryResult, "kernel" | "spdk" | "complete">;
+  readonly inventory: Pick<DiscoveryResult, "kernel" | "spdk" | "complete" | "spdkVersion">;
   readonly capacity: ClaimedCapacity;
   /** undefined when the count could not be read this pass: the previous value is kept. */
   readonly exportCount: number | undefined;
@@ -109,6 +109,8 @@ export function nextNodeStatus(
     conditions = setCondition(conditions, { ...c, ...gen }, now);
   }
   const exportCount = obs.exportCount ?? prev?.exportCount;
+  // A pass that could not read the version keeps the last one read.
+  const spdkVersion = obs.inventory.spdkVersion ?? prev?.spdkVersion;
   const e = obs.endpoint;
   return {
     ...(e.ok
@@ -121,6 +123,7 @@ export function nextNodeStatus(
     totalBytes: obs.capacity.totalBytes,
     freeBytes: obs.capacity.freeBytes,
     ...(exportCount === undefined ? {} : { exportCount }),
+    ...(spdkVersion === undefined ? {} : { spdkVersion }),
     lastHeartbeatTime: new Date(now).toISOString(),
     conditions,
     ...gen,

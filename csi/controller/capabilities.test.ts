@@ -9,6 +9,7 @@ import {
 import { StorageError } from "../../lib/errors.ts";
 import {
   capabilityKey,
+  isReaderMode,
   malformedReason,
   normalizeCapability,
   requireSupported,
@@ -36,13 +37,15 @@ describe("capability checks", () => {
       "unsupported",
       "MULTI_NODE_MULTI_WRITER",
     ],
-    ["MULTI_NODE_READER_ONLY", mount(Mode.MULTI_NODE_READER_ONLY), "unsupported", "one writer node"],
-    ["MULTI_NODE_SINGLE_WRITER", mount(Mode.MULTI_NODE_SINGLE_WRITER), "unsupported", "not supported"],
+    ["mount MULTI_NODE_READER_ONLY", mount(Mode.MULTI_NODE_READER_ONLY), "ok"],
+    ["block MULTI_NODE_READER_ONLY", block(Mode.MULTI_NODE_READER_ONLY), "ok"],
+    ["mount xfs SINGLE_NODE_READER_ONLY", mount(Mode.SINGLE_NODE_READER_ONLY, "xfs"), "ok"],
+    ["block SINGLE_NODE_READER_ONLY", block(Mode.SINGLE_NODE_READER_ONLY), "ok"],
     [
-      "SINGLE_NODE_READER_ONLY",
-      mount(Mode.SINGLE_NODE_READER_ONLY),
+      "MULTI_NODE_SINGLE_WRITER",
+      mount(Mode.MULTI_NODE_SINGLE_WRITER),
       "unsupported",
-      "SINGLE_NODE_READER_ONLY",
+      "one writer node or only readers",
     ],
     ["btrfs", mount(Mode.SINGLE_NODE_WRITER, "btrfs"), "unsupported", '"btrfs"'],
   ];
@@ -94,4 +97,9 @@ test("requireSupported sorts, deduplicates, and names the offending entry", () =
   expect(err.kind).toBe("invalid");
   expect(err.message).toContain("volume_capabilities[1]");
   expect(() => requireSupported([], "volume_capabilities")).toThrow("volume_capabilities is required");
+});
+
+test("reader modes are exactly the two *_READER_ONLY modes", () => {
+  const names = Object.keys(Mode).filter((k) => Number.isNaN(Number(k))) as (keyof typeof Mode)[];
+  expect(names.filter(isReaderMode).sort()).toEqual(["MULTI_NODE_READER_ONLY", "SINGLE_NODE_READER_ONLY"]);
 });

@@ -1,14 +1,25 @@
 // Volume capabilities DISTORT accepts: one writer node (SINGLE_NODE_WRITER and the two
-// SINGLE_NODE_MULTI_WRITER-era refinements), as a raw block device or mounted ext4/xfs. Pure.
+// SINGLE_NODE_MULTI_WRITER-era refinements) or readers only (one node, or several for
+// MULTI_NODE_READER_ONLY), as a raw block device or mounted ext4/xfs. Pure.
 import { VolumeCapability_AccessMode_Mode as Mode, type VolumeCapability } from "../../gen/csi/v1/csi_pb.ts";
 import { invalidArgument } from "../errors.ts";
 
-/** Access modes a volume can be published with: the target admits exactly one host at a time. */
+/**
+ * Access modes a volume can be published with. A writer mode admits exactly one host at a time;
+ * MULTI_NODE_READER_ONLY admits several hosts, and only while no writer holds the volume.
+ */
 export const SUPPORTED_MODES: readonly Mode[] = [
   Mode.SINGLE_NODE_WRITER,
   Mode.SINGLE_NODE_SINGLE_WRITER,
   Mode.SINGLE_NODE_MULTI_WRITER,
+  Mode.SINGLE_NODE_READER_ONLY,
+  Mode.MULTI_NODE_READER_ONLY,
 ];
+
+/** True for the modes whose every publication is read-only, whatever the readonly flag says. */
+export function isReaderMode(mode: AccessModeName): boolean {
+  return mode === "SINGLE_NODE_READER_ONLY" || mode === "MULTI_NODE_READER_ONLY";
+}
 
 /** Filesystems the node service formats and mounts. */
 export const SUPPORTED_FS_TYPES = ["ext4", "xfs"] as const;
@@ -44,7 +55,7 @@ export function malformedReason(cap: VolumeCapability): string | undefined {
 export function unsupportedReason(cap: VolumeCapability): string | undefined {
   const mode = cap.accessMode?.mode ?? Mode.UNKNOWN;
   if (!SUPPORTED_MODES.includes(mode)) {
-    return `access mode ${modeName(mode)} is not supported: a DISTORT volume has one writer node (supported: ${SUPPORTED_LIST})`;
+    return `access mode ${modeName(mode)} is not supported: a DISTORT volume has one writer node or only readers (supported: ${SUPPORTED_LIST})`;
   }
   if (cap.accessType.case === "mount") {
     const fs = cap.accessType.value.fsType;

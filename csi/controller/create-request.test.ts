@@ -41,6 +41,30 @@ const refusals: [string, ReturnType<typeof req>, string, string][] = [
   ["fsType clash", req({ parameters: { fsType: "xfs" } }), "invalid", "contradicts"],
   ["mutable parameters", req({ mutableParameters: { iops: "1" } }), "invalid", "mutable_parameters"],
   [
+    "mkfsOptions forcing",
+    req({ parameters: { mkfsOptions: "-F" } }),
+    "invalid",
+    'mkfsOptions for ext4: option "-F"',
+  ],
+  [
+    "mkfsOptions of the other filesystem",
+    req({
+      parameters: { fsType: "xfs", mkfsOptions: "-b 4096" },
+      volumeCapabilities: [{ ...mountCap, accessType: { case: "mount", value: { fsType: "" } } }],
+    }),
+    "invalid",
+    'value "4096" of -b',
+  ],
+  [
+    "mkfsOptions for a mount of unknown filesystem",
+    req({
+      parameters: { mkfsOptions: "-b 4096" },
+      volumeCapabilities: [{ ...mountCap, accessType: { case: "mount", value: { fsType: "" } } }],
+    }),
+    "invalid",
+    "needs the filesystem known",
+  ],
+  [
     "clone on kernel",
     req({
       parameters: { backend: "kernel" },
@@ -121,4 +145,22 @@ test("equal requests plan equal fingerprints; provisioner metadata does not coun
   expect(a.fingerprint).toBe(b.fingerprint);
   const c = planCreateVolume(req({ capacityRange: { requiredBytes: 2n << 30n } }), opts);
   expect(c.fingerprint).not.toBe(a.fingerprint);
+});
+
+test("mkfsOptions are normalized and recorded; a block volume ignores them", () => {
+  const plan = planCreateVolume(req({ parameters: { mkfsOptions: "  -b 4096\t -E nodiscard " } }), opts);
+  expect(plan.record.params.mkfsOptions).toBe("-b 4096 -E nodiscard");
+  const block = planCreateVolume(
+    req({
+      parameters: { mkfsOptions: "-K" },
+      volumeCapabilities: [
+        { accessType: { case: "block", value: {} }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } },
+      ],
+    }),
+    opts,
+  );
+  expect(block.record.params.mkfsOptions).toBe("-K");
+  expect(readRecord(buildPartition(plan, NS).metadata.annotations)?.params.mkfsOptions).toBe(
+    "-b 4096 -E nodiscard",
+  );
 });

@@ -8,6 +8,7 @@ import {
   type TopologyRequirement,
 } from "../../api/index.ts";
 import type { CreateVolumeRequest } from "../../gen/csi/v1/csi_pb.ts";
+import { parseMkfsOptions } from "../../lib/mkfs-options.ts";
 import { invalidArgument } from "../errors.ts";
 import { requireSupported } from "./capabilities.ts";
 import { resolveCapacity } from "./capacity.ts";
@@ -42,7 +43,8 @@ export interface PlanOptions {
 /**
  * Validates `req` and returns the plan, or throws: INVALID_ARGUMENT (missing or over-long name,
  * missing or unsupported capabilities, malformed range, unknown or bad parameters, an fsType
- * parameter contradicting a capability, a content source on the kernel backend, mutable
+ * parameter contradicting a capability, mkfsOptions outside the allow-list of the filesystem (or
+ * for a mount of unknown filesystem), a content source on the kernel backend, mutable
  * parameters), OUT_OF_RANGE (a capacity no 4 MiB multiple satisfies). Content sources that pass
  * are still only validated: the caller decides whether it can honour them.
  */
@@ -60,6 +62,18 @@ export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): Crea
       throw invalidArgument(
         `parameter fsType ${params.fsType} contradicts the mount capability's fs_type ${clash.fsType}`,
       );
+    }
+  }
+  if (params.mkfsOptions !== undefined) {
+    // Checked for each filesystem a mount of this volume may be formatted with; block ignores it.
+    for (const c of capabilities) {
+      if (c.access !== "mount") continue;
+      const fs = params.fsType ?? c.fsType;
+      if (fs === undefined)
+        throw invalidArgument(
+          "mkfsOptions needs the filesystem known: set the fsType parameter or csi.storage.k8s.io/fstype",
+        );
+      parseMkfsOptions(params.mkfsOptions, fs); // StorageError "invalid": INVALID_ARGUMENT
     }
   }
   if (Object.keys(req.mutableParameters).length > 0)

@@ -5,6 +5,7 @@ import {
   ACCESS_ANNOTATION,
   accessPending,
   accessReady,
+  decideExclusion,
   decidePublish,
   decideUnpublish,
   FENCED_ANNOTATION,
@@ -138,3 +139,44 @@ test("AccessReady counts only for the exact lifetime the agent observed", () => 
   expect(accessPending(ready("att-0", "True"))).toContain("still enforces att-0");
   expect(accessPending(undefined)).toContain("not visible");
 });
+
+// The mode matrix of readers against writers: rows are (publishing a reader?, what holds it now).
+const reader = (node: string, deleting = false) =>
+  att({
+    node,
+    deleting,
+    ann: { [ACCESS_ANNOTATION]: "mount:ext4:MULTI_NODE_READER_ONLY", [READONLY_ANNOTATION]: "true" },
+  });
+const exclusionRows: [string, boolean, NVMeVolumeAttachment[], string][] = [
+  ["first reader", true, [], "proceed"],
+  ["reader while a writer holds it", true, [att()], "refuse"],
+  [
+    "reader while a SINGLE_NODE_READER_ONLY publication holds it",
+    true,
+    [att({ ann: { [ACCESS_ANNOTATION]: "mount:ext4:SINGLE_NODE_READER_ONLY" } })],
+    "refuse",
+  ],
+  ["reader while the writer is being unpublished", true, [att({ deleting: true })], "wait-gone"],
+  ["writer with no readers", false, [], "proceed"],
+  ["writer while two readers hold it", false, [reader("node-b"), reader("node-c")], "refuse"],
+  [
+    "writer while one reader leaves and one stays",
+    false,
+    [reader("node-b", true), reader("node-c")],
+    "refuse",
+  ],
+  [
+    "writer while the last readers are leaving",
+    false,
+    [reader("node-b", true), reader("node-c", true)],
+    "wait-gone",
+  ],
+];
+for (const [name, isReader, held, action] of exclusionRows) {
+  test(`exclusion: ${name} -> ${action}`, () => {
+    const d = decideExclusion(isReader, held);
+    expect(d.action as string).toBe(action);
+    if (d.action === "refuse") expect(d.message).toContain(isReader ? "node-a" : "node-c");
+    if (d.action === "wait-gone") expect(d.names.length).toBe(held.length);
+  });
+}

@@ -123,3 +123,39 @@ export function decideUnpublish(
   if (current.metadata.deletionTimestamp) return { action: "wait-gone" };
   return { action: "delete" };
 }
+
+/**
+ * Label on the extra attachments of a MULTI_NODE_READER_ONLY volume (one per reader node, value
+ * the partition UID), so a publish can list every reader of a partition from the API server.
+ */
+export const READER_OF_LABEL = "storage.distort.io/reader-of";
+
+export type ExclusionDecision =
+  /** Nothing of the other kind holds the volume: go on. */
+  | { action: "proceed" }
+  /** Only attachments being deleted stand in the way: wait until they are gone. */
+  | { action: "wait-gone"; names: string[] }
+  /** Live attachments of the other kind: FAILED_PRECONDITION. */
+  | { action: "refuse"; message: string };
+
+/**
+ * Readers and a writer never hold a volume together. A MULTI_NODE_READER_ONLY publish (`reader`)
+ * checks the partition's one writer-style attachment (`others` = [it] or []); every other publish
+ * checks the reader attachments (`others` = all of them). Attachments being deleted are still on
+ * the target's ACL until the agent revokes them, so they are waited for, never overlooked. Pure.
+ */
+export function decideExclusion(reader: boolean, others: readonly NVMeVolumeAttachment[]): ExclusionDecision {
+  if (others.length === 0) return { action: "proceed" };
+  const live = others.filter((a) => !a.metadata.deletionTimestamp);
+  if (live.length === 0) return { action: "wait-gone", names: others.map((a) => a.metadata.name) };
+  const nodes = [...new Set(live.map((a) => a.spec.nodeId))].sort().join(", ");
+  return reader
+    ? {
+        action: "refuse",
+        message: `volume is published to node ${nodes} with ${live[0]?.metadata.annotations?.[ACCESS_ANNOTATION] ?? "a single-node capability"}; MULTI_NODE_READER_ONLY readers are admitted only while no other publication holds it`,
+      }
+    : {
+        action: "refuse",
+        message: `volume is published read-only (MULTI_NODE_READER_ONLY) to node(s) ${nodes}; a publication of another mode is refused until every reader has unpublished`,
+      };
+}

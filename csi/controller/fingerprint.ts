@@ -88,6 +88,7 @@ const StoredRecordSchema = v.object({
     ctrlLossTmo: v.optional(v.number()),
     reconnectDelay: v.optional(v.number()),
     fastIoFailTmo: v.optional(v.number()),
+    mkfsOptions: v.optional(v.string()),
   }),
   capabilities: v.array(
     v.object({

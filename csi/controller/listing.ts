@@ -1,13 +1,14 @@
-// GetCapacity, ListVolumes and ListSnapshots: answers read from the watch caches alone (never the
-// API server), UNAVAILABLE until they have synced; listings page by object name (pagination.ts).
+// GetCapacity, ListVolumes, ListSnapshots and GetSnapshot: answers read from the watch caches alone
+// (never the API server), UNAVAILABLE until they have synced; listings page by object name.
 import type {
   GetCapacityRequest,
+  GetSnapshotRequest,
   ListSnapshotsRequest,
   ListVolumesRequest,
 } from "../../gen/csi/v1/csi_pb.ts";
 import { paginate } from "../../lib/keyset-pagination.ts";
 import { ALLOCATION_UNIT } from "../../lib/units.ts";
-import { invalidArgument } from "../errors.ts";
+import { invalidArgument, notFound } from "../errors.ts";
 import { malformedReason, unsupportedReason } from "./capabilities.ts";
 import { availableCapacity } from "./capacity-report.ts";
 import { parseParameters } from "./parameters.ts";
@@ -60,14 +61,7 @@ export function getCapacity(c: ControllerState, req: GetCapacityRequest) {
  */
 export function listSnapshots(c: ControllerState, req: ListSnapshotsRequest) {
   c.requireSynced();
-  let items = c.snapshots.list().filter((s) => {
-    const uid = s.metadata.uid;
-    return (
-      uid !== undefined &&
-      !s.metadata.deletionTimestamp &&
-      parseVolumeId(`${c.ns}/${s.metadata.name}/${uid}`) !== undefined
-    );
-  });
+  let items = liveSnapshots(c);
   if (req.snapshotId) {
     const ref = c.ref(req.snapshotId);
     items = ref ? items.filter((s) => s.metadata.name === ref.name && s.metadata.uid === ref.uid) : [];
@@ -79,4 +73,30 @@ export function listSnapshots(c: ControllerState, req: ListSnapshotsRequest) {
     entries: page.entries.map((s) => ({ snapshot: snapshotInfo(s, c.ns) })),
     nextToken: page.nextToken,
   };
+}
+
+/**
+ * GetSnapshot: the one snapshot with that id, as ListSnapshots would list it. INVALID_ARGUMENT
+ * without an id; NOT_FOUND for an id that is not ours, names no cached snapshot (or one of another
+ * uid, i.e. a snapshot deleted and made again under the same name), or one being deleted.
+ */
+export function getSnapshot(c: ControllerState, req: GetSnapshotRequest) {
+  if (!req.snapshotId) throw invalidArgument("snapshot_id is required");
+  c.requireSynced();
+  const ref = c.ref(req.snapshotId);
+  const s = ref && liveSnapshots(c).find((x) => x.metadata.name === ref.name && x.metadata.uid === ref.uid);
+  if (!s) throw notFound(`snapshot ${req.snapshotId} does not exist`);
+  return { snapshot: snapshotInfo(s, c.ns) };
+}
+
+/** Cached snapshots not being deleted whose name and uid make a valid snapshot id. */
+function liveSnapshots(c: ControllerState) {
+  return c.snapshots.list().filter((s) => {
+    const uid = s.metadata.uid;
+    return (
+      uid !== undefined &&
+      !s.metadata.deletionTimestamp &&
+      parseVolumeId(`${c.ns}/${s.metadata.name}/${uid}`) !== undefined
+    );
+  });
 }

@@ -54,6 +54,9 @@ const ParametersSchema = v.object({
     ),
   ),
   dhchapSecretNamespace: v.optional(v.string()),
+  mkfsOptions: v.optional(
+    v.pipe(v.string(), v.maxLength(1024, "mkfsOptions must be at most 1024 characters")),
+  ),
   dhchapSecretKey: v.optional(
     v.pipe(
       v.string(),
@@ -76,6 +79,8 @@ export interface VolumeParameters {
   ctrlLossTmo?: number;
   reconnectDelay?: number;
   fastIoFailTmo?: number;
+  /** Extra mkfs arguments, whitespace-normalized; checked against the filesystem by CreateVolume. */
+  mkfsOptions?: string;
 }
 
 export interface ParsedParameters {
@@ -146,6 +151,9 @@ export function parseParameters(
     ...(p.ctrlLossTmo === undefined ? {} : { ctrlLossTmo: p.ctrlLossTmo }),
     ...(p.reconnectDelay === undefined ? {} : { reconnectDelay: p.reconnectDelay }),
     ...(p.fastIoFailTmo === undefined ? {} : { fastIoFailTmo: p.fastIoFailTmo }),
+    ...(p.mkfsOptions === undefined || p.mkfsOptions.trim() === ""
+      ? {}
+      : { mkfsOptions: p.mkfsOptions.trim().split(/\s+/).join(" ") }),
   };
   return { params, provisioner };
 }

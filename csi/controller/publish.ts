@@ -1,6 +1,7 @@
 // ControllerPublishVolume and ControllerUnpublishVolume: a publication is the partition's one
-// NVMeVolumeAttachment, moved between nodes only by the fencing rules in fencing.ts, and done
-// only once the agent reports the target ACL in force (or revoked) for exactly that lifetime.
+// NVMeVolumeAttachment (or, for MULTI_NODE_READER_ONLY, one per reader node), moved between nodes
+// only by the fencing rules in fencing.ts, and done only once the agent reports the target ACL in
+// force (or revoked) for exactly that lifetime.
 import type { HandlerContext } from "@connectrpc/connect";
 import { API_VERSION, type NVMePartition, type NVMeVolumeAttachment } from "../../api/index.ts";
 import type {
@@ -17,23 +18,28 @@ import {
   ACCESS_ANNOTATION,
   accessPending,
   accessReady,
+  decideExclusion,
   decidePublish,
   decideUnpublish,
   FENCED_ANNOTATION,
   PREVIOUS_NODE_ANNOTATION,
   type PublishIntent,
+  READER_OF_LABEL,
   READONLY_ANNOTATION,
 } from "./fencing.ts";
 import { PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./fingerprint.ts";
 import type { ControllerState } from "./state.ts";
-import { attachmentNameFor, type VolumeRef } from "./volume-id.ts";
+import { attachmentNameFor, readerAttachmentNameFor, type VolumeRef } from "./volume-id.ts";
 
 /**
  * ControllerPublishVolume: authorizes the node's host NQN on the volume and answers once the
  * agent enforces it, with the host NQN and attachment id as publish context. Idempotent per
  * (volume, node, capability, readonly); FAILED_PRECONDITION while another unfenced node holds the
  * volume, ALREADY_EXISTS for the same node with an incompatible capability, NOT_FOUND for a gone
- * volume or node.
+ * volume or node. MULTI_NODE_READER_ONLY publications each get their own attachment, so several
+ * reader hosts share the ACL; readers and any other publication exclude each other
+ * (FAILED_PRECONDITION). The check and the create run under the volume's in-flight hold, so two
+ * publishes of one volume in this controller cannot both pass it.
  */
 export async function publishVolume(
   c: ControllerState,
@@ -91,11 +97,12 @@ export async function publishVolume(
       access: capabilityKey(cap),
       readonly: req.readonly,
     };
+    const reader = cap.mode === "MULTI_NODE_READER_ONLY";
     let last: NVMeVolumeAttachment | undefined;
     const a = await c.budget(
       ctx,
       (signal) =>
-        authorize(c, p, ref, intent, signal, (o) => {
+        authorize(c, p, ref, intent, reader, signal, (o) => {
           last = o;
         }),
       () => `node ${req.nodeId} is not authorized on volume ${key} yet: ${accessPending(last)}`,
@@ -115,15 +122,36 @@ async function authorize(
   p: NVMePartition,
   ref: VolumeRef,
   intent: PublishIntent,
+  reader: boolean,
   signal: AbortSignal,
   seen: (a: NVMeVolumeAttachment) => void,
 ): Promise<NVMeVolumeAttachment> {
-  const name = attachmentNameFor(ref.name, ref.uid);
+  const primary = attachmentNameFor(ref.name, ref.uid);
+  const name = reader ? readerAttachmentNameFor(ref.name, ref.uid, intent.nodeId) : primary;
   const annotations = {
     [READONLY_ANNOTATION]: String(intent.readonly),
     [ACCESS_ANNOTATION]: intent.access,
   };
+  const labels = {
+    [PROVISIONED_BY_LABEL]: PROVISIONED_BY,
+    ...(reader ? { [READER_OF_LABEL]: ref.uid } : {}),
+  };
   for (;;) {
+    const held = reader ? await primaryOf(c, ref) : await readersOf(c, ref);
+    const ex = decideExclusion(reader, held);
+    if (ex.action === "refuse") throw failedPrecondition(ex.message);
+    if (ex.action === "wait-gone") {
+      for (const o of held)
+        await c.waitGone(
+          c.attachmentWaiter,
+          c.attClient,
+          o.metadata.name,
+          o.metadata.uid as string,
+          signal,
+          seen,
+        );
+      continue;
+    }
     const cur = await c.attClient.get(name, c.ns);
     if (cur) seen(cur);
     if (cur && cur.spec.partitionUID !== ref.uid)
@@ -142,7 +170,7 @@ async function authorize(
             metadata: {
               name,
               namespace: c.ns,
-              labels: { [PROVISIONED_BY_LABEL]: PROVISIONED_BY },
+              labels,
               annotations,
             },
             spec: {
@@ -252,10 +280,22 @@ function awaitReady(
   );
 }
 
+/** The partition's writer-style attachment (the one per partition name), as a list of 0 or 1. */
+async function primaryOf(c: ControllerState, ref: VolumeRef): Promise<NVMeVolumeAttachment[]> {
+  const a = await c.attClient.get(attachmentNameFor(ref.name, ref.uid), c.ns);
+  return a && a.spec.partitionUID === ref.uid ? [a] : [];
+}
+
+/** Every MULTI_NODE_READER_ONLY attachment of this partition incarnation, from the API server. */
+async function readersOf(c: ControllerState, ref: VolumeRef): Promise<NVMeVolumeAttachment[]> {
+  const list = await c.attClient.list({ namespace: c.ns, labelSelector: `${READER_OF_LABEL}=${ref.uid}` });
+  return list.items.filter((a) => a.spec.partitionUID === ref.uid);
+}
+
 /**
  * ControllerUnpublishVolume: removes the node's publication (any node's when node_id is empty)
  * and answers once the agent has revoked the target ACL and released the attachment. OK when
- * nothing is published there; idempotent.
+ * nothing is published there; idempotent. A reader node's own attachment goes the same way.
  */
 export async function unpublishVolume(
   c: ControllerState,
@@ -267,39 +307,38 @@ export async function unpublishVolume(
   if (!ref) return {}; // no such volume: nothing is published
   c.requireSynced();
   const key = c.key(ref.name);
-  const name = attachmentNameFor(ref.name, ref.uid);
   return c.inFlight.run(key, `ControllerUnpublishVolume ${req.nodeId}`, async () => {
     let last: NVMeVolumeAttachment | undefined;
-    await c
-      .budget(
-        ctx,
-        async (signal) => {
-          const cur = await c.attClient.get(name, c.ns);
-          if (cur) last = cur;
-          const d = decideUnpublish(cur?.spec.partitionUID === ref.uid ? cur : undefined, req.nodeId);
-          if (d.action === "done") return;
-          const held = cur as NVMeVolumeAttachment;
-          if (d.action === "delete") await c.attClient.delete(name, c.ns, { uid: held.metadata.uid });
-          await c.waitGone(
-            c.attachmentWaiter,
-            c.attClient,
-            name,
-            held.metadata.uid as string,
-            signal,
-            (o) => {
-              last = o;
-            },
-          );
-          c.log.info("volume unpublished", { partition: key, node: held.spec.nodeId });
-        },
-        () =>
-          `revoking access of ${last?.spec.nodeId ?? req.nodeId} to volume ${key} is not finished: the agent holds the attachment until the target ACL is revoked`,
-      )
-      .catch((err) => {
-        // The uid precondition failed: the attachment we read is gone already.
-        if (err instanceof StorageError && err.kind === "conflict") return;
-        throw err;
-      });
+    await c.budget(
+      ctx,
+      async (signal) => {
+        const readers = (await readersOf(c, ref)).filter(
+          (a) => req.nodeId === "" || a.spec.nodeId === req.nodeId,
+        );
+        const primary = await primaryOf(c, ref);
+        for (const cur of [...primary, ...readers]) {
+          last = cur;
+          const d = decideUnpublish(cur, req.nodeId);
+          if (d.action === "done") continue;
+          const name = cur.metadata.name;
+          if (d.action === "delete") {
+            try {
+              await c.attClient.delete(name, c.ns, { uid: cur.metadata.uid });
+            } catch (err) {
+              // The uid precondition failed: the attachment we read is gone already.
+              if (err instanceof StorageError && err.kind === "conflict") continue;
+              throw err;
+            }
+          }
+          await c.waitGone(c.attachmentWaiter, c.attClient, name, cur.metadata.uid as string, signal, (o) => {
+            last = o;
+          });
+          c.log.info("volume unpublished", { partition: key, node: cur.spec.nodeId });
+        }
+      },
+      () =>
+        `revoking access of ${last?.spec.nodeId ?? req.nodeId} to volume ${key} is not finished: the agent holds the attachment until the target ACL is revoked`,
+    );
     return {};
   });
 }

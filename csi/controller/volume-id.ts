@@ -2,10 +2,10 @@
 // earlier attempt created: the NVMePartition name for a CreateVolume name, the volume id carrying the
 // partition's exact identity, and the one NVMeVolumeAttachment name per partition UID.
 import { createHash } from "node:crypto";
-import { attachmentNameFor } from "../../lib/volume-identity.ts";
+import { attachmentNameFor, readerAttachmentNameFor } from "../../lib/volume-identity.ts";
 
-/** Re-exported: the agent derives the same name (lib/volume-identity.ts). */
-export { attachmentNameFor };
+/** Re-exported: the agent derives the same names (lib/volume-identity.ts). */
+export { attachmentNameFor, readerAttachmentNameFor };
 
 /** CSI's general size limit for string fields; the volume id must fit it. */
 export const MAX_VOLUME_ID_BYTES = 128;

@@ -33,6 +33,7 @@ export function volumeContextOf(
   if (r?.ctrlLossTmo !== undefined) ctx[VolumeContextKeys.ctrlLossTmo] = String(r.ctrlLossTmo);
   if (r?.reconnectDelay !== undefined) ctx[VolumeContextKeys.reconnectDelay] = String(r.reconnectDelay);
   if (r?.fastIoFailTmo !== undefined) ctx[VolumeContextKeys.fastIoFailTmo] = String(r.fastIoFailTmo);
+  if (r?.mkfsOptions !== undefined) ctx[VolumeContextKeys.mkfsOptions] = r.mkfsOptions;
   // The node parses with the same schema: never hand out a context it would refuse.
   return v.is(VolumeContextSchema, ctx) ? ctx : undefined;
 }

@@ -48,8 +48,11 @@ export interface Mounter {
    * signature; an unreadable device is StorageError "unavailable", never "blank".
    */
   probe(device: string): Promise<DeviceContent>;
-  /** Makes a filesystem on `device`; refuses (fails) when the tool finds an existing signature. */
-  mkfs(device: string, fsType: FsType): Promise<void>;
+  /**
+   * Makes a filesystem on `device` with `extraArgs` (already allow-listed, lib/mkfs-options.ts)
+   * after DISTORT's own; refuses (fails) when the tool finds an existing signature.
+   */
+  mkfs(device: string, fsType: FsType, extraArgs?: readonly string[]): Promise<void>;
   /** Grows the mounted filesystem on `device` (mounted at `mountPoint`) to fill the device. */
   growFs(fsType: FsType, device: string, mountPoint: string): Promise<void>;
   /** Usage of the filesystem mounted at `path`. */
@@ -66,12 +69,26 @@ export interface Mounter {
   readOnlyView(device: string): Promise<string>;
   /** Detaches a view made by readOnlyView(); a view already gone is fine. */
   releaseReadOnlyView(view: string): Promise<void>;
+  /**
+   * Sets block device `device` read-only in the kernel (`blockdev --setro`, BLKROSET): every
+   * later open for writing and every write through it fails, whoever opens it. Idempotent.
+   */
+  setReadOnly(device: string): Promise<void>;
+  /** Undoes setReadOnly() (`blockdev --setrw`). Idempotent. */
+  setReadWrite(device: string): Promise<void>;
+  /**
+   * Makes the filesystem tree at directory `root` usable by group `gid`, as kubelet's fsGroup
+   * does: every entry's group becomes `gid` with group read/write (and search on directories),
+   * directories get set-group-ID so new entries inherit the group. Skipped, as kubelet's
+   * OnRootMismatch policy, when `root` already has that group and set-group-ID.
+   */
+  applyMountGroup(root: string, gid: number): Promise<void>;
 }
 
 /** argv making `fsType` on `device`, without forcing: both tools then refuse to overwrite a signature. */
-export function mkfsArgv(fsType: FsType, device: string): string[] {
+export function mkfsArgv(fsType: FsType, device: string, extraArgs: readonly string[] = []): string[] {
   // -m0: a volume belongs to one workload; blocks reserved for root would only be lost space.
-  return fsType === "ext4" ? ["mkfs.ext4", "-m0", device] : ["mkfs.xfs", device];
+  return fsType === "ext4" ? ["mkfs.ext4", "-m0", ...extraArgs, device] : ["mkfs.xfs", ...extraArgs, device];
 }
 
 /** argv growing a mounted filesystem: resize2fs takes the device, xfs_growfs the mount point. */
@@ -174,8 +191,8 @@ export class HostMounter implements Mounter {
     return interpretBlkid(await this.#exec.run(blkidArgv(device), this.#cmd));
   }
 
-  async mkfs(device: string, fsType: FsType): Promise<void> {
-    await runChecked(this.#exec, mkfsArgv(fsType, device), this.#format);
+  async mkfs(device: string, fsType: FsType, extraArgs: readonly string[] = []): Promise<void> {
+    await runChecked(this.#exec, mkfsArgv(fsType, device, extraArgs), this.#format);
   }
 
   async growFs(fsType: FsType, device: string, mountPoint: string): Promise<void> {
@@ -204,6 +221,28 @@ export class HostMounter implements Mounter {
     );
     if (existing) return existing.name;
     return parseAttached(await runChecked(this.#exec, attachArgv(device, { readonly: true }), this.#cmd));
+  }
+
+  async setReadOnly(device: string): Promise<void> {
+    await runChecked(this.#exec, ["blockdev", "--setro", device], this.#cmd);
+  }
+
+  async setReadWrite(device: string): Promise<void> {
+    await runChecked(this.#exec, ["blockdev", "--setrw", device], this.#cmd);
+  }
+
+  async applyMountGroup(root: string, gid: number): Promise<void> {
+    const [group, mode] = (await runChecked(this.#exec, ["stat", "-c", "%g %a", root], this.#cmd))
+      .trim()
+      .split(" ");
+    if (Number(group) === gid && (Number.parseInt(mode ?? "0", 8) & 0o2000) !== 0) return;
+    await runChecked(this.#exec, ["chgrp", "-R", "--no-dereference", String(gid), root], this.#format);
+    await runChecked(this.#exec, ["chmod", "-R", "g+rwX", root], this.#format);
+    await runChecked(
+      this.#exec,
+      ["find", root, "-xdev", "-type", "d", "-exec", "chmod", "g+s", "{}", "+"],
+      this.#format,
+    );
   }
 
   async releaseReadOnlyView(view: string): Promise<void> {

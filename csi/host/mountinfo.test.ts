@@ -58,3 +58,11 @@ test.each([
 ])("rejects %s", (_name, line) => {
   expect(() => parseMountinfoLine(line)).toThrow(StorageError);
 });
+
+test("a namespace file bind (ip netns add) has a namespace name for its root", () => {
+  const [e] = parseMountinfo("43 42 0:4 net:[4026532178] /run/netns/lab-a rw shared:2 - nsfs nsfs rw\n");
+  expect(e).toMatchObject({ root: "net:[4026532178]", mountPoint: "/run/netns/lab-a", fsType: "nsfs" });
+  expect(() => parseMountinfo("43 42 0:4 net /run/netns/lab-a rw shared:2 - nsfs nsfs rw\n")).toThrow(
+    "malformed",
+  );
+});

@@ -9,7 +9,10 @@ export interface MountEntry {
   readonly parentId: number;
   /** "major:minor" of the filesystem's device, e.g. "259:3" (0:N for virtual filesystems). */
   readonly majorMinor: string;
-  /** Path within the filesystem that is mounted: "/" for a whole filesystem, deeper for a bind. */
+  /**
+   * Path within the filesystem that is mounted: "/" for a whole filesystem, deeper for a bind;
+   * for a bind of a namespace file (nsfs, as `ip netns add` makes) the kernel's "net:[inode]".
+   */
   readonly root: string;
   readonly mountPoint: string;
   /** Per-mount options ("rw", "ro", "nosuid"...). */
@@ -26,7 +29,7 @@ const EntrySchema = v.object({
   id: v.pipe(v.number(), v.integer(), v.minValue(0)),
   parentId: v.pipe(v.number(), v.integer(), v.minValue(0)),
   majorMinor: v.pipe(v.string(), v.regex(/^\d+:\d+$/, "major:minor expected")),
-  root: v.pipe(v.string(), v.startsWith("/")),
+  root: v.pipe(v.string(), v.regex(/^(\/|[a-z_]+:\[\d+\]$)/, "a path or a namespace name expected")),
   mountPoint: v.pipe(v.string(), v.startsWith("/")),
   options: v.array(v.string()),
   fsType: v.pipe(v.string(), v.minLength(1)),

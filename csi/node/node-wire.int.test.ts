@@ -389,6 +389,134 @@ test("raw block: the device file at the target, read-write and read-only", async
   ).toBe("");
 });
 
+/** The source device of the visible mount at `path`, from the kernel's mount table. */
+function mountSource(path: string): { source: string; readonly: boolean } | undefined {
+  const line = readFileSync("/proc/self/mountinfo", "utf8")
+    .split("\n")
+    .filter((l) => l.split(" ")[4] === path)
+    .at(-1);
+  if (line === undefined) return undefined;
+  const [left, right] = line.split(" - ") as [string, string];
+  return {
+    source: right.split(" ")[1] as string,
+    readonly: (left.split(" ")[5] ?? "").split(",").includes("ro"),
+  };
+}
+
+async function writeErrno(path: string, position: number): Promise<string> {
+  try {
+    const fh = await open(path, "r+");
+    try {
+      await fh.write(Buffer.from("overwrite"), 0, 9, position);
+      await fh.sync();
+      return "written";
+    } finally {
+      await fh.close();
+    }
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code ?? String(e);
+  }
+}
+
+test("reader-only modes: the device is read-only in the kernel, mounts are ro, writes fail; a writer stage later writes again", async () => {
+  const v = await volume(64 * MIB);
+  const rw = mountCap("ext4");
+  const rox = { ...rw, accessMode: { mode: Mode.MULTI_NODE_READER_ONLY } };
+  const blank = await volume(64 * MIB);
+  expect(await codeOf(stage(blank, rox))).toBe(Code.FailedPrecondition);
+  expect(await blkidType(files.at(-1) as string)).toBeUndefined();
+
+  await stage(v, rw);
+  await publish(v, rw, v.target);
+  writeFileSync(join(v.target, "seed"), "written by the writer");
+  await unpublish(v, v.target);
+  await unstage(v);
+
+  await stage(v, rox);
+  const staged = mountSource(v.staging);
+  expect(staged?.readonly).toBe(true);
+  const device = staged?.source as string;
+  expect((await sh("blockdev", "--getro", device)).trim()).toBe("1");
+  // Not asked read-only, published read-only all the same.
+  await publish(v, rox, v.target, false);
+  expect(mountSource(v.target)?.readonly).toBe(true);
+  expect(readFileSync(join(v.target, "seed"), "utf8")).toBe("written by the writer");
+  let fileErr = "written";
+  try {
+    writeFileSync(join(v.target, "new"), "x");
+  } catch (e) {
+    fileErr = (e as NodeJS.ErrnoException).code ?? String(e);
+  }
+  expect(fileErr).toBe("EROFS");
+  // Nor can anything on the node write the device underneath the filesystem.
+  expect(await writeErrno(device, 0)).toMatch(/EPERM|EROFS|EACCES/);
+  await unpublish(v, v.target);
+  await unstage(v);
+
+  const blockRox = { ...blockCap, accessMode: { mode: Mode.SINGLE_NODE_READER_ONLY } };
+  await stage(v, blockRox);
+  const blockTarget = join(root, "pods", "block-rox");
+  await publish(v, blockRox, blockTarget, false);
+  expect(await writeErrno(blockTarget, 4096)).toMatch(/EPERM|EROFS|EACCES/);
+  await unpublish(v, blockTarget);
+  await unstage(v);
+
+  // The read-only flag went with the reader stage: a writer stage writes again.
+  await stage(v, rw);
+  await publish(v, rw, v.target);
+  writeFileSync(join(v.target, "after"), "writer again");
+  expect(readFileSync(join(v.target, "seed"), "utf8")).toBe("written by the writer");
+  await unpublish(v, v.target);
+  await unstage(v);
+});
+
+test("volume_mount_group: the filesystem tree belongs to the group, set-group-ID, for ext4 and xfs", async () => {
+  for (const [fsType, size] of [
+    ["ext4", 64 * MIB],
+    ["xfs", 320 * MIB],
+  ] as const) {
+    const v = await volume(size);
+    const plain = mountCap(fsType);
+    await stage(v, plain);
+    await publish(v, plain, v.target);
+    mkdirSync(join(v.target, "old-dir"));
+    writeFileSync(join(v.target, "old-dir", "old-file"), "before the group");
+    await unpublish(v, v.target);
+    const grouped = {
+      ...plain,
+      accessType: { case: "mount" as const, value: { fsType, mountFlags: [], volumeMountGroup: "4321" } },
+    };
+    await publish(v, grouped, v.target);
+    const st = (p: string) => sh("stat", "-c", "%g %A", p).then((o) => o.trim());
+    expect(await st(v.target)).toMatch(/^4321 drwxrwsr-x$/);
+    expect(await st(join(v.target, "old-dir"))).toMatch(/^4321 drwxrwsr-x$/);
+    expect(await st(join(v.target, "old-dir", "old-file"))).toMatch(/^4321 -rw-rw-r--$/);
+    // A new entry inherits the group through set-group-ID.
+    writeFileSync(join(v.target, "new-file"), "after");
+    expect((await st(join(v.target, "new-file"))).split(" ")[0]).toBe("4321");
+    await unpublish(v, v.target);
+    await unstage(v);
+  }
+});
+
+test("mkfsOptions from the volume context shape the real filesystem", async () => {
+  const v = await volume(64 * MIB);
+  const withOpts = {
+    ...v,
+    volumeContext: { ...v.volumeContext, [VolumeContextKeys.mkfsOptions]: "-b 1024 -I 128" },
+  };
+  await stage(withOpts, mountCap("ext4"));
+  const device = mountSource(v.staging)?.source as string;
+  const sb = await sh("dumpe2fs", "-h", device);
+  expect(sb).toMatch(/^Block size:\s+1024$/m);
+  expect(sb).toMatch(/^Inode size:\s+128$/m);
+  await unstage(v);
+  const x = await volume(320 * MIB);
+  const refused = { ...x, volumeContext: { ...x.volumeContext, [VolumeContextKeys.mkfsOptions]: "-f" } };
+  expect(await codeOf(stage(refused, mountCap("xfs")))).toBe(Code.InvalidArgument);
+  expect(await blkidType(files.at(-1) as string)).toBeUndefined();
+});
+
 test("health turns INACCESSIBLE when the target drops the host, and recovers", async () => {
   const v = await volume(64 * MIB);
   const cap = mountCap("ext4");

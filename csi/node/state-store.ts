@@ -29,7 +29,13 @@ const StagedVolumeSchema = v.object({
   nqn: v.pipe(v.string(), v.minLength(1)),
   namespaceUUID: v.optional(v.string()),
   access: AccessSchema,
-  mode: v.picklist(["SINGLE_NODE_WRITER", "SINGLE_NODE_SINGLE_WRITER", "SINGLE_NODE_MULTI_WRITER"]),
+  mode: v.picklist([
+    "SINGLE_NODE_WRITER",
+    "SINGLE_NODE_SINGLE_WRITER",
+    "SINGLE_NODE_MULTI_WRITER",
+    "SINGLE_NODE_READER_ONLY",
+    "MULTI_NODE_READER_ONLY",
+  ]),
   device: v.optional(v.pipe(v.string(), v.startsWith("/dev/"))),
   publications: v.array(
     v.object({

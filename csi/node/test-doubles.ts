@@ -78,6 +78,8 @@ export class FakeMounter implements Mounter {
   readonly table: MountEntry[] = [];
   readonly content = new Map<string, DeviceContent>();
   readonly sizes = new Map<string, number>();
+  /** Devices set read-only by setReadOnly(); mkfs on one fails as the kernel would. */
+  readonly readOnlyDevices = new Set<string>();
   readonly #numbers = new Map<string, string>();
   /** Paths (target files) bound to a device: stat follows the bind. */
   readonly #bound = new Map<string, string>();
@@ -143,8 +145,10 @@ export class FakeMounter implements Mounter {
     if (c === undefined) throw new StorageError("unavailable", `cannot read ${device}`);
     return c;
   }
-  async mkfs(device: string, fsType: FsType): Promise<void> {
-    this.log.record("mounter", "mkfs", device, fsType);
+  async mkfs(device: string, fsType: FsType, extraArgs: readonly string[] = []): Promise<void> {
+    if (extraArgs.length > 0) this.log.record("mounter", "mkfs", device, fsType, extraArgs);
+    else this.log.record("mounter", "mkfs", device, fsType);
+    if (this.readOnlyDevices.has(device)) throw new StorageError("internal", `mkfs: ${device} is read-only`);
     this.content.set(device, { kind: "filesystem", fsType });
   }
   async growFs(fsType: FsType, device: string, mountPoint: string): Promise<void> {
@@ -177,6 +181,18 @@ export class FakeMounter implements Mounter {
     const view = `/dev/loop-ro${this.#views++}`;
     this.addDevice(view, this.content.get(device) ?? { kind: "blank" }, this.sizes.get(device) ?? 0);
     return view;
+  }
+  async setReadOnly(device: string): Promise<void> {
+    this.log.record("mounter", "setReadOnly", device);
+    this.readOnlyDevices.add(device);
+  }
+  async setReadWrite(device: string): Promise<void> {
+    this.log.record("mounter", "setReadWrite", device);
+    this.readOnlyDevices.delete(device);
+  }
+
+  async applyMountGroup(root: string, gid: number): Promise<void> {
+    this.log.record("mounter", "applyMountGroup", root, gid);
   }
   async releaseReadOnlyView(view: string): Promise<void> {
     this.log.record("mounter", "releaseReadOnlyView", view);

@@ -48,6 +48,16 @@ test.each<[string, ReturnType<typeof cap>, Capability]>([
     cap({ accessType: { case: "block", value: {} }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }),
     { access: { kind: "block" }, mode: "SINGLE_NODE_WRITER" },
   ],
+  [
+    "single-node reader",
+    mount("xfs", Mode.SINGLE_NODE_READER_ONLY),
+    { access: { kind: "mount", fsType: "xfs", mountFlags: [] }, mode: "SINGLE_NODE_READER_ONLY" },
+  ],
+  [
+    "multi-node reader, block",
+    cap({ accessType: { case: "block", value: {} }, accessMode: { mode: Mode.MULTI_NODE_READER_ONLY } }),
+    { access: { kind: "block" }, mode: "MULTI_NODE_READER_ONLY" },
+  ],
 ])("accepts %s", (_name, c, want) => {
   expect(parseCapability(c, "ext4")).toEqual(want);
 });
@@ -55,8 +65,6 @@ test.each<[string, ReturnType<typeof cap>, Capability]>([
 test.each<[string, ReturnType<typeof cap> | undefined, string]>([
   ["missing", undefined, "volume_capability is missing"],
   ["unknown mode", mount("ext4", Mode.UNKNOWN), "access mode UNKNOWN is not supported"],
-  ["single-node reader", mount("ext4", Mode.SINGLE_NODE_READER_ONLY), "SINGLE_NODE_READER_ONLY"],
-  ["multi-node reader", mount("ext4", Mode.MULTI_NODE_READER_ONLY), "MULTI_NODE_READER_ONLY"],
   ["multi-node single writer", mount("ext4", Mode.MULTI_NODE_SINGLE_WRITER), "MULTI_NODE_SINGLE_WRITER"],
   ["multi-node multi writer", mount("ext4", Mode.MULTI_NODE_MULTI_WRITER), "MULTI_NODE_MULTI_WRITER"],
   ["ext3", mount("ext3", Mode.SINGLE_NODE_WRITER), 'fs_type "ext3" is not supported'],
@@ -148,6 +156,7 @@ test("contexts: IPv6 RDMA portal with reconnect settings, unknown keys ignored",
       [V.ctrlLossTmo]: "600",
       [V.reconnectDelay]: "10",
       [V.fastIoFailTmo]: "-1",
+      [V.mkfsOptions]: "-b 4096",
       "csi.storage.k8s.io/pv/name": "pvc-1",
     }),
     pub,
@@ -162,6 +171,7 @@ test("contexts: IPv6 RDMA portal with reconnect settings, unknown keys ignored",
       reconnectDelay: 10,
       fastIoFailTmo: -1,
     },
+    mkfsOptions: "-b 4096",
     morePortals: [],
     namespaceUUID: undefined,
     hostNqn: HOST,

@@ -17,14 +17,34 @@ import { namespaceIdDigits } from "../host/nvme-initiator.ts";
 /** Longest volume ID accepted, in bytes. */
 export const MAX_VOLUME_ID_BYTES = 1024;
 
-/** Access modes of one node; every multi-node mode is refused because a volume is fenced to one host. */
-export type AccessMode = "SINGLE_NODE_WRITER" | "SINGLE_NODE_SINGLE_WRITER" | "SINGLE_NODE_MULTI_WRITER";
+/**
+ * Access modes the node serves: the single-node writer modes, and the two reader-only modes
+ * (several nodes may read; the controller never lets a writer in beside them). Multi-node writer
+ * modes are refused: a volume is fenced to one writing host.
+ */
+export type AccessMode =
+  | "SINGLE_NODE_WRITER"
+  | "SINGLE_NODE_SINGLE_WRITER"
+  | "SINGLE_NODE_MULTI_WRITER"
+  | "SINGLE_NODE_READER_ONLY"
+  | "MULTI_NODE_READER_ONLY";
 
 const SUPPORTED_MODES: ReadonlyMap<Mode, AccessMode> = new Map([
   [Mode.SINGLE_NODE_WRITER, "SINGLE_NODE_WRITER"],
   [Mode.SINGLE_NODE_SINGLE_WRITER, "SINGLE_NODE_SINGLE_WRITER"],
   [Mode.SINGLE_NODE_MULTI_WRITER, "SINGLE_NODE_MULTI_WRITER"],
+  [Mode.SINGLE_NODE_READER_ONLY, "SINGLE_NODE_READER_ONLY"],
+  [Mode.MULTI_NODE_READER_ONLY, "MULTI_NODE_READER_ONLY"],
 ]);
+
+/**
+ * True for the reader-only modes: the node stages them read-only (the device set read-only,
+ * filesystems mounted `ro`, never formatted) and publishes them read-only whatever the request's
+ * readonly flag says.
+ */
+export function isReaderMode(mode: AccessMode): boolean {
+  return mode === "SINGLE_NODE_READER_ONLY" || mode === "MULTI_NODE_READER_ONLY";
+}
 
 /** How the workload uses the volume. */
 export type VolumeAccess =
@@ -34,7 +54,15 @@ export type VolumeAccess =
 export interface Capability {
   readonly access: VolumeAccess;
   readonly mode: AccessMode;
+  /**
+   * The group id a mounted volume is to be usable by (volume_mount_group, Kubernetes' fsGroup
+   * under VOLUME_MOUNT_GROUP); undefined when the CO sent none. Applied per publication.
+   */
+  readonly mountGroup?: number;
 }
+
+/** Largest group id accepted: (gid_t)-1 is "no change" to chown(2), so one below it. */
+export const MAX_GID = 4294967294;
 
 /** Where NodeStage connects, from the volume context, plus the host identity from the publish context. */
 export interface StageTarget {
@@ -46,6 +74,8 @@ export interface StageTarget {
   /** The host NQN the controller put on the target's ACL for this attachment. */
   readonly hostNqn: string;
   readonly attachmentId: string;
+  /** The StorageClass's mkfsOptions, unparsed (NodeStage checks them against the filesystem). */
+  readonly mkfsOptions: string | undefined;
 }
 
 const invalid = invalidArgument;
@@ -81,7 +111,7 @@ export function checkMountFlags(flags: readonly string[]): string[] {
 
 /**
  * The capability as the node supports it: block, or mount with ext4/xfs (an empty fs_type means
- * `defaultFsType`), in a single-node access mode. Anything else is "invalid": the plugin never
+ * `defaultFsType`), in a single-node writer mode or a reader-only mode. Anything else is "invalid": the plugin never
  * supports it, whatever the volume.
  */
 export function parseCapability(cap: VolumeCapability | undefined, defaultFsType: FsType): Capability {
@@ -89,9 +119,12 @@ export function parseCapability(cap: VolumeCapability | undefined, defaultFsType
   const rawMode = cap.accessMode?.mode ?? Mode.UNKNOWN;
   const mode = SUPPORTED_MODES.get(rawMode);
   if (mode === undefined) {
-    throw invalid(`access mode ${Mode[rawMode] ?? rawMode} is not supported; a volume is used by one node`, {
-      mode: Mode[rawMode] ?? rawMode,
-    });
+    throw invalid(
+      `access mode ${Mode[rawMode] ?? rawMode} is not supported; a volume has one writing node or only readers`,
+      {
+        mode: Mode[rawMode] ?? rawMode,
+      },
+    );
   }
   switch (cap.accessType.case) {
     case "block":
@@ -104,11 +137,18 @@ export function parseCapability(cap: VolumeCapability | undefined, defaultFsType
           fsType: m.fsType,
         });
       }
-      if (m.volumeMountGroup !== "")
-        throw invalid("volume_mount_group is not supported (VOLUME_MOUNT_GROUP is not offered)");
+      let mountGroup: number | undefined;
+      if (m.volumeMountGroup !== "") {
+        mountGroup = /^\d{1,10}$/.test(m.volumeMountGroup) ? Number(m.volumeMountGroup) : Number.NaN;
+        if (!(mountGroup <= MAX_GID))
+          throw invalid(
+            `volume_mount_group "${m.volumeMountGroup}" is not a numeric group id (0..${MAX_GID})`,
+          );
+      }
       return {
         access: { kind: "mount", fsType: fsType as FsType, mountFlags: checkMountFlags(m.mountFlags) },
         mode,
+        ...(mountGroup === undefined ? {} : { mountGroup }),
       };
     }
     default:
@@ -155,5 +195,6 @@ export function parseStageContexts(
     namespaceUUID,
     hostNqn: pc.output[PublishContextKeys.hostNQN],
     attachmentId: pc.output[PublishContextKeys.attachmentId],
+    mkfsOptions: ctx[VolumeContextKeys.mkfsOptions],
   };
 }

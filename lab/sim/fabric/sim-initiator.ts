@@ -363,7 +363,12 @@ export class SimNvmeInitiator implements NvmeInitiator {
         await this.#detachQuietly(device);
         throw err;
       }
-      if (sameExtent(now, backing)) return { record: record(device), created: true };
+      if (sameExtent(now, backing)) {
+        // A namespace the kernel adds is a new disk, writable whatever an earlier user set with
+        // BLKROSET; a reused loop device keeps that flag across detach, so clear it.
+        await runChecked(this.#exec, ["blockdev", "--setrw", device], { timeoutMs: this.#timeoutMs });
+        return { record: record(device), created: true };
+      }
       await this.#detachQuietly(device);
       if (attempt >= ATTACH_ATTEMPTS) {
         throw new StorageError(
