@@ -1083,6 +1083,8 @@ describe("host NQN from the CSI node ID", () => {
     );
     expect(forged.code).toBe(GRPC.FAILED_PRECONDITION);
     expect(forged.details).toContain("is not the one node");
+  });
+});
 
 describe("MULTI_NODE_READER_ONLY publications", () => {
   let e: Env;
