@@ -20,13 +20,14 @@ import {
   type BackendName,
   type DeviceRef,
   DRIVE_MISSING,
+  type QosLimits,
   type TargetBackend,
   type Transport,
   type VolumeManager,
   type VolumeManagerName,
 } from "../backends/types.ts";
 import { onNode } from "../caches.ts";
-import { backendOf, decide, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
+import { backendOf, decide, isUnlimited, PARTITION_FINALIZER, type Target, type Why } from "./decide.ts";
 import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
 import { hostKeysFor, type SecretReader } from "./host-keys.ts";
@@ -44,6 +45,7 @@ export const PROVISION_STEPS = [
   "layout",
   "volume",
   "export",
+  "qos",
   "acl",
   "status",
 ] as const;
@@ -402,6 +404,19 @@ export class PartitionController {
       serialNumber: serialNumberFor(t.volume.externalId),
     });
     await this.step("export", key);
+    // Limits before the ACL: after a target restart no host is back before its limits are.
+    let applied: QosLimits | undefined;
+    if (backend.applyQos) {
+      const r = await backend.applyQos(volume, t.qos);
+      applied = r.applied;
+      if (r.changed && p.status?.state === "Exported") log.info("rate limits applied", { ...applied });
+    } else if (!isUnlimited(t.qos)) {
+      // decide() refuses this for the kernel backend; any other backend without QoS lands here.
+      throw new TerminalError(
+        new StorageError("unimplemented", `the ${t.backend} backend cannot enforce spec.qos rate limits`),
+      );
+    }
+    await this.step("qos", key);
     const hosts = desiredHosts(p.metadata.uid, this.attachmentsFor(p));
     await backend.setHosts(t.nqn, hosts, await hostKeysFor(p, hosts, this.o.secrets));
     await this.step("acl", key);
@@ -436,6 +451,8 @@ export class PartitionController {
         s.portalPort = port;
         s.transport = transport;
         s.allocatedBytes = volume.sizeBytes;
+        if (applied) s.qos = applied;
+        else delete s.qos;
       },
       {
         type: "Ready",
