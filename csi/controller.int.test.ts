@@ -165,7 +165,7 @@ describe("identity and input validation", () => {
     expect(types).toContain(Cap.CREATE_DELETE_SNAPSHOT);
     expect(types).toContain(Cap.LIST_SNAPSHOTS);
     expect(types).toContain(Cap.CLONE_VOLUME);
-    expect(types).not.toContain(Cap.MODIFY_VOLUME);
+    expect(types).toContain(Cap.MODIFY_VOLUME);
   });
 
   test("every bad request gets its code and changes nothing in the API server", async () => {
@@ -516,9 +516,14 @@ describe("identity and input validation", () => {
       ],
       ["ListSnapshots unknown id: empty", () => c.unary(M.listSnapshots, { snapshotId: fake }), GRPC.OK],
       [
-        "ControllerModifyVolume is not offered",
+        "ControllerModifyVolume without mutable parameters",
         () => c.unary(M.controllerModifyVolume, { volumeId: fake }),
-        GRPC.UNIMPLEMENTED,
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "ControllerModifyVolume unknown volume",
+        () => c.unary(M.controllerModifyVolume, { volumeId: fake, mutableParameters: { "qos.rMBps": "5" } }),
+        GRPC.NOT_FOUND,
       ],
     ];
     const got: Record<string, number> = {};

@@ -18,6 +18,7 @@ import type { WatchCache } from "../lib/kube/cache.ts";
 import { expandVolume } from "./controller/expansion.ts";
 import { getVolume, getVolumeHealth, listVolumeHealth } from "./controller/health.ts";
 import { getCapacity, listSnapshots, listVolumes } from "./controller/listing.ts";
+import { modifyVolume } from "./controller/modify.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
 import { publishVolume, unpublishVolume } from "./controller/publish.ts";
 import { createSnapshot, deleteSnapshot } from "./controller/snapshots.ts";
@@ -29,9 +30,9 @@ export type { ControllerOptions } from "./controller/state.ts";
 
 /**
  * What ControllerGetCapabilities advertises, and nothing else: every entry is backed by a handler
- * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only). Read-only
- * publication (the target ACL is per host, not per mode) and ModifyVolume (no mutable parameters)
- * are absent.
+ * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only); ModifyVolume
+ * changes QoS limits (spdk backend only). Read-only publication (the target ACL is per host, not
+ * per mode) is absent.
  */
 export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_VOLUME,
@@ -47,6 +48,7 @@ export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_SNAPSHOT,
   Cap.LIST_SNAPSHOTS,
   Cap.CLONE_VOLUME,
+  Cap.MODIFY_VOLUME,
 ];
 
 type Impl = Partial<ServiceImpl<typeof Controller>>;
@@ -158,6 +160,7 @@ export class CsiController {
       controllerGetVolumeHealth: (r) => getVolumeHealth(s, r),
       controllerListVolumeHealth: (r) => listVolumeHealth(s, r),
       controllerExpandVolume: (r, ctx) => expandVolume(s, r, ctx),
+      controllerModifyVolume: (r, ctx) => modifyVolume(s, r, ctx),
       createSnapshot: (r, ctx) => createSnapshot(s, r, ctx),
       deleteSnapshot: (r, ctx) => deleteSnapshot(s, r, ctx),
       listSnapshots: (r) => listSnapshots(s, r),
