@@ -40,3 +40,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- $img := index .ctx.Values.images .image -}}
 {{- printf "%s:%s" $img.repository (default .ctx.Chart.AppVersion $img.tag) -}}
 {{- end -}}
+
+{{/* The qos.* parameters (csi/controller/qos-parameters.ts) of a StorageClass or VolumeAttributesClass, from {rwIops, rwMBps, rMBps, wMBps}. */}}
+{{- define "distort.qosParameters" -}}
+{{- if hasKey . "rwIops" }}
+qos.rwIops: {{ .rwIops | int64 | quote }}
+{{- end }}
+{{- if hasKey . "rwMBps" }}
+qos.rwMBps: {{ .rwMBps | int64 | quote }}
+{{- end }}
+{{- if hasKey . "rMBps" }}
+qos.rMBps: {{ .rMBps | int64 | quote }}
+{{- end }}
+{{- if hasKey . "wMBps" }}
+qos.wMBps: {{ .wMBps | int64 | quote }}
+{{- end }}
+{{- end -}}
