@@ -55,6 +55,14 @@ test.each([
   ["bad device number", "22 1 x:y / / rw - ext4 /dev/x rw"],
   ["relative mount point", "22 1 8:1 / mnt rw - ext4 /dev/x rw"],
   ["truncated", "22 1 8:1 / /mnt rw -"],
+  ["relative root", "22 1 8:1 sub /mnt rw - ext4 /dev/x rw"],
 ])("rejects %s", (_name, line) => {
   expect(() => parseMountinfoLine(line)).toThrow(StorageError);
+});
+
+test("a bound network namespace (ip netns add) parses: nsfs shows its root as net:[inode]", () => {
+  const e = parseMountinfoLine(
+    "43 42 0:4 net:[4026532178] /run/netns/dlab-node-a rw shared:2 - nsfs nsfs rw",
+  );
+  expect(e).toMatchObject({ root: "net:[4026532178]", mountPoint: "/run/netns/dlab-node-a", fsType: "nsfs" });
 });

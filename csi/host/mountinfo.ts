@@ -9,7 +9,10 @@ export interface MountEntry {
   readonly parentId: number;
   /** "major:minor" of the filesystem's device, e.g. "259:3" (0:N for virtual filesystems). */
   readonly majorMinor: string;
-  /** Path within the filesystem that is mounted: "/" for a whole filesystem, deeper for a bind. */
+  /**
+   * Path within the filesystem that is mounted: "/" for a whole filesystem, deeper for a bind;
+   * "net:[<inode>]" and the like for a namespace file bound somewhere (nsfs).
+   */
   readonly root: string;
   readonly mountPoint: string;
   /** Per-mount options ("rw", "ro", "nosuid"...). */
@@ -26,7 +29,9 @@ const EntrySchema = v.object({
   id: v.pipe(v.number(), v.integer(), v.minValue(0)),
   parentId: v.pipe(v.number(), v.integer(), v.minValue(0)),
   majorMinor: v.pipe(v.string(), v.regex(/^\d+:\d+$/, "major:minor expected")),
-  root: v.pipe(v.string(), v.startsWith("/")),
+  // A path, or a pseudo filesystem's dentry name: a bound network namespace (nsfs, as
+  // `ip netns add` leaves under /run/netns) shows its root as "net:[4026532178]".
+  root: v.pipe(v.string(), v.regex(/^(\/|[a-z_]+:\[\d+\]$)/, "a path or a name like net:[4026532178]")),
   mountPoint: v.pipe(v.string(), v.startsWith("/")),
   options: v.array(v.string()),
   fsType: v.pipe(v.string(), v.minLength(1)),
