@@ -3,6 +3,7 @@
 // hot-removed with their consumers, and rendered the way bdev_get_bdevs prints them.
 import type { BlockIo, FileExtent } from "./block-io.ts";
 import type { JsonValue } from "./json-stream.ts";
+import type { QosThrottle } from "./qos.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** The module that owns a bdev. */
@@ -175,6 +176,8 @@ export class Bdev {
     r_mbytes_per_sec: 0,
     w_mbytes_per_sec: 0,
   };
+  /** Enforces rateLimits on fabric I/O once a limit was set; undefined while none ever was. */
+  qos: QosThrottle | undefined;
 
   constructor(init: BdevInit) {
     this.init = init;

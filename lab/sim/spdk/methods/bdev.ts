@@ -18,6 +18,7 @@ import {
   u32,
   u64,
 } from "../params.ts";
+import { QosThrottle } from "../qos.ts";
 import { Errno, ErrnoError, RpcError } from "../rpc-error.ts";
 
 const UUID_RE = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
@@ -76,6 +77,8 @@ export function bdevMethods(app: App): MethodSpec[] {
           next[k] = k === "rw_ios_per_sec" ? Math.ceil(value / QOS_IOPS_STEP) * QOS_IOPS_STEP : value;
         }
         bdev.rateLimits = next;
+        if (bdev.qos) bdev.qos.setLimits(next);
+        else bdev.qos = new QosThrottle(app.config.clock, next);
         return true;
       },
     },
