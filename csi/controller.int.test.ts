@@ -1064,6 +1064,9 @@ describe("listing, capacity, health, validation, expansion", () => {
       (await validate({ volumeContext: vol.volumeContext, parameters: { fsType: "ext4", transport: "tcp" } }))
         .confirmed,
     ).toBeDefined();
+    const withVac = await validate({ mutableParameters: { "qos.rwIops": "3000" } });
+    expect(withVac.confirmed?.mutableParameters).toEqual({ "qos.rwIops": "3000" });
+    expect((await validate({ mutableParameters: { XXX_FakeKey: "x" } })).message).toContain("unknown key");
     const wrongParams = await validate({ parameters: { transport: "rdma" } });
     expect(wrongParams.confirmed).toBeUndefined();
     expect(wrongParams.message).toContain("parameters differ");

@@ -309,6 +309,7 @@ export async function validateVolumeCapabilities(c: ControllerState, req: Valida
       volumeContext: req.volumeContext,
       volumeCapabilities: req.volumeCapabilities,
       parameters: req.parameters,
+      mutableParameters: req.mutableParameters,
     },
   };
 }
