@@ -1,6 +1,7 @@
 // The agent supervising an emulated nvmf_tgt that is SIGKILLed: every export comes back, and the
 // expected repairs are reported once for the node (TargetRestarted on its RDMAStorageNode), not
-// per partition; an export that drifts without a restart still gets its own ExportRepaired.
+// per partition; an export that drifts without a restart still gets its own ExportRepaired. A
+// partition's QoS limits are re-applied on the restarted target, and follow spec.qos changes live.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -26,6 +27,8 @@ const DRIVE = {
 };
 const NODE = "node-r";
 const PARTS = ["r0", "r1", "r2"];
+/** r0's spec.qos. */
+const R0_QOS = { rwIosPerSec: 4000, wMBytesPerSec: 30 };
 
 let tc: TestCluster;
 let dir: string;
@@ -75,8 +78,11 @@ beforeAll(async () => {
     "the drive reported",
   );
   const claim = await claimDevice(tc.conn, device, ns);
-  for (const name of PARTS)
-    await createPlaced(tc.conn, placedPartition(name, ns, device, claim, 8 * 2 ** 20), device);
+  for (const name of PARTS) {
+    const p = placedPartition(name, ns, device, claim, 8 * 2 ** 20);
+    if (name === "r0") p.spec.qos = R0_QOS;
+    await createPlaced(tc.conn, p, device);
+  }
   await eventually(
     async () => (await parts.list({ namespace: ns })).items.every((p) => p.status?.state === "Exported"),
     30_000,
@@ -104,6 +110,35 @@ async function servedNqns(): Promise<string[]> {
     .map((s) => s.nqn)
     .sort();
 }
+
+/** The assigned_rate_limits of partition `name`'s bdev on the target now. */
+async function targetLimits(name: string): Promise<unknown> {
+  const p = (await parts.get(name, ns)) as NVMePartition;
+  const [b] = await m.bdevGetBdevs({ name: p.status?.backendPath as string }, { timeoutMs: 2000 });
+  return b?.assigned_rate_limits;
+}
+const R0_ON_TARGET = {
+  rw_ios_per_sec: 4000,
+  rw_mbytes_per_sec: 0,
+  r_mbytes_per_sec: 0,
+  w_mbytes_per_sec: 30,
+};
+
+test("spec.qos is on the target and reported in status before any restart", async () => {
+  expect(await targetLimits("r0")).toEqual(R0_ON_TARGET);
+  expect((await parts.get("r0", ns))?.status?.qos).toEqual({
+    rwIosPerSec: 4000,
+    rwMBytesPerSec: 0,
+    rMBytesPerSec: 0,
+    wMBytesPerSec: 30,
+  });
+  expect((await parts.get("r1", ns))?.status?.qos).toEqual({
+    rwIosPerSec: 0,
+    rwMBytesPerSec: 0,
+    rMBytesPerSec: 0,
+    wMBytesPerSec: 0,
+  });
+});
 
 /** The pid of the emulated nvmf_tgt the agent's supervisor spawned for this test. */
 function targetPid(): number {
@@ -135,6 +170,13 @@ test("a SIGKILLed target: every export back, one TargetRestarted for the node, n
   expect(summary?.type).toBe("Warning");
   expect(summary?.regarding).toMatchObject({ kind: "RDMAStorageNode", name: NODE, namespace: ns });
   expect(summary?.note).toContain(`${PARTS.length} of ${PARTS.length} repaired`);
+  // The restarted target knew no limits: the replay put r0's back.
+  await eventually(
+    async () =>
+      JSON.stringify(await targetLimits("r0").catch(() => undefined)) === JSON.stringify(R0_ON_TARGET),
+    15_000,
+    "r0's limits back on the restarted target",
+  );
   // A few verify periods later: still one summary, and no partition was reported on its own.
   await Bun.sleep(2500);
   expect(await events("TargetRestarted")).toHaveLength(1);
@@ -164,3 +206,31 @@ test("an export that drifts without a restart is still reported on its partition
   expect((await servedNqns()).includes(nqn)).toBe(true);
   expect(await events("TargetRestarted")).toHaveLength(1);
 }, 30_000);
+
+test("a spec.qos change is applied online and reported in status", async () => {
+  await parts.mergePatch("r2", ns, { spec: { qos: { rMBytesPerSec: 70 } } });
+  await eventually(
+    async () => (await parts.get("r2", ns))?.status?.qos?.rMBytesPerSec === 70,
+    15_000,
+    "r2's status.qos at 70 MiB/s read",
+  );
+  expect(await targetLimits("r2")).toEqual({
+    rw_ios_per_sec: 0,
+    rw_mbytes_per_sec: 0,
+    r_mbytes_per_sec: 70,
+    w_mbytes_per_sec: 0,
+  });
+  // Removing spec.qos lifts every limit.
+  await parts.jsonPatch("r2", ns, [{ op: "remove", path: "/spec/qos" }]);
+  await eventually(
+    async () => (await parts.get("r2", ns))?.status?.qos?.rMBytesPerSec === 0,
+    15_000,
+    "r2 unlimited again",
+  );
+  expect(await targetLimits("r2")).toEqual({
+    rw_ios_per_sec: 0,
+    rw_mbytes_per_sec: 0,
+    r_mbytes_per_sec: 0,
+    w_mbytes_per_sec: 0,
+  });
+}, 40_000);

@@ -202,6 +202,24 @@ const CREATE_CASES: CreateCase[] = [
     expect: ["spec.targetOptions.portalPort"],
   },
   {
+    kind: "NVMePartition",
+    name: "IOPS limit not a multiple of 1000",
+    mutate: (o) => {
+      o.spec.qos = { rwIosPerSec: 1500 };
+    },
+    expect: ["spec.qos.rwIosPerSec must be a multiple of 1000"],
+  },
+  {
+    kind: "NVMePartition",
+    name: "QoS on the kernel backend",
+    mutate: (o) => {
+      o.spec.backend = "kernel";
+      o.spec.volumeManager = "parted";
+      o.spec.qos = { rMBytesPerSec: 10 };
+    },
+    expect: ["spec.qos requires spec.backend spdk"],
+  },
+  {
     kind: "NVMeDevice",
     name: "empty device serial",
     mutate: (o) => {

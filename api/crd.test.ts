@@ -422,6 +422,18 @@ describe("CEL rules required by the design", () => {
       "!has(oldSelf.contentSource) || (has(self.contentSource) && self.contentSource == oldSelf.contentSource)",
       "spec.contentSource is immutable once set",
     ],
+    [
+      "NVMePartition",
+      ".spec.qos.rwIosPerSec",
+      "self % 1000 == 0",
+      "spec.qos.rwIosPerSec must be a multiple of 1000 (SPDK's QoS granularity)",
+    ],
+    [
+      "NVMePartition",
+      ".spec",
+      "!has(self.qos) || self.backend == 'spdk'",
+      "spec.qos requires spec.backend spdk: nvmet has no per-namespace rate limits",
+    ],
     ["NVMeSnapshot", ".spec.sourcePartitionName", "self == oldSelf", "spec.sourcePartitionName is immutable"],
     ["NVMeSnapshot", ".spec.sourcePartitionUID", "self == oldSelf", "spec.sourcePartitionUID is immutable"],
     ["NVMeVolumeAttachment", ".spec.partitionName", "self == oldSelf", "spec.partitionName is immutable"],

@@ -116,10 +116,76 @@ export const ContentSourceSchema = v.pipe(
 );
 export type ContentSource = v.InferOutput<typeof ContentSourceSchema>;
 
+/** Largest accepted IOPS limit (far beyond any drive; keeps SPDK's uint64 arithmetic exact). */
+export const MAX_QOS_IOPS = 1_000_000_000;
+/** Largest accepted bandwidth limit in MiB/s (about 1 TiB/s; SPDK multiplies by 2^20 in uint64). */
+export const MAX_QOS_MBPS = 1_000_000;
+/** SPDK's IOPS granularity: bdev_set_qos_limit rounds any other rw_ios_per_sec up to a multiple. */
+export const QOS_IOPS_UNIT = 1000;
+
+const mbps = (what: string, spdkName: string) =>
+  v.optional(
+    v.pipe(
+      v.number(),
+      v.integer(),
+      v.minValue(0),
+      v.maxValue(MAX_QOS_MBPS),
+      v.description(`${what} bandwidth limit in MiB/s (SPDK ${spdkName}); 0 or absent: unlimited.`),
+    ),
+  );
+const iops = (description: string) =>
+  v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_QOS_IOPS), v.description(description));
+
+const iopsStep = `spec.qos.rwIosPerSec must be a multiple of ${QOS_IOPS_UNIT} (SPDK's QoS granularity)`;
+
+/**
+ * Per-volume I/O limits, the four of SPDK's bdev_set_qos_limit. The whole desired state: a limit
+ * that is absent is 0, unlimited. SPDK backend only (nvmet has no per-namespace rate limits).
+ */
+export const QosLimitsSchema = v.pipe(
+  v.object({
+    rwIosPerSec: v.optional(
+      v.pipe(
+        iops("Read+write IOPS limit (SPDK rw_ios_per_sec), a multiple of 1000; 0 or absent: unlimited."),
+        v.multipleOf(QOS_IOPS_UNIT, iopsStep),
+        cel(`self % ${QOS_IOPS_UNIT} == 0`, iopsStep),
+      ),
+    ),
+    rwMBytesPerSec: mbps("Read+write", "rw_mbytes_per_sec"),
+    rMBytesPerSec: mbps("Read", "r_mbytes_per_sec"),
+    wMBytesPerSec: mbps("Write", "w_mbytes_per_sec"),
+  }),
+  v.description("I/O rate limits applied on the target (SPDK bdev QoS); mutable, applied online."),
+);
+export type QosLimits = v.InferOutput<typeof QosLimitsSchema>;
+
+/** The limits a target reports enforcing (what SPDK's assigned_rate_limits shows). */
+export const AppliedQosSchema = v.pipe(
+  v.object({
+    rwIosPerSec: iops("Read+write IOPS limit in force; 0: unlimited."),
+    rwMBytesPerSec: v.pipe(
+      v.number(),
+      v.integer(),
+      v.minValue(0),
+      v.description("Read+write MiB/s; 0: unlimited."),
+    ),
+    rMBytesPerSec: v.pipe(v.number(), v.integer(), v.minValue(0), v.description("Read MiB/s; 0: unlimited.")),
+    wMBytesPerSec: v.pipe(
+      v.number(),
+      v.integer(),
+      v.minValue(0),
+      v.description("Write MiB/s; 0: unlimited."),
+    ),
+  }),
+  v.description("Rate limits the target enforces, read back from it after applying spec.qos."),
+);
+export type AppliedQos = v.InferOutput<typeof AppliedQosSchema>;
+
 const lvolNeedsSpdk = "spec.volumeManager spdk-lvol requires spec.backend spdk";
 const partedNeedsKernel = "spec.volumeManager parted requires spec.backend kernel";
 const placementTogether = "spec.nodeName and spec.deviceSerial must be set together";
 const coreMaskNeedsSpdk = "spec.targetOptions.coreMask requires spec.backend spdk";
+const qosNeedsSpdk = "spec.qos requires spec.backend spdk: nvmet has no per-namespace rate limits";
 
 export const NVMePartitionSpecSchema = v.pipe(
   v.object({
@@ -143,6 +209,7 @@ export const NVMePartitionSpecSchema = v.pipe(
     targetOptions: v.optional(TargetOptionsSchema),
     topology: v.optional(TopologyRequirementSchema),
     contentSource: v.optional(ContentSourceSchema),
+    qos: v.optional(QosLimitsSchema),
   }),
   immutableOnceSet("spec", "nodeName"),
   immutableOnceSet("spec", "contentSource"),
@@ -198,6 +265,11 @@ export const NVMePartitionSpecSchema = v.pipe(
       fieldPath: ".targetOptions.coreMask",
     },
   ),
+  v.forward(
+    v.partialCheck([["qos"], ["backend"]], (s) => s.qos === undefined || s.backend === "spdk", qosNeedsSpdk),
+    ["qos"],
+  ),
+  cel("!has(self.qos) || self.backend == 'spdk'", qosNeedsSpdk, { fieldPath: ".qos" }),
   v.description("Requested volume and, once placed, where it lives."),
 );
 export type NVMePartitionSpec = v.InferOutput<typeof NVMePartitionSpecSchema>;
@@ -231,6 +303,7 @@ export const NVMePartitionStatusSchema = v.pipe(
       v.pipe(TransportSchema, v.description("Transport the listener serves (what nvme connect must use).")),
     ),
     allocatedBytes: v.optional(int64("Bytes actually allocated by the volume manager (after rounding).")),
+    qos: v.optional(AppliedQosSchema),
     conditions: conditions("Observations, including claim-authorization and export failures."),
     observedGeneration: ObservedGenerationSchema,
   }),

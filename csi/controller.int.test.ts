@@ -173,7 +173,7 @@ describe("identity and input validation", () => {
     expect(types).toContain(Cap.LIST_SNAPSHOTS);
     expect(types).toContain(Cap.GET_SNAPSHOT);
     expect(types).toContain(Cap.CLONE_VOLUME);
-    expect(types).not.toContain(Cap.MODIFY_VOLUME);
+    expect(types).toContain(Cap.MODIFY_VOLUME);
   });
 
   test("every bad request gets its code and changes nothing in the API server", async () => {
@@ -531,9 +531,14 @@ describe("identity and input validation", () => {
         GRPC.NOT_FOUND,
       ],
       [
-        "ControllerModifyVolume is not offered",
+        "ControllerModifyVolume without mutable parameters",
         () => c.unary(M.controllerModifyVolume, { volumeId: fake }),
-        GRPC.UNIMPLEMENTED,
+        GRPC.INVALID_ARGUMENT,
+      ],
+      [
+        "ControllerModifyVolume unknown volume",
+        () => c.unary(M.controllerModifyVolume, { volumeId: fake, mutableParameters: { "qos.rMBps": "5" } }),
+        GRPC.NOT_FOUND,
       ],
     ];
     const got: Record<string, number> = {};
@@ -1239,6 +1244,9 @@ describe("listing, capacity, health, validation, expansion", () => {
       (await validate({ volumeContext: vol.volumeContext, parameters: { fsType: "ext4", transport: "tcp" } }))
         .confirmed,
     ).toBeDefined();
+    const withVac = await validate({ mutableParameters: { "qos.rwIops": "3000" } });
+    expect(withVac.confirmed?.mutableParameters).toEqual({ "qos.rwIops": "3000" });
+    expect((await validate({ mutableParameters: { XXX_FakeKey: "x" } })).message).toContain("unknown key");
     const wrongParams = await validate({ parameters: { transport: "rdma" } });
     expect(wrongParams.confirmed).toBeUndefined();
     expect(wrongParams.message).toContain("parameters differ");

@@ -28,6 +28,7 @@ import {
 } from "./controller/group-snapshots.ts";
 import { getVolume, getVolumeHealth, listVolumeHealth } from "./controller/health.ts";
 import { getCapacity, getSnapshot, listSnapshots, listVolumes } from "./controller/listing.ts";
+import { modifyVolume } from "./controller/modify.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
 import { publishVolume, unpublishVolume } from "./controller/publish.ts";
 import { createSnapshot, deleteSnapshot } from "./controller/snapshots.ts";
@@ -39,10 +40,10 @@ export type { ControllerOptions } from "./controller/state.ts";
 
 /**
  * What ControllerGetCapabilities advertises, and nothing else: every entry is backed by a handler
- * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only). Read-only
- * publication is enforced by the node (read-only mounts, read-only block devices): the target ACL
- * admits a host for reads and writes alike, so a reader host is trusted to the node plugin, and
- * readers never share a volume with a writer. ModifyVolume (no mutable parameters) is absent.
+ * below. Snapshots and clones are SPDK lvol snapshots and clones (spdk backend only); ModifyVolume
+ * changes QoS limits (spdk backend only). Read-only publication is enforced by the node (read-only
+ * mounts, read-only block devices): the target ACL admits a host for reads and writes alike, so a
+ * reader host is trusted to the node plugin, and readers never share a volume with a writer.
  */
 export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.CREATE_DELETE_VOLUME,
@@ -60,6 +61,7 @@ export const CONTROLLER_CAPABILITIES: readonly Cap[] = [
   Cap.LIST_SNAPSHOTS,
   Cap.GET_SNAPSHOT,
   Cap.CLONE_VOLUME,
+  Cap.MODIFY_VOLUME,
 ];
 
 /**
@@ -179,6 +181,7 @@ export class CsiController {
       controllerGetVolumeHealth: (r) => getVolumeHealth(s, r),
       controllerListVolumeHealth: (r) => listVolumeHealth(s, r),
       controllerExpandVolume: (r, ctx) => expandVolume(s, r, ctx),
+      controllerModifyVolume: (r, ctx) => modifyVolume(s, r, ctx),
       createSnapshot: (r, ctx) => createSnapshot(s, r, ctx),
       deleteSnapshot: (r, ctx) => deleteSnapshot(s, r, ctx),
       listSnapshots: (r) => listSnapshots(s, r),

@@ -7,7 +7,7 @@ import { join, relative, resolve } from "node:path";
 import * as v from "valibot";
 import { SPDK_MEM_SIZE_MB } from "../agent/config.ts";
 import { BackendSchema, TransportSchema } from "../api/common.ts";
-import { VolumeManagerSchema } from "../api/nvme-partition.ts";
+import { MAX_QOS_IOPS, MAX_QOS_MBPS, QOS_IOPS_UNIT, VolumeManagerSchema } from "../api/nvme-partition.ts";
 import { SUPPORTED_FS_TYPES } from "../csi/controller/capabilities.ts";
 import { MAX_LCORES } from "../lib/spdk/core-mask.ts";
 
@@ -89,6 +89,28 @@ const CORE_MASK = new RegExp(`^0x0*[1-9a-fA-F][0-9a-fA-F]{0,${MAX_LCORES / 4 - 1
 
 const LogLevel = v.picklist(["debug", "info", "warn", "error"]);
 
+// The qos.* parameters of csi/controller/qos-parameters.ts, as numbers (rendered as strings).
+const QosSchema = v.pipe(
+  v.strictObject({
+    rwIops: v.optional(
+      v.pipe(
+        int(0, MAX_QOS_IOPS),
+        v.multipleOf(QOS_IOPS_UNIT),
+        v.description("read+write IOPS; 0 unlimited"),
+      ),
+    ),
+    rwMBps: v.optional(v.pipe(int(0, MAX_QOS_MBPS), v.description("read+write MiB/s; 0 unlimited"))),
+    rMBps: v.optional(v.pipe(int(0, MAX_QOS_MBPS), v.description("read MiB/s; 0 unlimited"))),
+    wMBps: v.optional(v.pipe(int(0, MAX_QOS_MBPS), v.description("write MiB/s; 0 unlimited"))),
+  }),
+  v.description("SPDK bdev QoS limits (spdk backend only)"),
+);
+
+const VolumeAttributesClassSchema = v.strictObject({
+  name: name("VolumeAttributesClass name"),
+  qos: QosSchema,
+});
+
 // csi/controller/parameters.ts refuses a volume manager that belongs to the other backend.
 const MANAGER_BACKEND = { "spdk-lvol": "spdk", parted: "kernel" } as const;
 
@@ -119,6 +141,7 @@ const StorageClassSchema = v.pipe(
         fastIoFailTmo: v.optional(v.pipe(int(-1, 86400), v.description("seconds until queued I/O fails"))),
       }),
     ),
+    qos: v.optional(QosSchema),
     dhchapSecret: v.optional(
       v.strictObject({
         name: name("Secret (in the release namespace) holding the DH-HMAC-CHAP key"),
@@ -316,6 +339,9 @@ export const ValuesSchema = v.strictObject({
     }),
   }),
   storageClasses: v.array(StorageClassSchema),
+  // Classes a claim may switch to (spec.volumeAttributesClassName); the resizer then calls
+  // ControllerModifyVolume. Their limits apply to spdk-backend volumes only.
+  volumeAttributesClasses: v.array(VolumeAttributesClassSchema),
   dpu: v.strictObject({
     enabled: v.boolean(),
     pluginName: v.pipe(v.string(), v.regex(DNS_LABEL), v.description("DPF plugin name (socket directory)")),

@@ -74,6 +74,9 @@ if (import.meta.main) {
       mkdirSync(work, { recursive: true });
       const params = join(work, "parameters.yaml");
       writeFileSync(params, "transport: tcp\n");
+      // What a VolumeAttributesClass would carry: the ModifyVolume specs create and modify with it.
+      const mutable = join(work, "mutable-parameters.yaml");
+      writeFileSync(mutable, 'qos.rwIops: "2000"\nqos.wMBps: "40"\n');
       say(`stack ready in ${Math.round(performance.now() - t0)} ms; running csi-sanity ${CSI_TEST_VERSION}`);
       const run = Bun.spawn(
         [
@@ -85,6 +88,7 @@ if (import.meta.main) {
           `--csi.testvolumesize=${64 * 1024 * 1024}`,
           `--csi.testvolumeexpandsize=${128 * 1024 * 1024}`,
           `--csi.testvolumeparameters=${params}`,
+          `--csi.testvolumemutableparameters=${mutable}`,
           "--ginkgo.timeout=20m",
           "--ginkgo.no-color",
           ...process.argv.slice(2),

@@ -91,6 +91,17 @@ export interface ExportState {
   connectedHosts?: string[];
 }
 
+/** I/O rate limits of one volume, SPDK's four (bdev_set_qos_limit); 0 is unlimited. */
+export interface QosLimits {
+  rwIosPerSec: number;
+  rwMBytesPerSec: number;
+  rMBytesPerSec: number;
+  wMBytesPerSec: number;
+}
+
+/** No limit at all: what a volume without spec.qos gets, and what a fresh bdev has. */
+export const UNLIMITED: QosLimits = { rwIosPerSec: 0, rwMBytesPerSec: 0, rMBytesPerSec: 0, wMBytesPerSec: 0 };
+
 export interface TargetBackend {
   readonly name: BackendName;
   /** Makes the drive usable by this backend (driver binding, controller attach). Idempotent. */
@@ -111,6 +122,13 @@ export interface TargetBackend {
    * a host whose key changed is revoked and re-admitted with the new one.
    */
   setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void>;
+  /**
+   * Makes the volume's rate limits exactly `limits` and returns what the target reports enforcing
+   * afterwards, with `changed` when it had to set them (a fresh bdev after a target restart is
+   * unlimited). Idempotent: limits already in force cost one read. Absent on a backend without
+   * per-volume rate limits (nvmet).
+   */
+  applyQos?(volume: Volume, limits: QosLimits): Promise<{ applied: QosLimits; changed: boolean }>;
   /** Removes the export (hosts first, then listener, namespace, subsystem). Absent counts as done. */
   removeExport(nqn: string): Promise<void>;
 }

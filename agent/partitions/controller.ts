@@ -21,6 +21,7 @@ import {
   type BackendName,
   type DeviceRef,
   DRIVE_MISSING,
+  type QosLimits,
   type TargetBackend,
   type Transport,
   type VolumeManager,
@@ -32,6 +33,7 @@ import {
   backendOf,
   DEVICE_STATUS_REASONS,
   decide,
+  isUnlimited,
   PARTITION_FINALIZER,
   type ResolvedSource,
   type Target,
@@ -54,6 +56,7 @@ export const PROVISION_STEPS = [
   "layout",
   "volume",
   "export",
+  "qos",
   "acl",
   "status",
 ] as const;
@@ -466,6 +469,19 @@ export class PartitionController {
       serialNumber: serialNumberFor(t.volume.externalId),
     });
     await this.step("export", key);
+    // Limits before the ACL: after a target restart no host is back before its limits are.
+    let applied: QosLimits | undefined;
+    if (backend.applyQos) {
+      const r = await backend.applyQos(volume, t.qos);
+      applied = r.applied;
+      if (r.changed && p.status?.state === "Exported") log.info("rate limits applied", { ...applied });
+    } else if (!isUnlimited(t.qos)) {
+      // decide() refuses this for the kernel backend; any other backend without QoS lands here.
+      throw new TerminalError(
+        new StorageError("unimplemented", `the ${t.backend} backend cannot enforce spec.qos rate limits`),
+      );
+    }
+    await this.step("qos", key);
     const hosts = desiredHosts(p, this.attachmentsFor(p));
     await backend.setHosts(t.nqn, hosts, await hostKeysFor(p, hosts, this.o.secrets));
     await this.step("acl", key);
@@ -500,6 +516,8 @@ export class PartitionController {
         s.portalPort = port;
         s.transport = transport;
         s.allocatedBytes = volume.sizeBytes;
+        if (applied) s.qos = applied;
+        else delete s.qos;
       },
       {
         type: "Ready",

@@ -102,6 +102,28 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     "release",
     "NotReserved",
   ],
+  [
+    "kernel partition with rate limits",
+    obs({
+      partition: part((p) => {
+        p.spec.backend = "kernel";
+        p.spec.qos = { rwIosPerSec: 2000 };
+      }),
+    }),
+    "refuse",
+    "QosUnsupported",
+  ],
+  [
+    "kernel partition whose limits are all 0 (unlimited)",
+    obs({
+      partition: part((p) => {
+        p.spec.backend = "kernel";
+        p.spec.qos = { rwIosPerSec: 0, rMBytesPerSec: 0 };
+      }),
+      device: dev((d) => delete d.status!.activeBackend),
+    }),
+    "provision",
+  ],
   ["drive serial differs", obs({ device: dev((d) => (d.spec.serial = "X")) }), "refuse", "DeviceMismatch"],
   ["ready to provision", obs({}), "provision"],
   [
@@ -207,6 +229,25 @@ describe("decide", () => {
         x.status = { state: "Exported", conditions: [] };
       });
       expect(decide(obs({ partition: p, contentSource: null })).action).toBe("provision");
+    });
+  });
+
+  test("spec.qos is the whole desired state: absent limits (and an absent spec.qos) are 0", () => {
+    const limited = decide(
+      obs({ partition: part((x) => (x.spec.qos = { rwIosPerSec: 3000, wMBytesPerSec: 40 })) }),
+    );
+    expect(limited.action === "provision" && limited.target.qos).toEqual({
+      rwIosPerSec: 3000,
+      rwMBytesPerSec: 0,
+      rMBytesPerSec: 0,
+      wMBytesPerSec: 40,
+    });
+    const plain = decide(obs({}));
+    expect(plain.action === "provision" && plain.target.qos).toEqual({
+      rwIosPerSec: 0,
+      rwMBytesPerSec: 0,
+      rMBytesPerSec: 0,
+      wMBytesPerSec: 0,
     });
   });
 

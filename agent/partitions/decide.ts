@@ -3,7 +3,13 @@
 // controller runs the decision through the backend and volume-manager ports.
 import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
 import { roundUpToUnit as roundUp } from "../../lib/units.ts";
-import type { BackendName, VolumeManagerName, VolumeSpec } from "../backends/types.ts";
+import {
+  type BackendName,
+  type QosLimits,
+  UNLIMITED,
+  type VolumeManagerName,
+  type VolumeSpec,
+} from "../backends/types.ts";
 import { externalIdFor, nqnFor, snapshotExternalIdFor } from "./identity.ts";
 
 export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
@@ -42,6 +48,25 @@ export interface Target {
   volumeManager: VolumeManagerName;
   volume: VolumeSpec;
   nqn: string;
+  /** The rate limits the volume must have: spec.qos with every absent limit 0 (unlimited). */
+  qos: QosLimits;
+}
+
+/** spec.qos as the complete desired state: an absent limit (or an absent spec.qos) is unlimited. */
+export function qosLimitsOf(p: NVMePartition): QosLimits {
+  const q = p.spec.qos;
+  if (!q) return { ...UNLIMITED };
+  return {
+    rwIosPerSec: q.rwIosPerSec ?? 0,
+    rwMBytesPerSec: q.rwMBytesPerSec ?? 0,
+    rMBytesPerSec: q.rMBytesPerSec ?? 0,
+    wMBytesPerSec: q.wMBytesPerSec ?? 0,
+  };
+}
+
+/** Whether `q` limits nothing. */
+export function isUnlimited(q: QosLimits): boolean {
+  return q.rwIosPerSec === 0 && q.rwMBytesPerSec === 0 && q.rMBytesPerSec === 0 && q.wMBytesPerSec === 0;
 }
 
 export type Decision =
@@ -92,6 +117,7 @@ function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
     backend,
     volumeManager: resolveVolumeManager(backend, p.spec.volumeManager),
     nqn: nqnFor(externalId),
+    qos: qosLimitsOf(p),
     volume: {
       externalId,
       sizeBytes: roundUp(p.spec.sizeBytes),
@@ -223,6 +249,16 @@ export function decide(o: Observed): Decision {
   }
   const sourceWhy = contentSourceProblem(p, o.contentSource);
   if (sourceWhy) return { action: "refuse", why: sourceWhy };
+  if (t.backend === "kernel" && !isUnlimited(t.qos)) {
+    return {
+      action: "refuse",
+      why: {
+        reason: "QosUnsupported",
+        message:
+          "spec.qos sets rate limits, which the kernel backend cannot enforce: nvmet has no per-namespace QoS",
+      },
+    };
+  }
   const active = d.status?.activeBackend;
   if (active && active !== t.backend) {
     return {

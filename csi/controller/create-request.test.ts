@@ -39,7 +39,19 @@ const refusals: [string, ReturnType<typeof req>, string, string][] = [
   ["unknown parameter", req({ parameters: { replicas: "3" } }), "invalid", "unknown parameter"],
   ["malformed parameter", req({ parameters: { ctrlLossTmo: "abc" } }), "invalid", "ctrlLossTmo"],
   ["fsType clash", req({ parameters: { fsType: "xfs" } }), "invalid", "contradicts"],
-  ["mutable parameters", req({ mutableParameters: { iops: "1" } }), "invalid", "mutable_parameters"],
+  ["unknown mutable parameter", req({ mutableParameters: { iops: "1" } }), "invalid", "mutable_parameters"],
+  [
+    "IOPS limit off SPDK's step",
+    req({ parameters: { "qos.rwIops": "2500" } }),
+    "invalid",
+    "multiple of 1000",
+  ],
+  [
+    "limits on the kernel backend",
+    req({ parameters: { backend: "kernel" }, mutableParameters: { "qos.wMBps": "10" } }),
+    "invalid",
+    "no per-namespace rate limits",
+  ],
   [
     "mkfsOptions forcing",
     req({ parameters: { mkfsOptions: "-F" } }),
@@ -163,4 +175,22 @@ test("mkfsOptions are normalized and recorded; a block volume ignores them", () 
   expect(readRecord(buildPartition(plan, NS).metadata.annotations)?.params.mkfsOptions).toBe(
     "-b 4096 -E nodiscard",
   );
+});
+
+test("StorageClass qos.* with the VolumeAttributesClass's on top become spec.qos, outside the fingerprint", () => {
+  const plan = planCreateVolume(
+    req({
+      parameters: { "qos.rwIops": "4000", "qos.wMBps": "30" },
+      mutableParameters: { "qos.wMBps": "20" },
+    }),
+    opts,
+  );
+  const p = buildPartition(plan, NS);
+  expect(v.safeParse(NVMePartitionSchema, p).success).toBe(true);
+  expect(p.spec.qos).toEqual({ rwIosPerSec: 4000, wMBytesPerSec: 20 });
+  // A later ModifyVolume changes spec.qos: a retried CreateVolume must still find its volume.
+  expect(plan.fingerprint).toBe(planCreateVolume(req(), opts).fingerprint);
+  // All-zero limits on the kernel backend are unlimited, which nvmet is: no spec.qos at all.
+  const kernel = planCreateVolume(req({ parameters: { backend: "kernel", "qos.rMBps": "0" } }), opts);
+  expect(buildPartition(kernel, NS).spec.qos).toBeUndefined();
 });

@@ -5,6 +5,7 @@ import {
   API_VERSION,
   type ContentSource,
   type NVMePartition,
+  type QosLimits,
   type TopologyRequirement,
 } from "../../api/index.ts";
 import type { CreateVolumeRequest } from "../../gen/csi/v1/csi_pb.ts";
@@ -21,6 +22,7 @@ import {
   type VolumeRecord,
 } from "./fingerprint.ts";
 import { type ParsedParameters, parseParameters } from "./parameters.ts";
+import { parseMutableParameters, requireQosBackend } from "./qos-parameters.ts";
 import { toPartitionTopology } from "./topology.ts";
 import { MAX_REQUEST_NAME_LENGTH, partitionNameFor } from "./volume-id.ts";
 
@@ -31,6 +33,8 @@ export interface CreatePlan {
   topology?: TopologyRequirement;
   fingerprint: string;
   provisioner: ParsedParameters["provisioner"];
+  /** Initial spec.qos: the StorageClass's qos.* with the mutable parameters' on top (spdk only). */
+  qos?: QosLimits;
 }
 
 export interface PlanOptions {
@@ -44,8 +48,9 @@ export interface PlanOptions {
  * Validates `req` and returns the plan, or throws: INVALID_ARGUMENT (missing or over-long name,
  * missing or unsupported capabilities, malformed range, unknown or bad parameters, an fsType
  * parameter contradicting a capability, mkfsOptions outside the allow-list of the filesystem (or
- * for a mount of unknown filesystem), a content source on the kernel backend, mutable
- * parameters), OUT_OF_RANGE (a capacity no 4 MiB multiple satisfies). Content sources that pass
+ * for a mount of unknown filesystem), a content source on the kernel backend, mutable parameters
+ * other than qos.*, QoS limits on the kernel backend), OUT_OF_RANGE (a capacity no 4 MiB multiple
+ * satisfies). Content sources that pass
  * are still only validated: the caller decides whether it can honour them.
  */
 export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): CreatePlan {
@@ -55,7 +60,7 @@ export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): Crea
     throw invalidArgument(`name is ${nameBytes} bytes long; at most ${MAX_REQUEST_NAME_LENGTH} are allowed`);
   const capabilities = requireSupported(req.volumeCapabilities, "volume_capabilities");
   const sizeBytes = resolveCapacity(req.capacityRange, o.defaultVolumeBytes);
-  const { params, provisioner } = parseParameters(req.parameters, o.namespace);
+  const { params, provisioner, qos: parsedQos } = parseParameters(req.parameters, o.namespace);
   if (params.fsType) {
     const clash = capabilities.find((c) => c.access === "mount" && c.fsType && c.fsType !== params.fsType);
     if (clash) {
@@ -76,8 +81,10 @@ export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): Crea
       parseMkfsOptions(params.mkfsOptions, fs); // StorageError "invalid": INVALID_ARGUMENT
     }
   }
-  if (Object.keys(req.mutableParameters).length > 0)
-    throw invalidArgument("mutable_parameters are not supported: DISTORT does not offer MODIFY_VOLUME");
+  // A VolumeAttributesClass's qos.* override the StorageClass's, key by key.
+  const mutable = parseMutableParameters(req.mutableParameters);
+  requireQosBackend(params.backend, mutable, "mutable_parameters");
+  const qos = parsedQos || mutable ? { ...parsedQos, ...mutable } : undefined;
   let source: VolumeRecord["source"];
   const cs = req.volumeContentSource?.type;
   if (cs?.case === "volume" || cs?.case === "snapshot") {
@@ -101,6 +108,8 @@ export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): Crea
     ...(topology ? { topology } : {}),
     fingerprint: fingerprintOf(record, topology),
     provisioner,
+    // All-zero limits on the kernel backend passed requireQosBackend: nvmet is unlimited anyway.
+    ...(qos && params.backend === "spdk" ? { qos } : {}),
   };
 }
 
@@ -141,6 +150,7 @@ export function buildPartition(
       },
       ...(plan.topology ? { topology: plan.topology } : {}),
       ...(contentSource ? { contentSource } : {}),
+      ...(plan.qos ? { qos: plan.qos } : {}),
     },
   };
 }

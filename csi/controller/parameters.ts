@@ -2,10 +2,11 @@
 // (defaults filled in, so equal requests compare equal). Unknown keys are refused, except the
 // csi.storage.k8s.io/* keys the external-provisioner adds. Pure.
 import * as v from "valibot";
-import type { Backend, Transport, VolumeManager } from "../../api/index.ts";
+import type { Backend, QosLimits, Transport, VolumeManager } from "../../api/index.ts";
 import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import { describeIssues, invalidArgument } from "../errors.ts";
 import { type FsType, SUPPORTED_FS_TYPES } from "./capabilities.ts";
+import { isQosParameter, parseQos, QOS_PARAMETER_KEYS, requireQosBackend } from "./qos-parameters.ts";
 
 /** Prefix of the keys the external-provisioner adds (--extra-create-metadata) or interprets. */
 export const PROVISIONER_PREFIX = "csi.storage.k8s.io/";
@@ -67,7 +68,10 @@ const ParametersSchema = v.object({
 });
 
 /** The parameter names DISTORT understands. */
-export const KNOWN_PARAMETERS: readonly string[] = Object.keys(ParametersSchema.entries);
+export const KNOWN_PARAMETERS: readonly string[] = [
+  ...Object.keys(ParametersSchema.entries),
+  ...QOS_PARAMETER_KEYS,
+];
 
 /** Parsed parameters with defaults; the shape the fingerprint and the partition spec are built from. */
 export interface VolumeParameters {
@@ -87,12 +91,17 @@ export interface ParsedParameters {
   params: VolumeParameters;
   /** The csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name values, when present. */
   provisioner: { pvcName?: string; pvcNamespace?: string; pvName?: string };
+  /**
+   * The qos.* limits (initial spec.qos; a VolumeAttributesClass may change them later, so they
+   * are kept out of `params` and the fingerprint). Absent when none is given.
+   */
+  qos?: QosLimits;
 }
 
 /**
  * Parses a CreateVolume (or GetCapacity / ValidateVolumeCapabilities) parameter map. Throws
  * INVALID_ARGUMENT naming the parameter: unknown keys, bad values, a volume manager that does not
- * belong to the backend, and DH-HMAC-CHAP settings (validated, then refused: the agent does not
+ * belong to the backend, QoS limits (qos.*) that are malformed or on the kernel backend, and DH-HMAC-CHAP settings (validated, then refused: the agent does not
  * configure target keys yet, and exporting without the authentication a StorageClass asked for
  * would be worse than failing). `driverNamespace` is where the partition, and so any Secret it
  * references, lives.
@@ -102,6 +111,7 @@ export function parseParameters(
   driverNamespace: string,
 ): ParsedParameters {
   const own: Record<string, string> = {};
+  const qosRaw: Record<string, string> = {};
   const provisioner: ParsedParameters["provisioner"] = {};
   const unknown: string[] = [];
   for (const [k, val] of Object.entries(raw)) {
@@ -111,7 +121,8 @@ export function parseParameters(
       else if (k === ProvisionerKeys.pvName) provisioner.pvName = val;
       continue;
     }
-    if (!KNOWN_PARAMETERS.includes(k)) unknown.push(k);
+    if (isQosParameter(k)) qosRaw[k] = val;
+    else if (!KNOWN_PARAMETERS.includes(k)) unknown.push(k);
     else own[k] = val;
   }
   if (unknown.length > 0) {
@@ -142,6 +153,8 @@ export function parseParameters(
       "DH-HMAC-CHAP (dhchapSecretName) is not supported yet: the storage agent does not install target keys, and DISTORT will not export a volume without the authentication its StorageClass asks for",
     );
   }
+  const qos = parseQos(qosRaw, "parameter");
+  requireQosBackend(p.backend, qos, "parameters");
   const params: VolumeParameters = {
     backend: p.backend,
     volumeManager: p.volumeManager,
@@ -155,5 +168,5 @@ export function parseParameters(
       ? {}
       : { mkfsOptions: p.mkfsOptions.trim().split(/\s+/).join(" ") }),
   };
-  return { params, provisioner };
+  return { params, provisioner, ...(qos ? { qos } : {}) };
 }

@@ -27,6 +27,7 @@ import {
   type VolumeRecord,
 } from "./fingerprint.ts";
 import { parseParameters } from "./parameters.ts";
+import { parseMutableParameters, requireQosBackend } from "./qos-parameters.ts";
 import type { ControllerState } from "./state.ts";
 import { attachmentNameFor, type VolumeRef } from "./volume-id.ts";
 import { createVerdict, progressOf, volumeContextOf } from "./volume-view.ts";
@@ -292,13 +293,23 @@ export async function validateVolumeCapabilities(c: ControllerState, req: Valida
     if (canonicalJson(params) !== canonicalJson(have))
       return unconfirmed(`parameters differ from the volume's: it was created with ${canonicalJson(have)}`);
   }
-  if (Object.keys(req.mutableParameters).length > 0)
-    return unconfirmed("mutable_parameters are not supported");
+  if (Object.keys(req.mutableParameters).length > 0) {
+    try {
+      requireQosBackend(
+        p.spec.backend ?? "spdk",
+        parseMutableParameters(req.mutableParameters),
+        "mutable_parameters",
+      );
+    } catch (err) {
+      return unconfirmed(errorMessage(err));
+    }
+  }
   return {
     confirmed: {
       volumeContext: req.volumeContext,
       volumeCapabilities: req.volumeCapabilities,
       parameters: req.parameters,
+      mutableParameters: req.mutableParameters,
     },
   };
 }

@@ -55,6 +55,7 @@ test.each([
   ["bad device number", "22 1 x:y / / rw - ext4 /dev/x rw"],
   ["relative mount point", "22 1 8:1 / mnt rw - ext4 /dev/x rw"],
   ["truncated", "22 1 8:1 / /mnt rw -"],
+  ["relative root", "22 1 8:1 sub /mnt rw - ext4 /dev/x rw"],
 ])("rejects %s", (_name, line) => {
   expect(() => parseMountinfoLine(line)).toThrow(StorageError);
 });

@@ -545,3 +545,53 @@ describe("subsystem serialisation", () => {
     expect(nsid).toBe(2);
   });
 });
+
+describe("bdev_set_qos_limit against the QoS capture (testdata/spdk-v25.05.1-qos.jsonl)", () => {
+  const qos = loadTranscript("spdk-v25.05.1-qos.jsonl");
+  /** Refused before sending: SPDK's reply to these is only "spdk_json_decode_object failed". */
+  const LOCAL: Record<number, string> = {
+    172: "a fractional MB/s",
+    176: "no limit at all (SPDK: -22)",
+    178: "a negative limit",
+    179: "a limit sent as a string",
+  };
+  for (const rec of qos.filter((r) => r.method === "bdev_set_qos_limit")) {
+    const params = (rec.request as { params: Params }).params;
+    const response = rec.response as { error?: { code: number; message: string } };
+    if (LOCAL[rec.seq] !== undefined) {
+      test(`seq ${rec.seq}: ${LOCAL[rec.seq]} is refused as invalid with nothing sent`, async () => {
+        answer = undefined;
+        const before = server.requests.length;
+        const err = await m.bdevSetQosLimit(params).then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        expect((err as StorageError).kind).toBe("invalid");
+        expect(server.requests.length).toBe(before);
+      });
+      continue;
+    }
+    test(`seq ${rec.seq}: same request; ${response.error ? `error ${response.error.code}` : "true"}`, async () => {
+      answerWith(rec);
+      const before = server.requests.length;
+      const outcome = await m.bdevSetQosLimit(params).then(
+        () => ({ ok: true }),
+        (error: unknown) => ({ error }),
+      );
+      expect(withoutId(server.requests[before] as WireRequest)).toEqual(withoutId(rec.request));
+      if (response.error) expect((outcome as { error: SpdkError }).error.code).toBe(response.error.code);
+      else expect(outcome).toEqual({ ok: true });
+    });
+  }
+  test("bdev_get_bdevs replies carry the assigned limits", async () => {
+    const rec = qos.find((r) => r.seq === 175) as TranscriptRecord;
+    answerWith(rec);
+    const [b] = await m.bdevGetBdevs({ name: "m0" });
+    expect(b?.assigned_rate_limits).toEqual({
+      rw_ios_per_sec: 1000,
+      rw_mbytes_per_sec: 100,
+      r_mbytes_per_sec: 50,
+      w_mbytes_per_sec: 20,
+    });
+  });
+});

@@ -12,6 +12,7 @@ export type RpcGetMethodsParams = v.InferInput<typeof P.RpcGetMethodsParams>;
 export type IobufSetOptionsParams = v.InferInput<typeof P.IobufSetOptionsParams>;
 export type BdevGetBdevsParams = v.InferInput<typeof P.BdevGetBdevsParams>;
 export type NvmeAttachParams = v.InferInput<typeof P.NvmeAttachParams>;
+export type BdevSetQosLimitParams = v.InferInput<typeof P.BdevSetQosLimitParams>;
 export type NvmeDetachPathParams = v.InferInput<typeof P.NvmeDetachPathParams>;
 export type LvstoreSelector = v.InferInput<typeof P.LvstoreSelectorParams>;
 export type LvstoreCreateParams = v.InferInput<typeof P.LvstoreCreateParams>;
@@ -171,6 +172,16 @@ export class SpdkMethods {
   async bdevGetBdevs(params: BdevGetBdevsParams = {}, opts?: CallOptions): Promise<S.Bdev[]> {
     const p = checkParams("bdev_get_bdevs", P.BdevGetBdevsParams, params);
     return this.#call("bdev_get_bdevs", p, S.BdevListSchema, opts);
+  }
+
+  /**
+   * bdev_set_qos_limit: sets the named limits of one bdev (name or alias), leaving the others as
+   * they are; 0 clears a limit. Idempotent. Unknown bdev: "not-found" (-19). SPDK rounds an
+   * rw_ios_per_sec that is not a multiple of 1000 up: read assigned_rate_limits back for the truth.
+   */
+  async bdevSetQosLimit(params: BdevSetQosLimitParams, opts?: CallOptions): Promise<void> {
+    const p = checkParams("bdev_set_qos_limit", P.BdevSetQosLimitParams, params);
+    await this.#call("bdev_set_qos_limit", p, S.TrueResultSchema, opts);
   }
 
   /**

@@ -87,6 +87,32 @@ export const BdevGetBdevsParams = v.strictObject({
   timeout: v.optional(U32),
 });
 
+/** A QoS limit: SPDK decodes a uint64 and refuses fractions, negatives and strings. */
+const QosLimit = v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(Number.MAX_SAFE_INTEGER));
+
+/**
+ * bdev_set_qos_limit: at least one limit (SPDK: -22 "No rate limits specified"). A limit left out
+ * keeps its value on the bdev; 0 clears it. rw_ios_per_sec not a multiple of 1000 is rounded up by
+ * SPDK, silently to the caller.
+ */
+export const BdevSetQosLimitParams = v.pipe(
+  v.strictObject({
+    name: Name,
+    rw_ios_per_sec: v.optional(QosLimit),
+    rw_mbytes_per_sec: v.optional(QosLimit),
+    r_mbytes_per_sec: v.optional(QosLimit),
+    w_mbytes_per_sec: v.optional(QosLimit),
+  }),
+  v.check(
+    (p) =>
+      p.rw_ios_per_sec !== undefined ||
+      p.rw_mbytes_per_sec !== undefined ||
+      p.r_mbytes_per_sec !== undefined ||
+      p.w_mbytes_per_sec !== undefined,
+    "at least one rate limit is required",
+  ),
+);
+
 export const NvmeAttachParams = v.strictObject({
   name: Name,
   trtype: Trtype,

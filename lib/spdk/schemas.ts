@@ -116,6 +116,14 @@ export const BdevSchema = v.looseObject({
   block_size: Count,
   num_blocks: Count,
   uuid: v.optional(Uuid),
+  assigned_rate_limits: v.optional(
+    v.object({
+      rw_ios_per_sec: Count,
+      rw_mbytes_per_sec: Count,
+      r_mbytes_per_sec: Count,
+      w_mbytes_per_sec: Count,
+    }),
+  ),
   claimed: v.optional(v.boolean()),
   claim_type: v.optional(v.string()),
   /** What the bdev's module serves natively; NVMe: unmap iff ONCS DSM, write_zeroes iff ONCS Write Zeroes. */

@@ -159,9 +159,9 @@ const RecordSchema = v.looseObject({
 });
 export type TranscriptRecord = v.InferOutput<typeof RecordSchema>;
 
-/** The 189 records captured from SPDK v25.05.1, in capture order. */
-export function loadTranscript(): TranscriptRecord[] {
-  const text = readFileSync(new URL("../../testdata/spdk-v25.05.1.jsonl", import.meta.url), "utf8");
+/** Records captured from SPDK v25.05.1 (testdata/<file>, the 189-record capture by default), in capture order. */
+export function loadTranscript(file = "spdk-v25.05.1.jsonl"): TranscriptRecord[] {
+  const text = readFileSync(new URL(`../../testdata/${file}`, import.meta.url), "utf8");
   return text
     .split("\n")
     .filter((line) => line.trim() !== "")

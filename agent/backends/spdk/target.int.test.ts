@@ -80,3 +80,29 @@ test("a portal another target holds fails the export instead of counting the lis
     { transport: "tcp", address: "10.20.0.1", port: 4420 },
   ]);
 });
+
+test("applyQos sets the four limits once, reads them back, and is a read only when they are in force", async () => {
+  const t = targets[0] as SpdkTarget;
+  const rpc = clients[0] as SpdkClient;
+  const vol = { externalId: "qos1", backendPath: "m0", sizeBytes: 8 * 1024 * 1024 };
+  const limits = { rwIosPerSec: 3000, rwMBytesPerSec: 0, rMBytesPerSec: 50, wMBytesPerSec: 20 };
+  expect(await t.applyQos(vol, limits)).toEqual({ applied: limits, changed: true });
+  const [b] = (await rpc.call("bdev_get_bdevs", { name: "m0" })) as { assigned_rate_limits: unknown }[];
+  expect(b?.assigned_rate_limits).toEqual({
+    rw_ios_per_sec: 3000,
+    rw_mbytes_per_sec: 0,
+    r_mbytes_per_sec: 50,
+    w_mbytes_per_sec: 20,
+  });
+  expect(await t.applyQos(vol, limits)).toEqual({ applied: limits, changed: false });
+  // Lowering one limit to 0 clears it on the target: the call always carries the whole state.
+  const cleared = { ...limits, rMBytesPerSec: 0 };
+  expect(await t.applyQos(vol, cleared)).toEqual({ applied: cleared, changed: true });
+  const gone = await t.applyQos({ ...vol, backendPath: "nope" }, limits).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect((gone as StorageError).kind).toBe("not-found");
+  // Leave m0 unlimited for the other tests.
+  await t.applyQos(vol, { rwIosPerSec: 0, rwMBytesPerSec: 0, rMBytesPerSec: 0, wMBytesPerSec: 0 });
+});

@@ -16,8 +16,10 @@ import {
   type ExportSpec,
   type ExportState,
   type HostKeys,
+  type QosLimits,
   type TargetBackend,
   type Transport,
+  type Volume,
 } from "../types.ts";
 
 /** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
@@ -186,6 +188,49 @@ export class SpdkTarget implements TargetBackend {
       if (isKind(err, "not-found")) return undefined;
       throw err;
     }
+  }
+
+  /**
+   * bdev QoS on the volume's bdev: reads assigned_rate_limits, sets all four limits when any
+   * differs (so the call is the whole desired state, never a partial update), and reads back.
+   * "not-found" when the bdev is gone.
+   */
+  async applyQos(volume: Volume, limits: QosLimits): Promise<{ applied: QosLimits; changed: boolean }> {
+    const read = async (): Promise<QosLimits> => {
+      const [bdev] = await this.m.bdevGetBdevs({ name: volume.backendPath });
+      const a = bdev?.assigned_rate_limits;
+      if (!a)
+        throw new StorageError("internal", `bdev ${volume.backendPath} reports no assigned_rate_limits`);
+      return {
+        rwIosPerSec: a.rw_ios_per_sec,
+        rwMBytesPerSec: a.rw_mbytes_per_sec,
+        rMBytesPerSec: a.r_mbytes_per_sec,
+        wMBytesPerSec: a.w_mbytes_per_sec,
+      };
+    };
+    const same = (a: QosLimits) =>
+      a.rwIosPerSec === limits.rwIosPerSec &&
+      a.rwMBytesPerSec === limits.rwMBytesPerSec &&
+      a.rMBytesPerSec === limits.rMBytesPerSec &&
+      a.wMBytesPerSec === limits.wMBytesPerSec;
+    const before = await read();
+    if (same(before)) return { applied: before, changed: false };
+    await this.m.bdevSetQosLimit({
+      name: volume.backendPath,
+      rw_ios_per_sec: limits.rwIosPerSec,
+      rw_mbytes_per_sec: limits.rwMBytesPerSec,
+      r_mbytes_per_sec: limits.rMBytesPerSec,
+      w_mbytes_per_sec: limits.wMBytesPerSec,
+    });
+    const after = await read();
+    if (!same(after)) {
+      // SPDK rounds IOPS up to its step; spec.qos only admits multiples, so this is drift.
+      throw new StorageError(
+        "internal",
+        `bdev ${volume.backendPath} enforces ${JSON.stringify(after)} after being set to ${JSON.stringify(limits)}`,
+      );
+    }
+    return { applied: after, changed: true };
   }
 
   async inspectExport(nqn: string): Promise<ExportState | undefined> {

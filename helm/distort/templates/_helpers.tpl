@@ -108,3 +108,19 @@ upstream flags alone, and a command chosen in values carries its own mode. Pass 
 {{- $s := index .ctx.Values.sidecars .sidecar -}}
 {{- toYaml (default .default $s.resources) -}}
 {{- end -}}
+
+{{/* The qos.* parameters (csi/controller/qos-parameters.ts) of a StorageClass or VolumeAttributesClass, from {rwIops, rwMBps, rMBps, wMBps}. */}}
+{{- define "distort.qosParameters" -}}
+{{- if hasKey . "rwIops" }}
+qos.rwIops: {{ .rwIops | int64 | quote }}
+{{- end }}
+{{- if hasKey . "rwMBps" }}
+qos.rwMBps: {{ .rwMBps | int64 | quote }}
+{{- end }}
+{{- if hasKey . "rMBps" }}
+qos.rMBps: {{ .rMBps | int64 | quote }}
+{{- end }}
+{{- if hasKey . "wMBps" }}
+qos.wMBps: {{ .wMBps | int64 | quote }}
+{{- end }}
+{{- end -}}

@@ -4,6 +4,7 @@
 import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { Clock } from "../../../lib/clock.ts";
 import { silentLogger } from "../../../lib/log.ts";
 import { SpdkClient } from "../../../lib/spdk/client.ts";
 import { type SimDrive, type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
@@ -25,6 +26,8 @@ export interface TestTargetOptions {
   readonly drives?: readonly SimDrive[];
   /** Passed to the emulator (default: the host's loop devices, from sysfs). */
   readonly extentInUse?: ExtentInUse;
+  /** Passed to the emulator (default: the real clock); a ManualClock holds QoS timeslices still. */
+  readonly clock?: Clock;
 }
 
 /** The name of the lvstore exportLvol creates on the first drive. */
@@ -64,6 +67,7 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
     fabric,
     drives: opts.drives,
     extentInUse: opts.extentInUse,
+    clock: opts.clock,
   });
   const rpc = new SpdkClient({ socketPath: emulator.socketPath, logger: silentLogger });
   const transports = new Set<string>();

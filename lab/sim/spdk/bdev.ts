@@ -3,6 +3,7 @@
 // hot-removed with their consumers, and rendered the way bdev_get_bdevs prints them.
 import type { BlockIo, FileExtent } from "./block-io.ts";
 import type { JsonValue } from "./json-stream.ts";
+import type { QosThrottle } from "./qos.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** The module that owns a bdev. */
@@ -152,6 +153,14 @@ export interface BdevInit {
   readonly onRemoved?: () => void;
 }
 
+/** A bdev's QoS limits as bdev_get_bdevs prints them (assigned_rate_limits); 0 is unlimited. */
+export interface RateLimits {
+  rw_ios_per_sec: number;
+  rw_mbytes_per_sec: number;
+  r_mbytes_per_sec: number;
+  w_mbytes_per_sec: number;
+}
+
 /** A registered (or about to be registered) bdev. */
 export class Bdev {
   readonly name: string;
@@ -160,6 +169,15 @@ export class Bdev {
   readonly module: BdevModule;
   readonly init: BdevInit;
   claim: { type: ClaimType; owner: string } | null = null;
+  /** Set by bdev_set_qos_limit; like SPDK's, lost when the bdev is unregistered or the app dies. */
+  rateLimits: RateLimits = {
+    rw_ios_per_sec: 0,
+    rw_mbytes_per_sec: 0,
+    r_mbytes_per_sec: 0,
+    w_mbytes_per_sec: 0,
+  };
+  /** Enforces rateLimits on fabric I/O once a limit was set; undefined while none ever was. */
+  qos: QosThrottle | undefined;
 
   constructor(init: BdevInit) {
     this.init = init;
@@ -192,12 +210,7 @@ export class Bdev {
       uuid: this.uuid,
     };
     if (this.init.numaId !== undefined) out.numa_id = this.init.numaId;
-    out.assigned_rate_limits = {
-      rw_ios_per_sec: 0,
-      rw_mbytes_per_sec: 0,
-      r_mbytes_per_sec: 0,
-      w_mbytes_per_sec: 0,
-    };
+    out.assigned_rate_limits = { ...this.rateLimits };
     out.claimed = this.claim !== null;
     if (this.claim) out.claim_type = this.claim.type;
     out.zoned = false;

@@ -607,9 +607,11 @@ export class NvmfTarget {
       const bdev = ns.bdev;
       switch (msg.op) {
         case "read":
+          await bdev.qos?.admit("read", msg.length);
           send({ op: "data", tag: msg.tag }, await bdev.io.read(msg.offset, msg.length));
           break;
         case "write":
+          await bdev.qos?.admit("write", payload.length);
           await bdev.io.write(msg.offset, payload);
           send({ op: "ok", tag: msg.tag });
           break;

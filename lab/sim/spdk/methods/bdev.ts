@@ -18,10 +18,15 @@ import {
   u32,
   u64,
 } from "../params.ts";
+import { QosThrottle } from "../qos.ts";
 import { Errno, ErrnoError, RpcError } from "../rpc-error.ts";
 
 const UUID_RE = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
 const uuidStr = v.pipe(v.string(), v.regex(UUID_RE));
+
+const QOS_KEYS = ["rw_ios_per_sec", "rw_mbytes_per_sec", "r_mbytes_per_sec", "w_mbytes_per_sec"] as const;
+/** SPDK_BDEV_QOS_MIN_IOS_PER_SEC. */
+const QOS_IOPS_STEP = 1000;
 
 /** The bdev layer methods of `app`. */
 export function bdevMethods(app: App): MethodSpec[] {
@@ -41,6 +46,40 @@ export function bdevMethods(app: App): MethodSpec[] {
         if (found) return [found.toJson()];
         if (!p.timeout) throw RpcError.errno(Errno.ENODEV);
         return waitForBdev(app, p.name, p.timeout);
+      },
+    },
+    {
+      // lib/bdev/bdev_rpc.c rpc_bdev_set_qos_limit and bdev.c spdk_bdev_set_qos_rate_limits.
+      name: "bdev_set_qos_limit",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(
+          req,
+          v.strictObject({
+            name: str,
+            rw_ios_per_sec: v.optional(u64),
+            rw_mbytes_per_sec: v.optional(u64),
+            r_mbytes_per_sec: v.optional(u64),
+            w_mbytes_per_sec: v.optional(u64),
+          }),
+          DECODE_FAILED_INTERNAL,
+        );
+        // The bdev is opened before the limits are looked at.
+        const bdev = registry.get(p.name);
+        if (!bdev) throw RpcError.errno(Errno.ENODEV);
+        const given = QOS_KEYS.filter((k) => p[k] !== undefined);
+        if (given.length === 0) throw new RpcError(-Errno.EINVAL, "No rate limits specified");
+        const next = { ...bdev.rateLimits };
+        for (const k of given) {
+          const value = p[k] as number;
+          // IOPS go in steps of SPDK_BDEV_QOS_MIN_IOS_PER_SEC: anything else is rounded up (logged
+          // by SPDK as a notice, not refused).
+          next[k] = k === "rw_ios_per_sec" ? Math.ceil(value / QOS_IOPS_STEP) * QOS_IOPS_STEP : value;
+        }
+        bdev.rateLimits = next;
+        if (bdev.qos) bdev.qos.setLimits(next);
+        else bdev.qos = new QosThrottle(app.config.clock, next);
+        return true;
       },
     },
     {
