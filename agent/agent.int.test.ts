@@ -406,7 +406,11 @@ test("tenancy: only the partition's own record in the release namespace reaches 
       20_000,
       `${name} Exported`,
     );
-  const victim = await parts.create(placedPartition("p-victim", ns, device, claim, 8 * 1024 * 1024));
+  const victim = await createPlaced(
+    tc.conn,
+    placedPartition("p-victim", ns, device, claim, 8 * 1024 * 1024),
+    device,
+  );
   const uid = victim.metadata.uid as string;
   const nqn = nqnFor(externalIdFor(uid));
   await exported("p-victim");
@@ -442,7 +446,8 @@ test("tenancy: only the partition's own record in the release namespace reaches 
   // A clone whose source name does not hold the UID it quotes is refused, not made from that UID.
   const steal = placedPartition("p-steal", ns, device, claim, 8 * 1024 * 1024);
   steal.spec.contentSource = { kind: "Partition", name: "not-the-victim", uid };
-  await parts.create(steal);
+  // Placed the manager's way (a ledger entry), so only the content source can be what refuses it.
+  await createPlaced(tc.conn, steal, device);
   const refused = await eventually(
     async () => {
       const x = await parts.get("p-steal", ns);
@@ -458,8 +463,8 @@ test("tenancy: only the partition's own record in the release namespace reaches 
 
   // A partition placed in the tenant's namespace is not served: a marker created after it in the
   // release namespace is exported while the tenant's never gets a finalizer or a status.
-  await parts.create(placedPartition("p-tenant", tenant, device, claim, 8 * 1024 * 1024));
-  await parts.create(placedPartition("p-marker", ns, device, claim, 8 * 1024 * 1024));
+  await createPlaced(tc.conn, placedPartition("p-tenant", tenant, device, claim, 8 * 1024 * 1024), device);
+  await createPlaced(tc.conn, placedPartition("p-marker", ns, device, claim, 8 * 1024 * 1024), device);
   await exported("p-marker");
   const t = await parts.get("p-tenant", tenant);
   expect(t?.metadata.finalizers ?? []).toEqual([]);

@@ -167,7 +167,8 @@ describe("CSI sidecars in the chart", () => {
   });
 
   test.each([
-    ["sidecars.provisioner.image=", "/sidecars/provisioner/image"],
+    // An image may be given as repository instead, so the template (not the schema) refuses neither.
+    ["sidecars.provisioner.image=", "sidecars.provisioner needs an image or a repository"],
     ["sidecars.resizer.command[0]=", "/sidecars/resizer/command/0"],
     ["sidecars.livenessProbe.resources.limits.cpu=1", "/sidecars/livenessProbe/resources"],
     ["sidecars.attacher.entrypoint=x", "entrypoint"],

@@ -8,6 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { Controller, VolumeCapability_AccessMode_Mode as Mode } from "../gen/csi/v1/csi_pb.ts";
+import { parseNodeId } from "../lib/csi-node-id.ts";
 import { hostExec } from "../lib/exec.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { kubeError } from "../lib/kube/resource.ts";
@@ -400,9 +401,9 @@ describe("kubelet stand-in", () => {
     expect(node.metadata?.annotations?.["volumes.kubernetes.io/controller-managed-attach-detach"]).toBe(
       "true",
     );
-    expect(JSON.parse(node.metadata?.annotations?.["csi.volume.kubernetes.io/nodeid"] ?? "{}")).toEqual({
-      [DRIVER_NAME]: WORKER,
-    });
+    // The driver's node ID is "<node>/<host NQN>" (lib/csi-node-id.ts); the stand-in records it verbatim.
+    const ids = JSON.parse(node.metadata?.annotations?.["csi.volume.kubernetes.io/nodeid"] ?? "{}");
+    expect(parseNodeId(ids[DRIVER_NAME]).nodeName).toBe(WORKER);
     expect(node.status?.conditions?.find((c) => c.type === "Ready")).toMatchObject({
       status: "True",
       reason: "KubeletReady",
@@ -413,7 +414,7 @@ describe("kubelet stand-in", () => {
 
     const csiNode = await storageApi.readCSINode({ name: WORKER });
     expect(csiNode.spec.drivers).toEqual([
-      { name: DRIVER_NAME, nodeID: WORKER, topologyKeys: [FABRIC_LABEL] },
+      { name: DRIVER_NAME, nodeID: ids[DRIVER_NAME], topologyKeys: [FABRIC_LABEL] },
     ]);
     expect(csiNode.metadata?.ownerReferences?.[0]).toMatchObject({
       kind: "Node",

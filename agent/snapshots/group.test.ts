@@ -2,6 +2,7 @@
 import { expect, test } from "bun:test";
 import { exampleNVMePartition, exampleNVMeSnapshot } from "../../api/examples.ts";
 import { GROUP_SPANS_NODES_REASON, type NVMePartition, type NVMeSnapshot } from "../../api/index.ts";
+import { externalIdFor } from "../../lib/volume-identity.ts";
 import { SNAPSHOT_FINALIZER } from "./decide.ts";
 import { decideGroup, type GroupDecision } from "./group.ts";
 
@@ -105,8 +106,9 @@ test("all members ready to take: both taken together, fresh (no member was ever 
   if (d.action !== "take") throw new Error(`expected take, got ${d.action}`);
   expect(d.fresh).toBe(true);
   expect(d.members.map((t) => [t.snapshot.metadata.name, t.sourceLvol])).toEqual([
-    ["gs-1", "vol-1"],
-    ["gs-2", "vol-2"],
+    // Lvol identity derives from the source's UID alone (status.externalId is not trusted).
+    ["gs-1", externalIdFor("p-uid-1")],
+    ["gs-2", externalIdFor("p-uid-2")],
   ]);
 });
 
