@@ -33,6 +33,9 @@ import {
 } from "./support.ts";
 import { waitHeld } from "./user-steps.ts";
 
+/** A CSI node ID of `node`: "<node>/<host NQN>" (lib/csi-node-id.ts), or the bare name an older publish used. */
+const nodeIdOf = (node: string) => new RegExp(`^${node.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}(/|$)`);
+
 const DRIVER = "storage.distort.io";
 const BYTES = 16 * 1024 * 1024;
 const OUT_OF_SERVICE = "node.kubernetes.io/out-of-service";
@@ -263,7 +266,7 @@ describe("single writer", () => {
       } finally {
         await close();
       }
-      expect((await readAttachment(lab, t))?.spec.nodeId).toBe(nodeA);
+      expect((await readAttachment(lab, t))?.spec.nodeId).toMatch(nodeIdOf(nodeA));
 
       await deletePod(lab, ns, "writer", 180_000);
       const read = await waitHeld(lab, ns, "reader", 240_000);
@@ -289,7 +292,7 @@ describe("single writer", () => {
       t = await volumeTarget(lab, ns, "data");
       const [nqnA, nqnB] = [await hostNqnOf(lab, nodeA), await hostNqnOf(lab, nodeB)];
       const before = await readAttachment(lab, t);
-      expect(before?.spec).toMatchObject({ nodeId: nodeA, hostNQN: nqnA });
+      expect(before?.spec).toMatchObject({ nodeId: expect.stringMatching(nodeIdOf(nodeA)), hostNQN: nqnA });
       recorder = new HostsRecorder(t.spdkSocket, t.nqn);
 
       froze = true;
@@ -324,7 +327,7 @@ describe("single writer", () => {
       // kcm detached worker-a first (ControllerUnpublish revoked its host and removed the
       // publication), so worker-b's is a new one: the fence did not have to move anything.
       const after = await readAttachment(lab, t);
-      expect(after?.spec).toMatchObject({ nodeId: nodeB, hostNQN: nqnB });
+      expect(after?.spec).toMatchObject({ nodeId: expect.stringMatching(nodeIdOf(nodeB)), hostNQN: nqnB });
       expect(after?.metadata.uid).not.toBe(before?.metadata.uid);
       expect(after?.metadata.annotations?.[FENCED_ANNOTATION]).toBeUndefined();
       expect(await attachmentsOn(await pvOf(ns), nodeA)).toEqual([]);
@@ -405,7 +408,7 @@ describe("single writer", () => {
       const published = await publishB();
       const taken = await readAttachment(lab, t);
       expect(taken?.metadata.uid).toBe(before.metadata.uid);
-      expect(taken?.spec).toMatchObject({ nodeId: nodeB, hostNQN: nqnB });
+      expect(taken?.spec).toMatchObject({ nodeId: expect.stringMatching(nodeIdOf(nodeB)), hostNQN: nqnB });
       expect(taken?.metadata.annotations?.[PREVIOUS_NODE_ANNOTATION]).toBe(nodeA);
       expect(taken?.metadata.annotations?.[FENCED_ANNOTATION]).toBeUndefined();
       expect(published.publishContext[PublishContextKeys.attachmentId]).toBe(
