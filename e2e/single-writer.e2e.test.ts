@@ -409,7 +409,7 @@ describe("single writer", () => {
       const taken = await readAttachment(lab, t);
       expect(taken?.metadata.uid).toBe(before.metadata.uid);
       expect(taken?.spec).toMatchObject({ nodeId: expect.stringMatching(nodeIdOf(nodeB)), hostNQN: nqnB });
-      expect(taken?.metadata.annotations?.[PREVIOUS_NODE_ANNOTATION]).toBe(nodeA);
+      expect(taken?.metadata.annotations?.[PREVIOUS_NODE_ANNOTATION]).toMatch(nodeIdOf(nodeA));
       expect(taken?.metadata.annotations?.[FENCED_ANNOTATION]).toBeUndefined();
       expect(published.publishContext[PublishContextKeys.attachmentId]).toBe(
         taken?.spec.attachmentId as string,

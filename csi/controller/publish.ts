@@ -178,7 +178,12 @@ async function authorize(
               partitionUID: ref.uid,
               nodeId: intent.nodeId,
               hostNQN: intent.hostNQN,
-              attachmentId: c.newAttachmentId(),
+              // Only the node ID's format changed (same host): the same grant, the same attachment
+              // id, so nothing downstream sees a new owner. A new host or a takeover gets a new id.
+              attachmentId:
+                d.action === "renew" && held.spec.hostNQN === intent.hostNQN
+                  ? held.spec.attachmentId
+                  : c.newAttachmentId(),
             },
           });
         } catch (err) {
@@ -219,7 +224,12 @@ async function authorize(
               ...held.spec,
               nodeId: intent.nodeId,
               hostNQN: intent.hostNQN,
-              attachmentId: c.newAttachmentId(),
+              // Only the node ID's format changed (same host): the same grant, the same attachment
+              // id, so nothing downstream sees a new owner. A new host or a takeover gets a new id.
+              attachmentId:
+                d.action === "renew" && held.spec.hostNQN === intent.hostNQN
+                  ? held.spec.attachmentId
+                  : c.newAttachmentId(),
             },
           });
         } catch (err) {
