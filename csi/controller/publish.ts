@@ -178,12 +178,7 @@ async function authorize(
               partitionUID: ref.uid,
               nodeId: intent.nodeId,
               hostNQN: intent.hostNQN,
-              // Only the node ID's format changed (same host): the same grant, the same attachment
-              // id, so nothing downstream sees a new owner. A new host or a takeover gets a new id.
-              attachmentId:
-                d.action === "renew" && held.spec.hostNQN === intent.hostNQN
-                  ? held.spec.attachmentId
-                  : c.newAttachmentId(),
+              attachmentId: c.newAttachmentId(),
             },
           });
         } catch (err) {
