@@ -27,6 +27,7 @@ import {
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import {
   claimDevice,
+  createPlaced,
   placedPartition,
   type SimStorageNode,
   startSimStorageNode,
@@ -158,7 +159,7 @@ test("a group snapshot of two volumes restores each member byte for byte; idempo
   const lvs = lvstoreNameFor(device.spec.serial);
   const sources: { name: string; id: string; lvol: string; bytes: Buffer }[] = [];
   for (const name of ["vol-a", "vol-b"]) {
-    const p = await parts.create(placedPartition(name, ns, device, claim, size));
+    const p = await createPlaced(tc.conn, placedPartition(name, ns, device, claim, size), device);
     await exported(name);
     const lvol = externalIdFor(p.metadata.uid as string);
     const bytes = pattern(name, size);
@@ -213,7 +214,7 @@ test("a group snapshot of two volumes restores each member byte for byte; idempo
     if (!ref) throw new Error(`bad snapshot id ${snap.snapshotId}`);
     const r = placedPartition(`restore-${src.name}`, ns, device, claim, size);
     r.spec.contentSource = { kind: "Snapshot", name: ref.name, uid: ref.uid };
-    const made = await parts.create(r);
+    const made = await createPlaced(tc.conn, r, device);
     await exported(r.metadata.name);
     restored.push(r.metadata.name);
     const got = await node.emulator
@@ -252,7 +253,7 @@ test("bad requests get their codes and create nothing; sources on two storage no
   const elsewhere = placedPartition("vol-elsewhere", ns, device, claim, 8 * MiB);
   elsewhere.spec.nodeName = "node-z";
   const z = await parts.create(elsewhere);
-  const here = await parts.create(placedPartition("vol-here", ns, device, claim, 8 * MiB));
+  const here = await createPlaced(tc.conn, placedPartition("vol-here", ns, device, claim, 8 * MiB), device);
   const idOf = (p: NVMePartition) =>
     formatVolumeId({ namespace: ns, name: p.metadata.name, uid: p.metadata.uid as string });
   const fake = formatVolumeId({ namespace: ns, name: "nope", uid: "00000000-0000-4000-8000-000000000000" });
@@ -306,7 +307,7 @@ test("a group take interrupted before any member was ready is redone whole: a me
   const snaps = new ResourceClient(tc.conn, kinds.NVMeSnapshot);
   const srcs: { name: string; uid: string; lvol: string }[] = [];
   for (const name of ["crash-a", "crash-b"]) {
-    const p = await parts.create(placedPartition(name, ns, device, claim, size));
+    const p = await createPlaced(tc.conn, placedPartition(name, ns, device, claim, size), device);
     await exported(name);
     srcs.push({ name, uid: p.metadata.uid as string, lvol: externalIdFor(p.metadata.uid as string) });
   }
