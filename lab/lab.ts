@@ -3,14 +3,14 @@
 // kube-scheduler, snapshot-controller), the chart's RBAC, CSIDriver and classes, the real CSI
 // sidecars with the chart's arguments, the manager, storage nodes (emulated nvmf_tgt + agent) and
 // consumer nodes (csi node + kubelet stand-in). Used by `bun run lab` and the e2e suites.
+
 import { randomUUID } from "node:crypto";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
-import { kinds, type NVMeDevice, type NVMeDeviceClaim } from "../api/index.ts";
 import { Discovery, ensure, type KubeDoc, render } from "../helm/chart-support.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
-import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
+import { kubeError } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { socketAnswers } from "../lib/unix-socket.ts";
@@ -19,6 +19,7 @@ import { installCrds } from "./cluster/crds.ts";
 import { ensureHelm } from "./cluster/helm-tool.ts";
 import { installSnapshotCrds } from "./cluster/snapshot-crds.ts";
 import { ensureSidecars, ensureTools, type SidecarPaths } from "./cluster/tools.ts";
+import { claimAllDrives, waitCsiNodes } from "./harness/drive-claims.ts";
 import {
   applyChartRbac,
   type ChartComponent,
@@ -327,7 +328,12 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       });
       managers.push(name);
     }
-    await claimAllDrives(conn, namespace, storage);
+    await claimAllDrives(
+      conn,
+      namespace,
+      storage.map((s) => ({ name: s.name, serials: s.drives.map((d) => d.serial) })),
+      60_000,
+    );
     say(
       `manager running (${managers.length} replicas), ${storage.flatMap((s) => s.drives).length} drives claimed (${ms()})`,
     );
@@ -442,6 +448,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     await waitCsiNodes(
       conn,
       consumers.map((c) => c.name),
+      60_000,
     );
     say(`consumer nodes registered: ${consumers.map((c) => c.name).join(", ")} (${ms()})`);
 
@@ -576,63 +583,4 @@ export function sidecarCommands(
       `expected the provisioner, attacher and resizer in the chart, found ${out.map((x) => x[0])}`,
     );
   return out;
-}
-
-/** Creates an NVMeDeviceClaim for every drive the agents report (what an administrator does once). */
-async function claimAllDrives(
-  conn: KubeConnection,
-  namespace: string,
-  storage: LabStorageNode[],
-): Promise<void> {
-  const devices = new ResourceClient(conn, kinds.NVMeDevice);
-  const claims = new ResourceClient(conn, kinds.NVMeDeviceClaim);
-  const nodes = new ResourceClient(conn, kinds.RDMAStorageNode);
-  const want = storage.flatMap((s) => s.drives.map((d) => d.serial));
-  const deadline = Date.now() + 60_000;
-  let found: NVMeDevice[] = [];
-  for (;;) {
-    found = (await devices.list()).items.filter((d) => want.includes(d.spec.serial));
-    if (found.length >= want.length) break;
-    if (Date.now() > deadline) throw new Error(`only ${found.length} of ${want.length} drives were reported`);
-    await Bun.sleep(100);
-  }
-  for (const s of storage) {
-    while (!(await nodes.get(s.name, namespace))) {
-      if (Date.now() > deadline) throw new Error(`storage node ${s.name} never reported`);
-      await Bun.sleep(100);
-    }
-    await nodes.mergePatch(s.name, namespace, { metadata: { labels: { [FABRIC_LABEL]: "lab" } } });
-  }
-  for (const d of found)
-    await ensureObject(
-      claims.create({
-        apiVersion: "storage.distort.io/v1alpha1",
-        kind: "NVMeDeviceClaim",
-        metadata: { name: `drive-${d.spec.serial.toLowerCase()}`, namespace },
-        spec: { serial: d.spec.serial, nodeName: d.spec.nodeName },
-      } as NVMeDeviceClaim),
-    );
-  for (;;) {
-    const claimed = (await devices.list()).items.filter(
-      (d) => want.includes(d.spec.serial) && d.status?.phase === "Claimed",
-    );
-    if (claimed.length >= want.length) return;
-    if (Date.now() > deadline)
-      throw new Error(`only ${claimed.length} of ${want.length} drives were claimed`);
-    await Bun.sleep(100);
-  }
-}
-
-/** Waits until each consumer node has a CSINode listing the driver (the kubelet stand-in's registration). */
-async function waitCsiNodes(conn: KubeConnection, names: string[]): Promise<void> {
-  const storageApi = conn.api(k8s.StorageV1Api);
-  const deadline = Date.now() + 60_000;
-  for (const name of names) {
-    for (;;) {
-      const n = await storageApi.readCSINode({ name }).catch(() => undefined);
-      if (n?.spec.drivers.some((d) => d.name === "storage.distort.io")) break;
-      if (Date.now() > deadline) throw new Error(`node ${name} never registered the CSI driver`);
-      await Bun.sleep(100);
-    }
-  }
 }

@@ -3,14 +3,15 @@
 // into every node, and DISTORT installed only by `helm install` of helm/distort with the lab
 // values. Node-level stand-ins (the NVMe host driver of each node, the drives' files and sysfs)
 // play the machine's hardware and kernel; every DISTORT process is a container under a kubelet.
+
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import type { Subprocess } from "bun";
-import { kinds, type NVMeDevice, type NVMeDeviceClaim } from "../../api/index.ts";
 import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
-import { kubeError, ResourceClient } from "../../lib/kube/resource.ts";
+import { kubeError } from "../../lib/kube/resource.ts";
 import { socketAnswers } from "../../lib/unix-socket.ts";
+import { claimAllDrives, waitCsiNodes } from "../harness/drive-claims.ts";
 import { FABRIC_LABEL } from "../harness/stack.ts";
 import { loopDevices } from "../sweep.ts";
 import { type ControlPlane, startControlPlane } from "./control-plane.ts";
@@ -175,10 +176,16 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
     await installAddons(conn, images);
     await helm(["install", ...chartArgs(), "--create-namespace", "--wait", "--timeout=6m"]);
     say(`helm install ${REAL_LAB_RELEASE} done (${ms()})`);
-    await claimAllDrives(conn, REAL_LAB_NAMESPACE, specs);
+    await claimAllDrives(
+      conn,
+      REAL_LAB_NAMESPACE,
+      specs.filter((s) => s.storage).map((s) => ({ name: s.name, serials: s.drives.map((d) => d.serial) })),
+      120_000,
+    );
     await waitCsiNodes(
       conn,
       specs.map((s) => s.name),
+      120_000,
     );
     say(`drives claimed, the CSI driver registered by every kubelet (${ms()})`);
     const lab: RealLab = {
@@ -359,64 +366,5 @@ async function ignoreExists(p: Promise<unknown>): Promise<void> {
     await p;
   } catch (err) {
     if (kubeError(err, "create").kind !== "already-exists") throw err;
-  }
-}
-
-/** Creates an NVMeDeviceClaim for every drive the agents report (what an administrator does once). */
-async function claimAllDrives(
-  conn: KubeConnection,
-  namespace: string,
-  specs: RealLabNodeSpec[],
-): Promise<void> {
-  const devices = new ResourceClient(conn, kinds.NVMeDevice);
-  const claims = new ResourceClient(conn, kinds.NVMeDeviceClaim);
-  const storageNodes = new ResourceClient(conn, kinds.RDMAStorageNode);
-  const want = specs.flatMap((s) => s.drives.map((d) => d.serial));
-  const deadline = Date.now() + 120_000;
-  let found: NVMeDevice[] = [];
-  for (;;) {
-    found = (await devices.list()).items.filter((d) => want.includes(d.spec.serial));
-    if (found.length >= want.length) break;
-    if (Date.now() > deadline) throw new Error(`only ${found.length} of ${want.length} drives were reported`);
-    await Bun.sleep(200);
-  }
-  for (const s of specs.filter((x) => x.storage)) {
-    while (!(await storageNodes.get(s.name, namespace))) {
-      if (Date.now() > deadline) throw new Error(`storage node ${s.name} never reported`);
-      await Bun.sleep(200);
-    }
-    await storageNodes.mergePatch(s.name, namespace, { metadata: { labels: { [FABRIC_LABEL]: "lab" } } });
-  }
-  for (const d of found)
-    await ignoreExists(
-      claims.create({
-        apiVersion: "storage.distort.io/v1alpha1",
-        kind: "NVMeDeviceClaim",
-        metadata: { name: `drive-${d.spec.serial.toLowerCase()}`, namespace },
-        spec: { serial: d.spec.serial, nodeName: d.spec.nodeName },
-      } as NVMeDeviceClaim),
-    );
-  for (;;) {
-    const claimed = (await devices.list()).items.filter(
-      (d) => want.includes(d.spec.serial) && d.status?.phase === "Claimed",
-    );
-    if (claimed.length >= want.length) return;
-    if (Date.now() > deadline)
-      throw new Error(`only ${claimed.length} of ${want.length} drives were claimed`);
-    await Bun.sleep(200);
-  }
-}
-
-/** Waits until every node's CSINode lists the driver: the real kubelet registered the plugin. */
-async function waitCsiNodes(conn: KubeConnection, names: string[]): Promise<void> {
-  const storageApi = conn.api(k8s.StorageV1Api);
-  const deadline = Date.now() + 120_000;
-  for (const name of names) {
-    for (;;) {
-      const n = await storageApi.readCSINode({ name }).catch(() => undefined);
-      if (n?.spec.drivers?.some((d) => d.name === "storage.distort.io")) break;
-      if (Date.now() > deadline) throw new Error(`node ${name} never registered the CSI driver`);
-      await Bun.sleep(200);
-    }
   }
 }
