@@ -23,6 +23,9 @@ const ms = (min: number, max: number, what: string) => v.pipe(int(min, max), v.d
 const text = (what: string) => v.pipe(v.string(), v.description(what));
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+/** An IPv4 or IPv6 CIDR, as ClusterNetworkPolicy's `networks` takes them (address/prefix). */
+const CIDR =
+  /^((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])){3}\/(3[0-2]|[12]?[0-9])|[0-9a-fA-F:]*:[0-9a-fA-F:.]*\/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))$/;
 const name = (what: string) => v.pipe(v.string(), v.regex(DNS_SUBDOMAIN), v.description(what));
 const absPath = (what: string) => v.pipe(v.string(), v.regex(/^\//), v.description(what));
 const absPathOrNone = (what: string) => v.pipe(v.string(), v.regex(/^$|^\//), v.description(what));
@@ -376,6 +379,37 @@ export const ValuesSchema = v.strictObject({
   networkPolicy: v.strictObject({
     enabled: v.boolean(),
     metricsFrom: anyList("NetworkPolicyPeers allowed to reach the metrics ports"),
+    portal: v.pipe(
+      v.strictObject({
+        enabled: v.pipe(
+          v.boolean(),
+          v.description(
+            "ClusterNetworkPolicies keeping every Pod off the portals and the agents' health port",
+          ),
+        ),
+        networks: v.pipe(
+          v.array(v.pipe(v.string(), v.regex(CIDR))),
+          v.maxLength(25),
+          v.description("CIDRs holding the portal addresses (the storage network, or the node IPs)"),
+        ),
+        exemptNamespaces: v.pipe(
+          v.array(v.pipe(v.string(), v.regex(DNS_LABEL))),
+          v.description("namespaces whose Pods may still reach the agents' health port (scrapers)"),
+        ),
+        priority: v.pipe(int(0, 1000), v.description("Admin-tier priority (lower is checked first)")),
+      }),
+      v.check(
+        (p) => !p.enabled || p.networks.length > 0,
+        "networkPolicy.portal.networks must list the portal CIDRs when networkPolicy.portal.enabled",
+      ),
+      v.metadata({
+        jsonSchema: {
+          if: { properties: { enabled: { const: true } }, required: ["enabled"] },
+          // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then keyword; never awaited.
+          then: { properties: { networks: { minItems: 1 } } },
+        },
+      }),
+    ),
   }),
   admissionPolicy: v.strictObject({
     enabled: v.pipe(

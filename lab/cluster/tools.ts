@@ -171,3 +171,26 @@ export async function ensureSnapshotCrds(root = cacheRoot()): Promise<string> {
   if (missing.length > 0) throw new Error(`CRD copy finished but ${missing.join(", ")} is missing`);
   return dir;
 }
+
+/** The network-policy-api release whose ClusterNetworkPolicy the chart's portal policy is written for. */
+export const NETWORK_POLICY_API_VERSION = "v0.3.0";
+const CLUSTER_NETWORK_POLICY_CRD = "config/crd/standard/policy.networking.k8s.io_clusternetworkpolicies.yaml";
+
+/**
+ * Returns the path of the real ClusterNetworkPolicy CRD (sigs.k8s.io/network-policy-api, standard
+ * channel), copying it from the Go module proxy when the cache lacks it (seconds, no compilation).
+ * Tests install it so the API server itself validates the chart's portal policies.
+ */
+export async function ensureClusterNetworkPolicyCrd(root = cacheRoot()): Promise<string> {
+  const dir = join(root, "crds", "network-policy-api", NETWORK_POLICY_API_VERSION);
+  const file = join(dir, CLUSTER_NETWORK_POLICY_CRD.split("/").pop() as string);
+  if (existsSync(file)) return file;
+  await runBuild(
+    "copy-module-files.sh",
+    ["sigs.k8s.io/network-policy-api", NETWORK_POLICY_API_VERSION, dir, CLUSTER_NETWORK_POLICY_CRD],
+    {},
+    "the ClusterNetworkPolicy CRD",
+  );
+  if (!existsSync(file)) throw new Error(`copy finished but ${file} is missing`);
+  return file;
+}
