@@ -75,6 +75,8 @@ export class RpcServer {
   #paused = false;
   #alive = true;
   #cancelTick: (() => void) | undefined;
+  /** The period index (time ÷ pollMs) of the last poll. */
+  #lastPoll = -1;
 
   constructor(opts: RpcServerOptions) {
     this.#opts = opts;
@@ -120,8 +122,19 @@ export class RpcServer {
     if (this.#cancelTick || !this.#alive || !this.polled) return;
     const timer = this.#opts.pollTimer ?? PROCESS_TIMER;
     const period = this.#opts.pollMs;
-    this.#cancelTick = timer.after(period - (timer.now() % period), () => {
+    // The next period boundary after both now and the last poll: never two polls in one period.
+    this.#pollAt(Math.max(Math.floor(timer.now() / period) + 1, this.#lastPoll + 1), timer, period);
+  }
+
+  #pollAt(index: number, timer: PollTimer, period: number): void {
+    // Timers round; waiting the whole milliseconds up to the boundary never polls before it.
+    this.#cancelTick = timer.after(Math.max(0, Math.ceil(index * period - timer.now())), () => {
       this.#cancelTick = undefined;
+      if (timer.now() < index * period) {
+        this.#pollAt(index, timer, period);
+        return;
+      }
+      this.#lastPoll = index;
       this.#poll();
     });
   }
