@@ -542,7 +542,10 @@ async function main(): Promise<void> {
         yardstick: { label: `connect-per-call, ${IN_FLIGHT} in flight`, value: cpcC, unit: rpcUnit },
         ratio: oursC / cpcC,
         ratioLabel: "ours / connect-per-call",
-        target: { text: ">= 5x connect-per-call", met: oursC / cpcC >= 5 },
+        // SPDK's RPC clock (4 ms polls, one accept per poll, a reply the poll after its request):
+        // 16 in flight on one connection is 16 per 8 ms (2000/s), connect-per-call at most one
+        // accept per poll (250/s), so 8x; 5x leaves room for the client's own costs.
+        target: { text: ">= 5x connect-per-call (the RPC clock allows 8x)", met: oursC / cpcC >= 5 },
       },
       {
         id: "ours-vs-process-per-call",
@@ -596,7 +599,7 @@ async function main(): Promise<void> {
       `Rates are RPCs per second (${RPCS_PER_SEQUENCE} per sequence), the median of ${ROUNDS} interleaved rounds of ${SEQUENCES} sequences for ours and connect-per-call; rpc.py ran ${PY_SEQUENCES} sequences once per mode, so its ratios compare per-operation rates of different sample sizes.`,
       external
         ? `Target: ${targetText}; lvstore ${lvs} on ${ARGS.baseBdev ?? "a Malloc bdev the bench created"}, both removed at the end.`
-        : `Target: ${targetText}; with the real target, which polls its RPC socket every 4 ms, per-call overheads weigh differently (run with --socket to measure one).`,
+        : `Target: ${targetText}, on SPDK's RPC clock: a 4 ms poller that accepts one connection per poll and answers a request at the poll after it arrives, so one call at a time costs 8 ms (125 calls/s), connect-per-call tops out at 250 calls/s and a persistent connection at calls in flight per 8 ms (as measured against a real v25.05.1 nvmf_tgt; run with --socket to measure one).`,
       `Sequence latency p50/p99 (ms): ours ${IN_FLIGHT} in flight ${fmt(percentile(lat("oursC"), 50))}/${fmt(percentile(lat("oursC"), 99))}, connect-per-call ${IN_FLIGHT} in flight ${fmt(percentile(lat("cpcC"), 50))}/${fmt(percentile(lat("cpcC"), 99))}, ours sequential ${fmt(percentile(lat("oursS"), 50))}/${fmt(percentile(lat("oursS"), 99))}, connect-per-call sequential ${fmt(percentile(lat("cpcS"), 50))}/${fmt(percentile(lat("cpcS"), 99))}.`,
       `rpc.py is spdk==${SPDK_PY_VERSION} from PyPI (the newest there, ${NEWEST_SPDK_PY}, sends enable_nssr in nvmf_create_subsystem, which a v25.05.1 target refuses), run as \`python spdk-rpc -s <socket> <method> <args>\`, one process per RPC.`,
     );

@@ -25,7 +25,7 @@ import { nvmeMethods } from "./methods/nvme.ts";
 import { nvmeSendCmdMethods } from "./methods/nvme-send-cmd.ts";
 import { nvmfMethods } from "./methods/nvmf.ts";
 import type { ListenAddress, Trtype } from "./nvmf-target.ts";
-import { RpcServer } from "./rpc-server.ts";
+import { RPC_POLL_MS, RpcServer } from "./rpc-server.ts";
 import { type PreparedDrive, prepareDrives, type SimDrive } from "./sim-drive.ts";
 
 export type { SimFabric } from "./fabric.ts";
@@ -61,6 +61,11 @@ export interface SpdkEmulatorOptions {
   readonly clock?: Clock;
   /** How long asynchronous methods take to complete, in ms; default 1. */
   readonly asyncDelayMs?: number;
+  /**
+   * The RPC server's poll period in ms; default RPC_POLL_MS (4, SPDK's RPC_SELECT_INTERVAL), so a
+   * call one at a time costs two polls as on a real target. 0 answers on arrival.
+   */
+  readonly rpcPollMs?: number;
   /** How long framework_start_init takes, in ms; default 10. */
   readonly initDelayMs?: number;
   /**
@@ -266,6 +271,7 @@ class Emulator implements SpdkEmulator {
       methods,
       state: () => app.state,
       asyncDelayMs: this.opts.asyncDelayMs ?? 1,
+      pollMs: this.opts.rpcPollMs ?? RPC_POLL_MS,
     });
     try {
       await rpc.start();

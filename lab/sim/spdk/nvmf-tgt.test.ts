@@ -50,6 +50,9 @@ test("parses nvmf_tgt's flags, accepts and ignores the memory and tracing ones",
   const node = parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=127.0.0.2,fd00::2"]);
   expect(node !== "help" && node.hostAddresses).toEqual(["127.0.0.2", "fd00::2"]);
   expect(() => parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=node-2"])).toThrow(UsageError);
+  const polled = parseArgs(["--sim-data-dir=/d", "--sim-rpc-poll-ms=0"]);
+  expect(polled !== "help" && polled.rpcPollMs).toBe(0);
+  expect(() => parseArgs(["--sim-data-dir=/d", "--sim-rpc-poll-ms=4ms"])).toThrow("whole milliseconds");
   const tcp = parseArgs(["--sim-data-dir=/d", "--sim-fabric=tcp"]);
   expect(tcp !== "help" && tcp.tcpFabric).toBe(true);
   expect(() => parseArgs(["--sim-data-dir=/d", "--sim-fabric=udp"])).toThrow("--sim-fabric takes tcp");

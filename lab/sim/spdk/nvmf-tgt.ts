@@ -25,6 +25,8 @@ export interface NvmfTgtArgs {
   readonly transports: readonly Trtype[];
   /** --sim-host-addresses: the IP addresses the node has; undefined = any. */
   readonly hostAddresses?: readonly string[];
+  /** --sim-rpc-poll-ms: the RPC poll period (default SPDK's 4 ms; 0 answers on arrival). */
+  readonly rpcPollMs?: number;
   /** Real nvmf_tgt options accepted and ignored (memory, tracing, PCI filters...). */
   readonly ignored: readonly string[];
 }
@@ -41,6 +43,8 @@ export const USAGE = `usage: nvmf-tgt.ts [options]
       --sim-fabric tcp       the fabric over real TCP: listeners bind traddr:trsvcid
       --sim-host-nqn <nqn>   default host NQN of the initiator side
       --sim-transports <l>   comma list of built-in transports; default tcp,rdma
+      --sim-rpc-poll-ms <ms> the RPC server's poll period; default 4 (SPDK's RPC_SELECT_INTERVAL),
+                             0 answers every request on arrival
       --sim-host-addresses <l> comma list of the node's IP addresses; listeners elsewhere are
                              refused like a failed bind(); default: any address
   accepted and ignored: -s/--mem-size, -i/--shm-id, -e/--tpoint-group, -L/--logflag,
@@ -97,6 +101,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
   let hostNqn: string | undefined;
   let transports: Trtype[] = ["TCP", "RDMA"];
   let hostAddresses: string[] | undefined;
+  let rpcPollMs: number | undefined;
   const ignored: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     let arg = argv[i] as string;
@@ -163,6 +168,13 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
           throw new UsageError(`--sim-host-addresses takes IP addresses, got ${hostAddresses.join(",")}`);
         }
         break;
+      case "--sim-rpc-poll-ms": {
+        const raw = value();
+        rpcPollMs = Number(raw);
+        if (!/^\d+$/.test(raw) || rpcPollMs > 1000)
+          throw new UsageError(`--sim-rpc-poll-ms takes whole milliseconds from 0 to 1000, got ${raw}`);
+        break;
+      }
       default:
         if (IGNORED_WITH_VALUE.has(arg)) ignored.push(`${arg} ${value()}`);
         else if (IGNORED_FLAGS.has(arg)) ignored.push(arg);
@@ -184,6 +196,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
     hostNqn,
     transports,
     ...(hostAddresses ? { hostAddresses } : {}),
+    ...(rpcPollMs === undefined ? {} : { rpcPollMs }),
     ignored,
   };
 }
@@ -215,6 +228,7 @@ export async function run(
     hostNqn: args.hostNqn,
     transports: args.transports,
     ...(args.hostAddresses ? { hostAddresses: args.hostAddresses } : {}),
+    ...(args.rpcPollMs === undefined ? {} : { rpcPollMs: args.rpcPollMs }),
     logger: log,
   });
   return new Promise<number>((resolve) => {

@@ -1,6 +1,8 @@
 // SPDK v25.05.1's JSON-RPC server on a unix socket: JSON value streams in, compact replies plus
 // "\n" out in completion order, envelope (-32600) and state (-1) checks, the cut-off reply to an
 // id-less request, and a silent close (owed replies lost) on malformed JSON or >32 KiB requests.
+// Its clock is SPDK's: one poller every RPC_SELECT_INTERVAL accepts at most one connection, then
+// per connection sends what is complete and makes one recv, so a reply goes out a poll later.
 import { createServer, type Server, type Socket } from "node:net";
 import type { Logger } from "../../../lib/log.ts";
 import { type JsonValue, scanJsonValue, type TopMember } from "./json-stream.ts";
@@ -14,6 +16,8 @@ export const MAX_REQUEST_BYTES = 32 * 1024;
 export const MAX_VALUES = 1024;
 /** SPDK_JSONRPC_MAX_CONNS: further connections wait un-accepted. */
 export const MAX_CONNECTIONS = 64;
+/** RPC_SELECT_INTERVAL in lib/init/rpc.c (a constant, 4000 µs): the RPC server's poll period. */
+export const RPC_POLL_MS = 4;
 // The JSON writer flushes in chunks of this size; an id-less reply loses all but the last chunk.
 const WRITER_CHUNK = 4096;
 
@@ -32,7 +36,29 @@ export interface RpcServerOptions {
   readonly state: () => RpcState;
   /** How long an asynchronous method takes before it completes (ms). */
   readonly asyncDelayMs: number;
+  /**
+   * The poll period in ms (RPC_POLL_MS on a real target). 0 answers as soon as data arrives, for
+   * tests of the protocol rather than of the target's clock.
+   */
+  readonly pollMs: number;
+  /** Runs the poller; default the process's timers. Tests step polls by hand through it. */
+  readonly pollTimer?: PollTimer;
 }
+
+/** What the poller needs of time: now, and a one-shot timer. */
+export interface PollTimer {
+  now(): number;
+  /** Calls `fn` once after `ms`; the returned function cancels it. */
+  after(ms: number, fn: () => void): () => void;
+}
+
+const PROCESS_TIMER: PollTimer = {
+  now: () => performance.now(),
+  after(ms, fn) {
+    const t = setTimeout(fn, ms);
+    return () => clearTimeout(t);
+  },
+};
 
 /**
  * One listening RPC server. start() binds the socket (a stale one is replaced; a live owner is
@@ -44,8 +70,13 @@ export class RpcServer {
   #server: Server | undefined;
   readonly #active = new Set<RpcConnection>();
   readonly #waiting: Socket[] = [];
+  /** Polled: connections the kernel queued that no poll accepted yet. */
+  readonly #backlog: RpcConnection[] = [];
   #paused = false;
   #alive = true;
+  #cancelTick: (() => void) | undefined;
+  /** The period index (time ÷ pollMs) of the last poll. */
+  #lastPoll = -1;
 
   constructor(opts: RpcServerOptions) {
     this.#opts = opts;
@@ -74,7 +105,51 @@ export class RpcServer {
   /** Resumes processing, including data that arrived while paused. */
   resume(): void {
     this.#paused = false;
-    for (const c of this.#active) c.process();
+    if (this.polled) this.wake();
+    else for (const c of this.#active) c.process();
+  }
+
+  /** Whether requests wait for the poller (a real target's clock) rather than run on arrival. */
+  get polled(): boolean {
+    return this.#opts.pollMs > 0;
+  }
+
+  /**
+   * Something waits for the poller (a connection to accept, data, a reply): the next poll runs at
+   * the next multiple of the period, as a free-running poller would, without spinning while idle.
+   */
+  wake(): void {
+    if (this.#cancelTick || !this.#alive || !this.polled) return;
+    const timer = this.#opts.pollTimer ?? PROCESS_TIMER;
+    const period = this.#opts.pollMs;
+    // The next period boundary after both now and the last poll: never two polls in one period.
+    this.#pollAt(Math.max(Math.floor(timer.now() / period) + 1, this.#lastPoll + 1), timer, period);
+  }
+
+  #pollAt(index: number, timer: PollTimer, period: number): void {
+    // Timers round; waiting the whole milliseconds up to the boundary never polls before it.
+    this.#cancelTick = timer.after(Math.max(0, Math.ceil(index * period - timer.now())), () => {
+      this.#cancelTick = undefined;
+      if (timer.now() < index * period) {
+        this.#pollAt(index, timer, period);
+        return;
+      }
+      this.#lastPoll = index;
+      this.#poll();
+    });
+  }
+
+  /**
+   * One spdk_jsonrpc_server_poll: accept one connection while a slot is free, then on each
+   * connection send what is complete and make one recv.
+   */
+  #poll(): void {
+    if (!this.#alive) return;
+    const accepted = this.#active.size < MAX_CONNECTIONS ? this.#backlog.shift() : undefined;
+    if (accepted) this.#active.add(accepted);
+    for (const c of [...this.#active]) c.poll();
+    const canAccept = this.#backlog.length > 0 && this.#active.size < MAX_CONNECTIONS;
+    if (canAccept || [...this.#active].some((c) => c.busy)) this.wake();
   }
 
   /**
@@ -83,7 +158,9 @@ export class RpcServer {
    */
   async stop(crash: boolean): Promise<void> {
     this.#alive = false;
-    for (const c of [...this.#active]) c.drop();
+    this.#cancelTick?.();
+    this.#cancelTick = undefined;
+    for (const c of [...this.#active, ...this.#backlog.splice(0)]) c.drop();
     for (const s of this.#waiting.splice(0)) s.destroy();
     if (this.#server) await closeServer(this.#server, this.#opts.socketPath, crash);
     this.#server = undefined;
@@ -106,6 +183,12 @@ export class RpcServer {
       sock.destroy();
       return;
     }
+    if (this.polled) {
+      // The kernel queues the connection and buffers its bytes; each poll accepts one.
+      this.#backlog.push(this.#connection(sock));
+      this.wake();
+      return;
+    }
     if (this.#active.size >= MAX_CONNECTIONS) {
       // Beyond the limit SPDK leaves sockets in the listen backlog: the client hangs.
       sock.pause();
@@ -116,23 +199,36 @@ export class RpcServer {
       });
       return;
     }
+    this.#active.add(this.#connection(sock));
+  }
+
+  #connection(sock: Socket): RpcConnection {
     const conn = new RpcConnection(this, sock, () => {
       this.#active.delete(conn);
+      const at = this.#backlog.indexOf(conn);
+      if (at >= 0) this.#backlog.splice(at, 1);
+      if (this.polled) {
+        this.wake();
+        return;
+      }
       const next = this.#waiting.shift();
       if (next) {
         next.removeAllListeners("close");
-        this.#accept(next);
+        this.#active.add(this.#connection(next));
         next.resume();
       }
     });
-    this.#active.add(conn);
+    return conn;
   }
 }
 
 /** The framing state of one client connection. */
 class RpcConnection {
   #buf: Buffer = Buffer.alloc(0);
+  /** Bytes the kernel holds for this socket that no recv() took yet (polled mode). */
+  #incoming: Buffer = Buffer.alloc(0);
   #queue: string[] = [];
+  #eof = false;
   #flushScheduled = false;
   #closed = false;
 
@@ -143,16 +239,57 @@ class RpcConnection {
   ) {
     sock.on("data", (chunk: Buffer) => {
       if (this.#closed) return;
+      if (server.polled) {
+        this.#incoming = this.#incoming.length === 0 ? chunk : Buffer.concat([this.#incoming, chunk]);
+        server.wake();
+        return;
+      }
       this.#buf = this.#buf.length === 0 ? chunk : Buffer.concat([this.#buf, chunk]);
       this.process();
     });
     // A peer shutting its write side is "connection closed" to SPDK: nothing more is sent.
-    sock.on("end", () => this.drop());
+    sock.on("end", () => {
+      // Polled, the bytes before the end are still received first; the end is seen by the recv
+      // after them.
+      if (!server.polled) this.drop();
+      else {
+        this.#eof = true;
+        server.wake();
+      }
+    });
     sock.on("error", () => this.drop());
     sock.on("close", () => {
       this.#closed = true;
       this.onGone();
     });
+  }
+
+  /** Whether the poller has work here: bytes not yet received, or replies not yet sent. */
+  get busy(): boolean {
+    return !this.#closed && (this.#incoming.length > 0 || this.#queue.length > 0 || this.#eof);
+  }
+
+  /**
+   * This connection's part of one poll (polled mode): send every reply already complete, then one
+   * recv() of what fits the receive buffer, parsed and dispatched; replies it makes wait a poll.
+   */
+  poll(): void {
+    if (this.#closed) return;
+    this.#send();
+    if (this.server.paused) return;
+    if (this.#incoming.length === 0) {
+      if (this.#eof) this.drop();
+      return;
+    }
+    const room = MAX_REQUEST_BYTES - this.#buf.length;
+    if (room <= 0) {
+      this.drop();
+      return;
+    }
+    const take = this.#incoming.subarray(0, room);
+    this.#incoming = this.#incoming.subarray(take.length);
+    this.#buf = this.#buf.length === 0 ? Buffer.from(take) : Buffer.concat([this.#buf, take]);
+    this.process();
   }
 
   /** Parses and dispatches every complete request in the buffer. */
@@ -258,17 +395,26 @@ class RpcConnection {
   }
 
   #flushSoon(): void {
+    if (this.server.polled) {
+      // The next poll's send phase writes them.
+      if (this.#queue.length > 0) this.server.wake();
+      return;
+    }
     if (this.#flushScheduled || this.#queue.length === 0) return;
     this.#flushScheduled = true;
     // Replies go out on the next poll, not inside the parse loop: a parse error later in the
     // same read therefore loses them, as on a real target.
     setImmediate(() => {
       this.#flushScheduled = false;
-      if (this.#closed || this.#queue.length === 0) return;
-      const out = this.#queue.join("");
-      this.#queue = [];
-      this.sock.write(out);
+      this.#send();
     });
+  }
+
+  #send(): void {
+    if (this.#closed || this.#queue.length === 0) return;
+    const out = this.#queue.join("");
+    this.#queue = [];
+    this.sock.write(out);
   }
 }
 
