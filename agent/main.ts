@@ -199,7 +199,13 @@ export async function runAgent(
       clock,
       logger: logger.with({ component: "reporter" }),
     },
-    { nodeName: cfg.nodeName, namespace: cfg.namespace, periodMs: cfg.reportPeriodMs },
+    {
+      nodeName: cfg.nodeName,
+      namespace: cfg.namespace,
+      periodMs: cfg.reportPeriodMs,
+      // A node serving one backend locks its drives to it, so placement keeps the other one away.
+      ...(cfg.backends.length === 1 ? { onlyBackend: cfg.backends[0] } : {}),
+    },
   );
 
   // nvmf_tgt: started and kept alive by the agent when a command is configured, else adopted as is.
