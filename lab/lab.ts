@@ -195,6 +195,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
   const procs = new ProcessTable(dir, (l) => say(l));
   let cp: ControlPlane | undefined;
   const loopDrives: LoopDrives[] = [];
+  let kernelStarting: Promise<LabKernelNode[]> | undefined;
   const stop = async () => {
     await procs.stopAll();
     for (const l of loopDrives) await l.detach();
@@ -278,6 +279,44 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     // can die alone), then the agent with the agent ServiceAccount's token.
     const fabricDir = join(dir, "fabric");
     mkdirSync(fabricDir, { recursive: true });
+    // Kernel-backend nodes start beside the SPDK ones (their processes only meet at the claims).
+    const spdkCount = (o.storageNodes ?? DEFAULT_STORAGE_NODES).length;
+    kernelStarting = Promise.all(
+      (o.kernelNodes ?? DEFAULT_KERNEL_NODES).map(async (n, j): Promise<LabKernelNode> => {
+        const portal = `127.0.0.${spdkCount + j + 1}`;
+        await ensureObject(
+          core.createNode({
+            body: {
+              metadata: { name: n.name, labels: { "kubernetes.io/hostname": n.name, [FABRIC_LABEL]: "lab" } },
+              spec: { unschedulable: true },
+            },
+          }),
+        );
+        return startKernelNode(procs, {
+          dir,
+          fabricDir,
+          portal,
+          name: n.name,
+          drives: n.drives,
+          loopDrives,
+          agentEnv: (port) => ({
+            NODE_NAME: n.name,
+            KUBECONFIG: kubeconfigOf("agent"),
+            DISTORT_NAMESPACE: namespace,
+            DISTORT_BACKENDS: "kernel",
+            DISTORT_KEY_DIR: join(dir, "storage", n.name, "keys"),
+            DISTORT_PORTAL_ADDRESS: portal,
+            DISTORT_PORTAL_PORT: "4420",
+            DISTORT_HEALTH_PORT: String(port),
+            DISTORT_REPORT_PERIOD_MS: "2000",
+            DISTORT_VERIFY_PERIOD_MS: "5000",
+            DISTORT_LOG_LEVEL: level,
+          }),
+        });
+      }),
+    );
+    // Awaited below (or by the failure path); this only keeps an early rejection from going unseen.
+    kernelStarting.catch(() => {});
     const storage: LabStorageNode[] = [];
     for (const [i, n] of (o.storageNodes ?? DEFAULT_STORAGE_NODES).entries()) {
       // One portal address per node: on a shared fabric an address has exactly one listener.
@@ -333,41 +372,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       });
       storage.push({ name: n.name, dir: nd, spdkSocket, drives: n.drives, target, agent });
     }
-    const kernelStorage: LabKernelNode[] = [];
-    for (const [j, n] of (o.kernelNodes ?? DEFAULT_KERNEL_NODES).entries()) {
-      const portal = `127.0.0.${storage.length + j + 1}`;
-      await ensureObject(
-        core.createNode({
-          body: {
-            metadata: { name: n.name, labels: { "kubernetes.io/hostname": n.name, [FABRIC_LABEL]: "lab" } },
-            spec: { unschedulable: true },
-          },
-        }),
-      );
-      kernelStorage.push(
-        await startKernelNode(procs, {
-          dir,
-          fabricDir,
-          portal,
-          name: n.name,
-          drives: n.drives,
-          loopDrives,
-          agentEnv: (port) => ({
-            NODE_NAME: n.name,
-            KUBECONFIG: kubeconfigOf("agent"),
-            DISTORT_NAMESPACE: namespace,
-            DISTORT_BACKENDS: "kernel",
-            DISTORT_KEY_DIR: join(dir, "storage", n.name, "keys"),
-            DISTORT_PORTAL_ADDRESS: portal,
-            DISTORT_PORTAL_PORT: "4420",
-            DISTORT_HEALTH_PORT: String(port),
-            DISTORT_REPORT_PERIOD_MS: "2000",
-            DISTORT_VERIFY_PERIOD_MS: "5000",
-            DISTORT_LOG_LEVEL: level,
-          }),
-        }),
-      );
-    }
+    const kernelStorage = await kernelStarting;
     say(`storage nodes up: ${[...storage, ...kernelStorage].map((s) => s.name).join(", ")} (${ms()})`);
 
     const managers: string[] = [];
@@ -586,6 +591,8 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       stop,
     };
   } catch (err) {
+    // A kernel node still starting would start processes after stopAll: let it settle first.
+    await kernelStarting?.catch(() => {});
     await stop();
     throw err;
   }
@@ -632,6 +639,8 @@ async function startKernelNode(
       `--fabric-dir=${o.fabricDir}`,
       `--notice-socket=${noticeSocket}`,
       `--device-map=${deviceMap}`,
+      // Every agent write sends a notice; the rescan is only the backstop for one that timed out.
+      "--watch-ms=5000",
     ],
     ready: () => socketAnswers(noticeSocket),
   });
