@@ -6,8 +6,8 @@ import { hostname } from "node:os";
 import { kinds } from "../api/index.ts";
 import { realClock } from "../lib/clock.ts";
 import { errorMessage } from "../lib/errors.ts";
-import { hostExec, runChecked } from "../lib/exec.ts";
-import { hostFs } from "../lib/fs.ts";
+import { type Exec, hostExec, runChecked } from "../lib/exec.ts";
+import { type HostFs, hostFs } from "../lib/fs.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { dirKeyFiles } from "../lib/key-files.ts";
 import { CacheSet } from "../lib/kube/cache-set.ts";
@@ -48,6 +48,13 @@ export interface RunningAgent {
 export interface AgentHooks {
   /** Runs after every partition reconcile step (tests inject faults here). */
   afterStep?(step: Step, key: string): void | Promise<void>;
+  /**
+   * The host's filesystem (sysfs, /dev, configfs); default hostFs(cfg.hostRoot). The lab passes a
+   * simulated configfs whose writes reach its simulated nvmet.
+   */
+  hostFs?: HostFs;
+  /** Runs host commands (parted, modprobe, lsblk...); default hostExec. */
+  exec?: Exec;
 }
 
 export async function runAgent(
@@ -58,7 +65,8 @@ export async function runAgent(
   const clock = realClock;
   const registry = new Registry();
   const conn = connect(cfg.kubeconfig);
-  const fs = hostFs(cfg.hostRoot);
+  const fs = hooks.hostFs ?? hostFs(cfg.hostRoot);
+  const exec = hooks.exec ?? hostExec;
   const events = new EventRecorder(conn, {
     controller: "storage.distort.io/agent",
     instance: `${cfg.nodeName}/${hostname()}`,
@@ -78,7 +86,7 @@ export async function runAgent(
     const binder = {
       async bind(pciAddress: string) {
         if (!cfg.spdkSetup) return;
-        await runChecked(hostExec, [cfg.spdkSetup], { env: { PCI_ALLOWED: pciAddress }, timeoutMs: 120_000 });
+        await runChecked(exec, [cfg.spdkSetup], { env: { PCI_ALLOWED: pciAddress }, timeoutMs: 120_000 });
       },
     };
     backends.spdk = new SpdkTarget({
@@ -98,12 +106,12 @@ export async function runAgent(
     });
   }
   if (cfg.backends.includes("kernel")) {
-    backends.kernel = new KernelTarget({ fs, exec: hostExec, log: logger.with({ backend: "kernel" }) });
-    volumeManagers.parted = new PartedVolumeManager({ exec: hostExec, fs, clock, log: logger });
+    backends.kernel = new KernelTarget({ fs, exec: exec, log: logger.with({ backend: "kernel" }) });
+    volumeManagers.parted = new PartedVolumeManager({ exec: exec, fs, clock, log: logger });
   }
 
   const secrets = kubeSecretReader(conn);
-  const network = hostNetworkSource(fs, hostExec);
+  const network = hostNetworkSource(fs, exec);
   const endpoint = async (): Promise<EndpointResult> => {
     if (cfg.portalAddress) {
       return {
@@ -191,7 +199,7 @@ export async function runAgent(
       listDevices: async () => partitions.devices.list(),
       storageNodes,
       discover: () =>
-        discoverDevices({ fs, exec: hostExec, spdk: spdkSource, logger }, { filter: cfg.deviceFilter }),
+        discoverDevices({ fs, exec: exec, spdk: spdkSource, logger }, { filter: cfg.deviceFilter }),
       findEndpoint: endpoint,
       exportCount: async () =>
         partitions.partitions.list().filter((p) => p.status?.state === "Exported").length,
@@ -199,7 +207,13 @@ export async function runAgent(
       clock,
       logger: logger.with({ component: "reporter" }),
     },
-    { nodeName: cfg.nodeName, namespace: cfg.namespace, periodMs: cfg.reportPeriodMs },
+    {
+      nodeName: cfg.nodeName,
+      namespace: cfg.namespace,
+      periodMs: cfg.reportPeriodMs,
+      // A node serving one backend locks its drives to it, so placement keeps the other one away.
+      ...(cfg.backends.length === 1 ? { onlyBackend: cfg.backends[0] } : {}),
+    },
   );
 
   // nvmf_tgt: started and kept alive by the agent when a command is configured, else adopted as is.

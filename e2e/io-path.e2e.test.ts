@@ -2,7 +2,9 @@
 // write fails with an I/O error within the class's timeouts and never reaches the volume, and a
 // target killed during a Pod's writes stalls them until it is back, while one kept down past
 // ctrl_loss_tmo fails the Pod's I/O with EIO and the node reports the volume inaccessible.
-// Parametrised by backend: each entry names the StorageClass whose volumes it serves.
+// Parametrised by backend: each entry names the StorageClass whose volumes it serves (the kernel
+// class places them on the lab's kernel-backend node: nvmet on simulated configfs, parted on a loop
+// device).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
@@ -13,7 +15,7 @@ import { Node as NodeService, VolumeHealthErrorType } from "../gen/csi/v1/csi_pb
 import { stagingPath } from "../lab/kubelet/naming.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
-import { allowedHosts, hostNqnOf, targetRpc, type VolumeTarget, volumeTarget } from "./storage-target.ts";
+import { hostNqnOf, targetAllowedHosts, type VolumeTarget, volumeTarget } from "./storage-target.ts";
 import {
   createPvc,
   deletePod,
@@ -29,8 +31,15 @@ const DRIVER = "storage.distort.io";
 const OUT_OF_SERVICE = "node.kubernetes.io/out-of-service";
 const BLOCK = 4096;
 
-/** Backends under test: the lab's StorageClass of each (others are skipped when the lab lacks it). */
-const BACKENDS = [{ backend: "spdk", baseClass: "distort-lab" }];
+/**
+ * Backends under test: the lab's StorageClass of each. `targetProcess`: the target is a process of
+ * its own that can be killed and restarted (nvmf_tgt); nvmet lives in the storage node's kernel,
+ * where a crash of the target is a crash of the node, so the kill -9 test is SPDK's only.
+ */
+const BACKENDS = [
+  { backend: "spdk", baseClass: "distort-lab", targetProcess: true },
+  { backend: "kernel", baseClass: "distort-lab-kernel", targetProcess: false },
+] as const;
 
 let lab: E2eLab;
 const frozen = new Set<number>();
@@ -210,7 +219,7 @@ async function podReport(
   );
 }
 
-for (const { backend, baseClass } of BACKENDS) {
+for (const { backend, baseClass, targetProcess } of BACKENDS) {
   describe(`I/O through the target (${backend})`, () => {
     test("forced takeover: the old node's next direct write fails within the timeouts and never reaches the volume", async () => {
       const [a, b] = lab.consumers;
@@ -224,6 +233,7 @@ for (const { backend, baseClass } of BACKENDS) {
         const written = await podReport(ns, "writer", 180_000, true);
         expect(written.ok).toBe(true);
         const t = await volumeTarget(lab, ns, "data");
+        expect(t.backend).toBe(backend);
         const nqnA = await hostNqnOf(lab, a.name);
         const devA = stagedDevice(a.name, t);
         const last = (await deviceBlocks(devA)) - 1;
@@ -249,16 +259,11 @@ for (const { backend, baseClass } of BACKENDS) {
           body: { gracePeriodSeconds: 0 },
         });
         await setOutOfService(a.name, true);
-        const { rpc, close } = targetRpc(t.spdkSocket);
-        try {
-          await until(
-            "worker-a revoked on the target",
-            async () => !(await allowedHosts(rpc, t.nqn)).includes(nqnA),
-            180_000,
-          );
-        } finally {
-          await close();
-        }
+        await until(
+          "worker-a revoked on the target",
+          async () => !(await targetAllowedHosts(t)).includes(nqnA),
+          180_000,
+        );
 
         // The old node's next direct write: an I/O error within fast_io_fail_tmo (plus one
         // reconnect delay and scheduling slack), not a success.
@@ -280,58 +285,62 @@ for (const { backend, baseClass } of BACKENDS) {
       }
     }, 900_000);
 
-    test("kill -9 of the target during a Pod's writes stalls them until it is back; kept down past ctrl_loss_tmo the Pod's I/O fails with EIO", async () => {
-      const [a] = lab.consumers;
-      if (!a) throw new Error("the lab needs a consumer node");
-      const timers = { ctrlLossTmo: 15, reconnectDelay: 1, fastIoFailTmo: -1 };
-      const sc = await classWith(baseClass, timers);
-      const ns = await lab.newNamespace("io-target");
-      let stopped: number | undefined;
-      try {
-        await createPvc(lab, ns, "data", { storageClass: sc, size: "2Gi" });
-        const t = await volumeTarget(lab, ns, "data");
-        const storage = lab.storage.find((s) => s.name === t.storageNode);
-        if (!storage) throw new Error(`no storage node ${t.storageNode}`);
-        await startPod(ns, "writer", a.name, [
-          "write-verify",
-          "--bytes=512Mi",
-          `--seed=${ns}`,
-          "--then-hold",
-        ]);
-        await until(
-          "writer running",
-          async () => {
-            const p = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
-            return p.status?.phase === "Running";
-          },
-          180_000,
-        );
-        const old = await lab.kill(storage.target);
-        // While the target is away the path reconnects: the node says so.
-        const down = await nodeHealth(a.name, t);
-        await lab.waitRestarted(storage.target, old, 60_000);
-        const report = await podReport(ns, "writer", 300_000, true);
-        expect(report).toMatchObject({ mode: "write-verify", bytes: 512 * 1024 * 1024, ok: true });
-        expect(down.length === 0 || down.some((h) => h.reason === "ControllerNotLive")).toBe(true);
-        await until("volume healthy again", async () => (await nodeHealth(a.name, t)).length === 0, 60_000);
+    test.if(targetProcess)(
+      "kill -9 of the target during a Pod's writes stalls them until it is back; kept down past ctrl_loss_tmo the Pod's I/O fails with EIO",
+      async () => {
+        const [a] = lab.consumers;
+        if (!a) throw new Error("the lab needs a consumer node");
+        const timers = { ctrlLossTmo: 15, reconnectDelay: 1, fastIoFailTmo: -1 };
+        const sc = await classWith(baseClass, timers);
+        const ns = await lab.newNamespace("io-target");
+        let stopped: number | undefined;
+        try {
+          await createPvc(lab, ns, "data", { storageClass: sc, size: "2Gi" });
+          const t = await volumeTarget(lab, ns, "data");
+          const storage = lab.storage.find((s) => s.name === t.storageNode);
+          if (!storage) throw new Error(`no storage node ${t.storageNode}`);
+          await startPod(ns, "writer", a.name, [
+            "write-verify",
+            "--bytes=512Mi",
+            `--seed=${ns}`,
+            "--then-hold",
+          ]);
+          await until(
+            "writer running",
+            async () => {
+              const p = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
+              return p.status?.phase === "Running";
+            },
+            180_000,
+          );
+          const old = await lab.kill(storage.target);
+          // While the target is away the path reconnects: the node says so.
+          const down = await nodeHealth(a.name, t);
+          await lab.waitRestarted(storage.target, old, 60_000);
+          const report = await podReport(ns, "writer", 300_000, true);
+          expect(report).toMatchObject({ mode: "write-verify", bytes: 512 * 1024 * 1024, ok: true });
+          expect(down.length === 0 || down.some((h) => h.reason === "ControllerNotLive")).toBe(true);
+          await until("volume healthy again", async () => (await nodeHealth(a.name, t)).length === 0, 60_000);
 
-        // Now the target stays away (stopped: it neither answers nor closes) past ctrl_loss_tmo.
-        const pid = lab.pid(storage.target);
-        if (pid === undefined) throw new Error("target not running");
-        stopped = pid;
-        process.kill(pid, "SIGSTOP");
-        await startPod(ns, "late", a.name, ["write", "--bytes=4Mi", `--seed=${ns}-late`]);
-        const failed = await podReport(ns, "late", 180_000);
-        expect(failed.ok).toBe(false);
-        expect((failed as WorkloadReport & { error?: string }).error ?? "").toMatch(
-          /EIO|Input\/output error|ENOTCONN|EROFS/,
-        );
-        const health = await nodeHealth(a.name, t);
-        expect(health.some((h) => h.status === "INACCESSIBLE")).toBe(true);
-      } finally {
-        if (stopped !== undefined) process.kill(stopped, "SIGCONT");
-        await cleanUp(ns, sc, ["writer", "late"]);
-      }
-    }, 900_000);
+          // Now the target stays away (stopped: it neither answers nor closes) past ctrl_loss_tmo.
+          const pid = lab.pid(storage.target);
+          if (pid === undefined) throw new Error("target not running");
+          stopped = pid;
+          process.kill(pid, "SIGSTOP");
+          await startPod(ns, "late", a.name, ["write", "--bytes=4Mi", `--seed=${ns}-late`]);
+          const failed = await podReport(ns, "late", 180_000);
+          expect(failed.ok).toBe(false);
+          expect((failed as WorkloadReport & { error?: string }).error ?? "").toMatch(
+            /EIO|Input\/output error|ENOTCONN|EROFS/,
+          );
+          const health = await nodeHealth(a.name, t);
+          expect(health.some((h) => h.status === "INACCESSIBLE")).toBe(true);
+        } finally {
+          if (stopped !== undefined) process.kill(stopped, "SIGCONT");
+          await cleanUp(ns, sc, ["writer", "late"]);
+        }
+      },
+      900_000,
+    );
   });
 }

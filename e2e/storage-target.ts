@@ -1,6 +1,9 @@
 // What the storage target itself says about a claim's volume, read over the emulated nvmf_tgt's
-// SPDK RPC socket: the subsystem's allowed hosts (and the order they changed in), the lvol's size,
-// and the consumer host NQNs the ACL is compared with.
+// SPDK RPC socket (or, on a kernel-backend node, from nvmet's configfs tree): the subsystem's
+// allowed hosts (and the order they changed in), the lvol's size, and the consumer host NQNs the
+// ACL is compared with.
+import { readdir } from "node:fs/promises";
+import { join } from "node:path";
 import type * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { attachmentNameFor } from "../csi/controller/volume-id.ts";
@@ -20,7 +23,12 @@ export interface VolumeTarget {
   /** The lvol bdev (its UUID). */
   bdev: string;
   storageNode: string;
+  /** Which target serves it. */
+  backend: "spdk" | "kernel";
+  /** The node's nvmf_tgt RPC socket; "" on a kernel-backend node. */
   spdkSocket: string;
+  /** The node's nvmet configfs directory; "" on an SPDK node. */
+  nvmetDir: string;
   /** The partition's one NVMeVolumeAttachment (single-writer record), by name. */
   attachmentName: string;
 }
@@ -40,14 +48,17 @@ export async function volumeTarget(lab: E2eLab, ns: string, claim: string): Prom
     return x?.status?.state === "Exported" && x.status.nqn && x.status.backendPath ? x : undefined;
   });
   const node = lab.storage.find((s) => s.name === p.spec.nodeName);
-  if (!node)
+  const kernel = lab.kernelStorage.find((s) => s.name === p.spec.nodeName);
+  if (!node && !kernel)
     throw new Error(`partition ${ref.name} is on ${p.spec.nodeName}, which is no storage node of the lab`);
   return {
     partition: p,
     nqn: p.status?.nqn as string,
     bdev: p.status?.backendPath as string,
-    storageNode: node.name,
-    spdkSocket: node.spdkSocket,
+    storageNode: p.spec.nodeName as string,
+    backend: node ? "spdk" : "kernel",
+    spdkSocket: node?.spdkSocket ?? "",
+    nvmetDir: kernel?.nvmetDir ?? "",
     attachmentName: attachmentNameFor(p.metadata.name, p.metadata.uid as string),
   };
 }
@@ -64,6 +75,27 @@ export function readAttachment(lab: E2eLab, t: VolumeTarget): Promise<NVMeVolume
 export async function allowedHosts(rpc: SpdkMethods, nqn: string): Promise<string[]> {
   const [s] = await rpc.nvmfGetSubsystems(nqn);
   return (s?.hosts ?? []).map((h) => h.nqn).sort();
+}
+
+/**
+ * The allowed host NQNs of the volume's subsystem as its target has them, sorted: nvmf_get_subsystems
+ * on SPDK, the allowed_hosts links in nvmet's configfs on the kernel backend.
+ */
+export async function targetAllowedHosts(t: VolumeTarget): Promise<string[]> {
+  if (t.backend === "kernel") {
+    try {
+      return (await readdir(join(t.nvmetDir, "subsystems", t.nqn, "allowed_hosts"))).sort();
+    } catch (err) {
+      if ((err as { code?: string }).code === "ENOENT") return [];
+      throw err;
+    }
+  }
+  const { rpc, close } = targetRpc(t.spdkSocket);
+  try {
+    return await allowedHosts(rpc, t.nqn);
+  } finally {
+    await close();
+  }
 }
 
 /**

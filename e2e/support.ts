@@ -7,7 +7,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
-import { type Lab, type LabConsumerNode, type LabStorageNode, startLab } from "../lab/lab.ts";
+import {
+  type Lab,
+  type LabConsumerNode,
+  type LabKernelNode,
+  type LabStorageNode,
+  startLab,
+} from "../lab/lab.ts";
 import { sweepLab } from "../lab/sweep.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { kubeError } from "../lib/kube/resource.ts";
@@ -22,6 +28,8 @@ export type LabInfo = Pick<
   kubeconfig: string;
   consumers: Pick<LabConsumerNode, "name" | "kubeletRoot" | "csi" | "kubelet">[];
   storage: (Pick<LabStorageNode, "name" | "spdkSocket" | "target" | "agent"> & { serials: string[] })[];
+  /** Kernel-backend storage nodes (nvmet on simulated configfs); [] where the lab has none. */
+  kernelStorage: (Pick<LabKernelNode, "name" | "nvmetDir" | "target" | "agent"> & { serials: string[] })[];
 };
 
 /** What a suite needs to know of a running lab, as JSON a second process can read. */
@@ -39,6 +47,13 @@ export function labInfo(lab: Lab): LabInfo {
     storage: lab.storage.map((s) => ({
       name: s.name,
       spdkSocket: s.spdkSocket,
+      target: s.target,
+      agent: s.agent,
+      serials: s.drives.map((d) => d.serial),
+    })),
+    kernelStorage: lab.kernelStorage.map((s) => ({
+      name: s.name,
+      nvmetDir: s.nvmetDir,
       target: s.target,
       agent: s.agent,
       serials: s.drives.map((d) => d.serial),

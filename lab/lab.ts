@@ -1,7 +1,8 @@
 // The lab: all of DISTORT on one machine, every component its own process with its own chart
 // ServiceAccount token. Real control plane (etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler, snapshot-controller), the chart's RBAC, CSIDriver and classes, the real CSI
-// sidecars with the chart's arguments, the manager, storage nodes (emulated nvmf_tgt + agent) and
+// sidecars with the chart's arguments, the manager, storage nodes (emulated nvmf_tgt + agent; and
+// kernel-backend nodes: simulated nvmet + agent on simulated configfs, loop-device drives) and
 // consumer nodes (csi node + kubelet stand-in). Used by `bun run lab` and the e2e suites.
 
 import { randomUUID } from "node:crypto";
@@ -20,6 +21,7 @@ import { ensureHelm } from "./cluster/helm-tool.ts";
 import { installSnapshotCrds } from "./cluster/snapshot-crds.ts";
 import { ensureSidecars, ensureTools, type SidecarPaths } from "./cluster/tools.ts";
 import { claimAllDrives, waitCsiNodes } from "./harness/drive-claims.ts";
+import { attachLoopDrives, type LoopDrives } from "./harness/loop-drives.ts";
 import {
   applyChartRbac,
   type ChartComponent,
@@ -29,6 +31,7 @@ import {
 import { FABRIC_LABEL } from "./harness/stack.ts";
 import { buildDriveSysfs, type SimNodeDrive } from "./harness/storage-node.ts";
 import { ProcessTable } from "./procs.ts";
+import { simConfigfs } from "./sim/configfs/sim-configfs.ts";
 
 export const LAB_NAMESPACE = "distort-system";
 export const LAB_RELEASE = "distort";
@@ -48,6 +51,8 @@ export interface LabOptions {
   dir: string;
   progress?: (line: string) => void;
   storageNodes?: { name: string; drives: LabDrive[] }[];
+  /** Kernel-backend storage nodes (default DEFAULT_KERNEL_NODES; [] for none). */
+  kernelNodes?: { name: string; drives: LabDrive[] }[];
   consumerNodes?: string[];
   managerReplicas?: number;
   /** Also run a BlueField DPU node: the SNAP emulator and the dpu plugin (default true). */
@@ -62,6 +67,26 @@ export interface LabStorageNode {
   spdkSocket: string;
   drives: LabDrive[];
   /** Process names: the emulated nvmf_tgt and the agent. */
+  target: string;
+  agent: string;
+}
+
+/**
+ * A kernel-backend storage node: the agent (DISTORT_BACKENDS=kernel, lab/kernel-agent.ts) writes
+ * the simulated configfs under `hostRoot`, the simulated nvmet process serves the fabric from it,
+ * and the drives are loop devices the agent knows as /dev/nvme<i>n1.
+ */
+export interface LabKernelNode {
+  name: string;
+  dir: string;
+  /** The node's host root: sys/kernel/config/nvmet, sys/kernel/debug/nvmet, sys/class/nvme. */
+  hostRoot: string;
+  /** Absolute path of the node's nvmet configfs directory. */
+  nvmetDir: string;
+  drives: LabDrive[];
+  /** nvme name -> loop device name of each drive. */
+  loops: Readonly<Record<string, string>>;
+  /** Process names: the simulated nvmet (the node's kernel target) and the agent. */
   target: string;
   agent: string;
 }
@@ -101,6 +126,7 @@ export interface Lab {
   procs: ProcessTable;
   identities: Map<ChartComponent, ComponentIdentity>;
   storage: LabStorageNode[];
+  kernelStorage: LabKernelNode[];
   consumers: LabConsumerNode[];
   /** The DPU node: SNAP emulator and the DPF vendor plugin, when started. */
   dpu?: LabDpuNode;
@@ -130,6 +156,10 @@ export const DEFAULT_STORAGE_NODES = [
   },
 ];
 export const DEFAULT_CONSUMER_NODES = ["worker-a", "worker-b"];
+/** One kernel-backend node with one drive: the backend's StorageClass (distort-lab-kernel) lands there. */
+export const DEFAULT_KERNEL_NODES = [
+  { name: "storage-k", drives: [{ serial: "LABK0001", pciAddress: "0000:5e:00.0", sizeBytes: 16 * GiB }] },
+];
 
 async function httpOk(url: string): Promise<boolean> {
   const r = await fetch(url, { signal: AbortSignal.timeout(1000) });
@@ -164,8 +194,11 @@ export async function startLab(o: LabOptions): Promise<Lab> {
 
   const procs = new ProcessTable(dir, (l) => say(l));
   let cp: ControlPlane | undefined;
+  const loopDrives: LoopDrives[] = [];
+  let kernelStarting: Promise<LabKernelNode[]> | undefined;
   const stop = async () => {
     await procs.stopAll();
+    for (const l of loopDrives) await l.detach();
     await cp?.stop();
   };
   try {
@@ -246,6 +279,44 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     // can die alone), then the agent with the agent ServiceAccount's token.
     const fabricDir = join(dir, "fabric");
     mkdirSync(fabricDir, { recursive: true });
+    // Kernel-backend nodes start beside the SPDK ones (their processes only meet at the claims).
+    const spdkCount = (o.storageNodes ?? DEFAULT_STORAGE_NODES).length;
+    kernelStarting = Promise.all(
+      (o.kernelNodes ?? DEFAULT_KERNEL_NODES).map(async (n, j): Promise<LabKernelNode> => {
+        const portal = `127.0.0.${spdkCount + j + 1}`;
+        await ensureObject(
+          core.createNode({
+            body: {
+              metadata: { name: n.name, labels: { "kubernetes.io/hostname": n.name, [FABRIC_LABEL]: "lab" } },
+              spec: { unschedulable: true },
+            },
+          }),
+        );
+        return startKernelNode(procs, {
+          dir,
+          fabricDir,
+          portal,
+          name: n.name,
+          drives: n.drives,
+          loopDrives,
+          agentEnv: (port) => ({
+            NODE_NAME: n.name,
+            KUBECONFIG: kubeconfigOf("agent"),
+            DISTORT_NAMESPACE: namespace,
+            DISTORT_BACKENDS: "kernel",
+            DISTORT_KEY_DIR: join(dir, "storage", n.name, "keys"),
+            DISTORT_PORTAL_ADDRESS: portal,
+            DISTORT_PORTAL_PORT: "4420",
+            DISTORT_HEALTH_PORT: String(port),
+            DISTORT_REPORT_PERIOD_MS: "2000",
+            DISTORT_VERIFY_PERIOD_MS: "5000",
+            DISTORT_LOG_LEVEL: level,
+          }),
+        });
+      }),
+    );
+    // Awaited below (or by the failure path); this only keeps an early rejection from going unseen.
+    kernelStarting.catch(() => {});
     const storage: LabStorageNode[] = [];
     for (const [i, n] of (o.storageNodes ?? DEFAULT_STORAGE_NODES).entries()) {
       // One portal address per node: on a shared fabric an address has exactly one listener.
@@ -301,7 +372,8 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       });
       storage.push({ name: n.name, dir: nd, spdkSocket, drives: n.drives, target, agent });
     }
-    say(`storage nodes up: ${storage.map((s) => s.name).join(", ")} (${ms()})`);
+    const kernelStorage = await kernelStarting;
+    say(`storage nodes up: ${[...storage, ...kernelStorage].map((s) => s.name).join(", ")} (${ms()})`);
 
     const managers: string[] = [];
     for (let i = 0; i < (o.managerReplicas ?? 2); i++) {
@@ -331,11 +403,11 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     await claimAllDrives(
       conn,
       namespace,
-      storage.map((s) => ({ name: s.name, serials: s.drives.map((d) => d.serial) })),
+      [...storage, ...kernelStorage].map((s) => ({ name: s.name, serials: s.drives.map((d) => d.serial) })),
       60_000,
     );
     say(
-      `manager running (${managers.length} replicas), ${storage.flatMap((s) => s.drives).length} drives claimed (${ms()})`,
+      `manager running (${managers.length} replicas), ${[...storage, ...kernelStorage].flatMap((s) => s.drives).length} drives claimed (${ms()})`,
     );
 
     // CSI controller: the distort binary and the chart's sidecars with the chart's arguments.
@@ -509,6 +581,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       procs,
       identities,
       storage,
+      kernelStorage,
       consumers,
       ...(dpu ? { dpu } : {}),
       managers,
@@ -518,9 +591,82 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       stop,
     };
   } catch (err) {
+    // A kernel node still starting would start processes after stopAll: let it settle first.
+    await kernelStarting?.catch(() => {});
     await stop();
     throw err;
   }
+}
+
+/**
+ * Starts one kernel-backend node: its sysfs (the drives as PCIe NVMe controllers), the drives as
+ * loop devices, configfs with nvmet loaded, the simulated nvmet process on the lab's fabric, then
+ * the agent writing that configfs.
+ */
+async function startKernelNode(
+  procs: ProcessTable,
+  o: {
+    dir: string;
+    fabricDir: string;
+    portal: string;
+    name: string;
+    drives: LabDrive[];
+    loopDrives: LoopDrives[];
+    agentEnv: (healthPort: number) => Record<string, string>;
+  },
+): Promise<LabKernelNode> {
+  const nd = join(o.dir, "storage", o.name);
+  const hostRoot = join(nd, "host");
+  mkdirSync(hostRoot, { recursive: true });
+  await buildDriveSysfs(
+    hostRoot,
+    o.drives.map((d) => ({ ...d, model: "DISTORT LAB NVMe" })),
+  );
+  const loops = await attachLoopDrives(nd, o.drives);
+  o.loopDrives.push(loops);
+  const deviceMap = join(nd, "device-map.json");
+  writeFileSync(deviceMap, JSON.stringify(loops.names));
+  // The node boots with nvmet loaded: the root groups exist before either process starts.
+  await simConfigfs(hostRoot).loadNvmet();
+  const noticeSocket = join(nd, "nvmet.sock");
+  const target = `nvmet/${o.name}`;
+  await procs.start({
+    name: target,
+    argv: [
+      BUN,
+      join(ROOT, "lab/sim/nvmet/main.ts"),
+      `--root=${hostRoot}`,
+      `--fabric-dir=${o.fabricDir}`,
+      `--notice-socket=${noticeSocket}`,
+      `--device-map=${deviceMap}`,
+      // Every agent write sends a notice; the rescan is only the backstop for one that timed out.
+      "--watch-ms=5000",
+    ],
+    ready: () => socketAnswers(noticeSocket),
+  });
+  const agent = `agent/${o.name}`;
+  const agentPort = await freePort();
+  await procs.start({
+    name: agent,
+    argv: [
+      BUN,
+      join(ROOT, "lab/kernel-agent.ts"),
+      `--sim-notice-socket=${noticeSocket}`,
+      `--sim-device-map=${deviceMap}`,
+    ],
+    env: { ...o.agentEnv(agentPort), DISTORT_HOST_ROOT: hostRoot },
+    ready: () => httpOk(`http://127.0.0.1:${agentPort}/healthz`),
+  });
+  return {
+    name: o.name,
+    dir: nd,
+    hostRoot,
+    nvmetDir: join(hostRoot, "sys/kernel/config/nvmet"),
+    drives: o.drives,
+    loops: loops.names,
+    target,
+    agent,
+  };
 }
 
 /** The emulated SPDK application (nvmf_tgt, or SNAP on a DPU) on one core, joined to the lab's fabric. */

@@ -213,3 +213,19 @@ test("an unchanged present device computes the status it already has", () => {
   );
   expect(twice).toEqual(once);
 });
+
+test("a node serving one backend locks an unlocked present device to it, and never moves a lock", () => {
+  const fresh = nextDeviceStatus(device(undefined), { kind: "present", device: found() }, now, "kernel");
+  expect(fresh.activeBackend).toBe("kernel");
+  const unlocked = nextDeviceStatus(device(undefined), { kind: "present", device: found() }, now);
+  expect(unlocked.activeBackend).toBeUndefined();
+  const locked = nextDeviceStatus(
+    device({ ...fresh, activeBackend: "spdk" }),
+    { kind: "present", device: found() },
+    now,
+    "kernel",
+  );
+  expect(locked.activeBackend).toBe("spdk");
+  const gone = nextDeviceStatus(device(fresh), { kind: "absent" }, now);
+  expect(gone.activeBackend).toBe("kernel");
+});

@@ -2,7 +2,7 @@
 // observation: the spec of a new device, the spec fields an existing one may have updated (never
 // nodeName or serial), and the status after the drive was seen or found missing by a complete scan.
 
-import { API_VERSION } from "../../api/common.ts";
+import { API_VERSION, type Backend } from "../../api/common.ts";
 import type { NVMeDevice, NVMeDeviceSpec, NVMeDeviceStatus } from "../../api/nvme-device.ts";
 import { setCondition } from "../../lib/kube/conditions.ts";
 import type { DiscoveredDevice } from "../discovery/inventory.ts";
@@ -72,9 +72,17 @@ function presentCondition(d: DiscoveredDevice) {
  * Available; one the reporter had marked Unavailable returns to Claimed when it still holds a
  * claimRef, else Available; Available and Claimed (the manager's phases) are kept. Absent: phase
  * Unavailable, claimRef and every other field kept so the claim can resume when the drive returns.
+ * `onlyBackend`: the one backend this node's agent serves. A present device with no activeBackend
+ * yet is locked to it, so the manager never places a partition of the other backend where no
+ * agent could serve it; an existing lock is never changed here.
  * Pure; returns a value equal to the stored status when nothing changes (the writer skips it).
  */
-export function nextDeviceStatus(latest: NVMeDevice, obs: DeviceObservation, now: Date): NVMeDeviceStatus {
+export function nextDeviceStatus(
+  latest: NVMeDevice,
+  obs: DeviceObservation,
+  now: Date,
+  onlyBackend?: Backend,
+): NVMeDeviceStatus {
   const prev = latest.status;
   // A device the reporter has just created has no status yet; every other field is someone else's.
   const base: NVMeDeviceStatus = prev ?? { phase: "Available", reservations: [], conditions: [] };
@@ -92,6 +100,7 @@ export function nextDeviceStatus(latest: NVMeDevice, obs: DeviceObservation, now
     return {
       ...base,
       phase,
+      ...(onlyBackend && !base.activeBackend ? { activeBackend: onlyBackend } : {}),
       conditions: setCondition(prev?.conditions ?? [], { ...presentCondition(obs.device), ...gen }, now),
     };
   }

@@ -3,7 +3,7 @@
 // marking drives missing from a complete scan Unavailable (claim kept), and refreshing the node's
 // RDMAStorageNode status and heartbeat. It observes and describes; it never changes hardware.
 
-import { API_VERSION } from "../../api/common.ts";
+import { API_VERSION, type Backend } from "../../api/common.ts";
 import type { NVMeDevice } from "../../api/nvme-device.ts";
 import type { RDMAStorageNode } from "../../api/rdma-storage-node.ts";
 import { RDMAStorageNodeConditionTypes } from "../../api/rdma-storage-node.ts";
@@ -39,6 +39,11 @@ export interface ReporterConfig {
   readonly namespace: string;
   /** Delay between passes; default 30 s. */
   readonly periodMs?: number;
+  /**
+   * The one backend the agent serves, when it serves only one: present devices not yet locked
+   * are locked to it (nextDeviceStatus). Absent: devices stay unlocked until first provisioned.
+   */
+  readonly onlyBackend?: Backend;
 }
 
 export interface ReporterDeps {
@@ -270,7 +275,7 @@ export class Reporter {
     let phaseBefore: string | undefined;
     const written = await updateStatus(deps.devices, name, undefined, (o) => {
       phaseBefore = o.status?.phase;
-      return nextDeviceStatus(o, { kind: "present", device: d }, now);
+      return nextDeviceStatus(o, { kind: "present", device: d }, now, this.config.onlyBackend);
     });
     if (!written) throw new StorageError("not-found", `NVMeDevice ${name} was deleted during the pass`);
     if (phaseBefore === "Unavailable" && written.status?.phase !== "Unavailable") {

@@ -1,12 +1,14 @@
 // The simulated Linux nvmet as a lab process: serves the SimFabric from a simulated configfs tree
 // (written by an agent in another process), with nvmet's debugfs view of controllers and a notice
 // socket through which the writer's configfs calls wait for nvmet to act. Stops on SIGTERM.
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { createLogger } from "../../../lib/log.ts";
 import { stopOnSignals } from "../../../lib/signals.ts";
 import { createFabric } from "../spdk/fabric.ts";
 import { serveChangeNotices } from "./change-notice.ts";
+import { nvmetDeviceResolver, parseDeviceNames } from "./device-names.ts";
 import { startSimNvmet } from "./sim-nvmet.ts";
 
 const USAGE = `usage: bun lab/sim/nvmet/main.ts --root <dir> --fabric-dir <dir> [options]
@@ -14,7 +16,10 @@ const USAGE = `usage: bun lab/sim/nvmet/main.ts --root <dir> --fabric-dir <dir> 
   --fabric-dir <dir>     shared SimFabric directory
   --notice-socket <path> where configfs writers send change notices (default <root>/nvmet.sock)
   --watch-ms <n>         backstop rescan period in ms (default 1000; 0: notices only)
-  --no-debugfs           do not keep <root>/sys/kernel/debug/nvmet (a kernel without it)`;
+  --no-debugfs           do not keep <root>/sys/kernel/debug/nvmet (a kernel without it)
+  --device-map <file>    JSON {"nvme0n1": "loop7"}: a device_path naming the node's disks (or their
+                         partitions) opens that loop device; other device_paths open under <root>
+                         (default: device_path as given)`;
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
@@ -24,6 +29,7 @@ async function main(): Promise<void> {
       "notice-socket": { type: "string" },
       "watch-ms": { type: "string" },
       "no-debugfs": { type: "boolean" },
+      "device-map": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -41,6 +47,14 @@ async function main(): Promise<void> {
     fabric: createFabric(values["fabric-dir"]),
     ...(values["no-debugfs"] ? {} : { debugfsDir: join(root, "sys/kernel/debug/nvmet") }),
     watchIntervalMs: watchMs,
+    ...(values["device-map"]
+      ? {
+          resolveDevice: nvmetDeviceResolver(
+            parseDeviceNames(readFileSync(values["device-map"], "utf8")),
+            root,
+          ),
+        }
+      : {}),
     log,
   });
   const notices = await serveChangeNotices(values["notice-socket"] ?? join(root, "nvmet.sock"), () =>
