@@ -2,7 +2,7 @@
 // block commands travel as binary capsules, numbers a capsule cannot hold fall back to JSON, and
 // garbage is a FrameError.
 import { expect, test } from "bun:test";
-import { encodeFrame, FrameDecoder, FrameError, type Message } from "./fabric-protocol.ts";
+import { encodeFrame, encodeFrameParts, FrameDecoder, FrameError, type Message } from "./fabric-protocol.ts";
 
 const messages: [Message, Uint8Array?][] = [
   [{ op: "read", tag: 1, nsid: 1, offset: 4096, length: 131072 }],
@@ -83,4 +83,14 @@ test("garbage is a FrameError", () => {
   expect(() => new FrameDecoder().push(huge)).toThrow(FrameError);
   const notJson = Buffer.concat([Buffer.from([0, 0, 0, 7, 0, 0, 0, 3]), Buffer.from("{{{")]);
   expect(() => new FrameDecoder().push(notJson)).toThrow(FrameError);
+});
+
+test("a large payload is a part of its own, the same bytes as the whole frame", () => {
+  const m: Message = { op: "data", tag: 3 };
+  const big = Buffer.alloc(64 * 1024, 7);
+  const parts = encodeFrameParts(m, big);
+  expect(parts.length).toBe(2);
+  expect(parts[1]).toBe(big);
+  expect(Buffer.concat(parts).equals(encodeFrame(m, big))).toBe(true);
+  expect(encodeFrameParts(m, Buffer.alloc(100)).length).toBe(1);
 });

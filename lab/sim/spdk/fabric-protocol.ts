@@ -205,14 +205,32 @@ function messageOfCapsule(c: Buffer): Message {
  * header length and the header's JSON; then the payload.
  */
 export function encodeFrame(msg: Message, payload: Uint8Array = new Uint8Array(0)): Buffer {
+  return Buffer.concat(encodeFrameParts(msg, payload, Number.POSITIVE_INFINITY));
+}
+
+/** Payloads from this size on are written after their header rather than copied behind it. */
+const SEPARATE_PAYLOAD = 32 * 1024;
+
+/**
+ * The same frame as encodeFrame, as byte runs to write in order: the header with a payload smaller
+ * than `separateFrom` bytes copied behind it, or the header and the caller's payload itself
+ * (not copied; it must not change until written).
+ */
+export function encodeFrameParts(
+  msg: Message,
+  payload: Uint8Array = new Uint8Array(0),
+  separateFrom = SEPARATE_PAYLOAD,
+): Uint8Array[] {
   const capsule = capsuleOf(msg);
   const header = capsule ?? Buffer.from(JSON.stringify(msg));
-  const out = Buffer.allocUnsafe(8 + header.length + payload.length);
+  const apart = payload.length >= separateFrom;
+  const out = Buffer.allocUnsafe(8 + header.length + (apart ? 0 : payload.length));
   out.writeUInt32BE(4 + header.length + payload.length, 0);
   out.writeUInt32BE(capsule ? CAPSULE_MARK : header.length, 4);
   header.copy(out, 8);
+  if (apart) return [out, payload];
   out.set(payload, 8 + header.length);
-  return out;
+  return [out];
 }
 
 /** Protocol violation by the peer; the connection is dropped. */

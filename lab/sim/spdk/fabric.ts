@@ -10,7 +10,7 @@ import { AuthError, connectWithAuth, type HostDhchapOptions } from "./fabric-aut
 import {
   type AnaState,
   type ControllerInfo,
-  encodeFrame,
+  encodeFrameParts,
   FrameDecoder,
   type Message,
   type NamespaceInfo,
@@ -182,7 +182,7 @@ export class FabricServerConnection {
   }
 
   send(msg: Message, payload?: Uint8Array): void {
-    if (!this.#closed) this.sock.write(encodeFrame(msg, payload));
+    if (!this.#closed) for (const part of encodeFrameParts(msg, payload)) this.sock.write(part);
   }
 
   close(): void {
@@ -362,7 +362,7 @@ class FabricQueue {
     const framed = { ...msg, tag } as Message;
     return new Promise((resolve, reject) => {
       this.#pending.set(tag, { resolve, reject });
-      this.sock.write(encodeFrame(framed, payload));
+      for (const part of encodeFrameParts(framed, payload)) this.sock.write(part);
     });
   }
 
