@@ -2,13 +2,22 @@
 // node's NVMe host daemon (lab/sim/fabric/host-daemon.ts), every request a command over the unix
 // socket fabric to the emulated nvmf_tgt (lab/sim/spdk/nvmf-tgt.ts), which does it on a thick lvol
 // on a simulated drive's backing file. Yardstick, same run, interleaved: a loop device over the
-// same backing file at the lvol's extent, attached the same way (--direct-io=off). fio figures
+// same backing file at the lvol's extent, --direct-io=off (the file in the page cache). fio figures
 // (sequential MB/s, 4 KiB random IOPS at QD1 and QD16) and mkfs.ext4's wall time on each.
 // Needs root, /dev/fuse, losetup, mkfs.ext4 and fio (Debian: fio).
 // Run: bun bench/fabric-block.bench.ts [seconds per job] [rounds] [job id...]
-import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readSync, writeFileSync } from "node:fs";
+import {
+  closeSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  readSync,
+  writeFileSync,
+} from "node:fs";
 import { loadavg, tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { HostControlInitiator } from "../lab/sim/fabric/host-control.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
@@ -58,6 +67,15 @@ function findMarker(file: string, marker: Buffer, length: number): number {
     closeSync(fd);
   }
   return -1;
+}
+
+/** Whether loop device `dev` does direct I/O on its file ("1"/"0"), or "?" when unknown. */
+function dio(dev: string): string {
+  try {
+    return readFileSync(`/sys/block/${basename(dev)}/loop/dio`, "utf8").trim();
+  } catch {
+    return "?";
+  }
 }
 
 /** mkfs.ext4 on `dev` (as staging formats a volume): wall seconds. */
@@ -238,7 +256,7 @@ async function main(): Promise<void> {
       bench: "fabric-block",
       figures,
       notes: [
-        `fio ${await sh(["fio", "--version"])}, O_DIRECT libaio, ${SECONDS} s per job after 1 s ramp, median of ${ROUNDS} rounds alternating the devices; a ${SIZE / MIB} MiB thick lvol (4 MiB clusters) on a ${DRIVE_SIZE / MIB} MiB simulated drive; both loop devices --direct-io=off.`,
+        `fio ${await sh(["fio", "--version"])}, O_DIRECT libaio, ${SECONDS} s per job after 1 s ramp, median of ${ROUNDS} rounds alternating the devices; a ${SIZE / MIB} MiB thick lvol (4 MiB clusters) on a ${DRIVE_SIZE / MIB} MiB simulated drive; loop direct I/O (/sys/block/*/loop/dio): lab path ${dio(labDev)}, yardstick ${dio(plainDev)}.`,
         "Lab path: loop -> FUSE file of host-daemon.ts (its own process, private mount namespace) -> NvmeHost -> unix-socket fabric -> nvmf-tgt.ts (its own process) -> lvol -> drive backing file in the page cache. Yardstick: loop directly on that file at the lvol's extent.",
         `Machine load average ${loadavg()
           .map((l) => l.toFixed(1))
