@@ -6,6 +6,7 @@
 import { existsSync, mkdirSync, mkdtempSync } from "node:fs";
 import { getPriority, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { FIO_JOBS, fio, sh } from "./fio.ts";
 import { cpuSeconds } from "./proc-stats.ts";
 import { type Figure, fmt, median, writeResult } from "./report.ts";
 
@@ -15,86 +16,8 @@ const ROUNDS = Number(process.argv[3] ?? 3);
 const SIZE = 256 * 2 ** 20;
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
-async function sh(argv: string[], timeoutMs = 120_000): Promise<string> {
-  const p = Bun.spawn(argv, { stdout: "pipe", stderr: "pipe" });
-  const t = setTimeout(() => p.kill("SIGKILL"), timeoutMs);
-  const [out, err, code] = await Promise.all([
-    new Response(p.stdout).text(),
-    new Response(p.stderr).text(),
-    p.exited,
-  ]);
-  clearTimeout(t);
-  if (code !== 0) throw new Error(`${argv.join(" ")} failed (${code}): ${err.trim()}`);
-  return out.trim();
-}
-
-interface Job {
-  id: string;
-  label: string;
-  rw: "write" | "read" | "randwrite" | "randread";
-  bs: string;
-  depth: number;
-  unit: "MB/s" | "IOPS";
-}
-
-const ALL_JOBS: Job[] = [
-  { id: "seq-write", label: "sequential write, 1 MiB, QD4", rw: "write", bs: "1M", depth: 4, unit: "MB/s" },
-  { id: "seq-read", label: "sequential read, 1 MiB, QD4", rw: "read", bs: "1M", depth: 4, unit: "MB/s" },
-  {
-    id: "rand-write-qd1",
-    label: "random write 4 KiB, QD1",
-    rw: "randwrite",
-    bs: "4k",
-    depth: 1,
-    unit: "IOPS",
-  },
-  { id: "rand-read-qd1", label: "random read 4 KiB, QD1", rw: "randread", bs: "4k", depth: 1, unit: "IOPS" },
-  {
-    id: "rand-write-qd16",
-    label: "random write 4 KiB, QD16",
-    rw: "randwrite",
-    bs: "4k",
-    depth: 16,
-    unit: "IOPS",
-  },
-  {
-    id: "rand-read-qd16",
-    label: "random read 4 KiB, QD16",
-    rw: "randread",
-    bs: "4k",
-    depth: 16,
-    unit: "IOPS",
-  },
-];
 const ONLY = process.argv.slice(4);
-const JOBS = ONLY.length > 0 ? ALL_JOBS.filter((j) => ONLY.includes(j.id)) : ALL_JOBS;
-
-/** One fio job on `dev` with O_DIRECT and libaio; MB/s (10^6 bytes) or IOPS. */
-async function fio(dev: string, j: Job): Promise<number> {
-  const out = await sh([
-    "fio",
-    `--name=${j.id}`,
-    `--filename=${dev}`,
-    "--direct=1",
-    "--ioengine=libaio",
-    `--rw=${j.rw}`,
-    `--bs=${j.bs}`,
-    `--iodepth=${j.depth}`,
-    `--size=${SIZE}`,
-    "--time_based",
-    `--runtime=${SECONDS}`,
-    "--ramp_time=1",
-    "--norandommap",
-    "--randrepeat=0",
-    "--output-format=json",
-  ]);
-  const r = JSON.parse(out.slice(out.indexOf("{"))) as {
-    jobs: { read: { bw_bytes: number; iops: number }; write: { bw_bytes: number; iops: number } }[];
-  };
-  const side = j.rw.includes("write") ? r.jobs[0]?.write : r.jobs[0]?.read;
-  if (!side) throw new Error(`fio printed no result for ${j.id}`);
-  return j.unit === "MB/s" ? side.bw_bytes / 1e6 : side.iops;
-}
+const JOBS = ONLY.length > 0 ? FIO_JOBS.filter((j) => ONLY.includes(j.id)) : FIO_JOBS;
 
 async function main(): Promise<void> {
   const failAll = (why: string) =>
@@ -139,9 +62,9 @@ async function main(): Promise<void> {
       const cpu: number[] = [];
       for (let r = 0; r < ROUNDS; r++) {
         const cpu0 = cpuSeconds(server.pid);
-        oursAll.push(await fio(fuseDev, j));
+        oursAll.push(await fio(fuseDev, j, SECONDS, SIZE));
         cpu.push(cpuSeconds(server.pid) - cpu0);
-        yardAll.push(await fio(plainDev, j));
+        yardAll.push(await fio(plainDev, j, SECONDS, SIZE));
       }
       const ours = median(oursAll);
       const yard = median(yardAll);

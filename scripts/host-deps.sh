@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the integration tier and the lab drive for real (parted, mkfs.xfs,
 # losetup/partx, openssl, setpriv; for the real-cluster lab containerd, runc, the CNI plugins,
-# iptables, buildah and mmdebstrap, busybox for the small images) when a command is missing.
+# iptables, buildah and mmdebstrap, busybox for the small images; fio for the block-path benches)
+# when a command is missing.
 # Needs root for apt-get; prints what it would need otherwise. Idempotent and quick when everything
 # is present.
 set -euo pipefail
@@ -10,7 +11,7 @@ declare -A pkg_of=(
   [mkfs.ext4]=e2fsprogs [mkfs.xfs]=xfsprogs [openssl]=openssl [blkid]=util-linux
   [containerd]=containerd [runc]=runc [buildah]=buildah [mmdebstrap]=mmdebstrap
   [iptables]=iptables [conntrack]=conntrack [/usr/lib/cni/bridge]=containernetworking-plugins
-  [/bin/busybox]=busybox-static [nsenter]=util-linux
+  [/bin/busybox]=busybox-static [nsenter]=util-linux [fio]=fio
 )
 missing=()
 for cmd in "${!pkg_of[@]}"; do

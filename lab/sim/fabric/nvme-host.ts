@@ -419,14 +419,16 @@ export class NvmeHost implements NvmeInitiator {
       if (this.#retired.delete(ns.file)) this.#files.remove(ns.file);
       this.#files.add(ns.file, this.#handler(sub, ns));
       try {
-        // --direct-io=off: the loop driver then reads and writes the FUSE file through the page
-        // cache path, which the FUSE server's direct-I/O open turns into requests to us.
+        // --direct-io=on: the loop driver submits its requests to the FUSE file as asynchronous
+        // direct I/O (FUSE_ASYNC_DIO), so several are in flight at once and become commands in
+        // flight together on the I/O queue, like the block layer's queue depth over NVMe. With
+        // it off, loop sends one buffered request at a time and waits for each.
         ns.device = parseAttached(
           await this.#losetup([
             "losetup",
             "--find",
             "--show",
-            "--direct-io=off",
+            "--direct-io=on",
             `${this.#files.mountpoint}/${ns.file}`,
           ]),
         );

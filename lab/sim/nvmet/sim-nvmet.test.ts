@@ -2,7 +2,7 @@
 // connect only, port unlink ends controllers, a disabled namespace fails I/O, debugfs lists live
 // controllers, DH-HMAC-CHAP with the host entry's keys, and the backstop rescan for writers that cannot notify.
 import { afterEach, beforeEach, expect, test } from "bun:test";
-import { mkdir, mkdtemp, open, readdir, readFile, rm, truncate } from "node:fs/promises";
+import { mkdir, mkdtemp, open, readdir, readFile, rm, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { generateDhchapSecret } from "../../../lib/nvme/dhchap.ts";
@@ -101,6 +101,19 @@ test("a host is checked at connect: unlisted hosts and unlinked subsystems are r
   expect((await readFile(join(root, "dev/sda1"))).subarray(0, 13).toString()).toBe("through nvmet");
   expect(c.ctrlr.subnqn).toBe(A);
   expect(c.namespaces.map((n) => [n.nsid, n.numBlocks])).toEqual([[1, 2048]]);
+});
+
+test("Write Zeroes zeroes exactly its range, however long (written a MiB at a time)", async () => {
+  const size = 3 * (1 << 20) + 4096;
+  await writeFile(join(root, "dev", "sda2"), Buffer.alloc(size, 0xff));
+  await start();
+  await exportSub(A, "sda2", [H1]);
+  const c = await connect(A, H1);
+  await c.writeZeroes(1, 512, size - 1024);
+  const after = await readFile(join(root, "dev/sda2"));
+  expect(after.subarray(0, 512).every((b) => b === 0xff)).toBe(true);
+  expect(after.subarray(512, size - 512).every((b) => b === 0)).toBe(true);
+  expect(after.subarray(size - 512).every((b) => b === 0xff)).toBe(true);
 });
 
 test("removing an allowed_hosts link leaves the host's live controller working (nvmet_allowed_hosts_drop_link)", async () => {

@@ -113,6 +113,8 @@ function hostAuthPolicy(host: HostState): TargetAuthPolicy {
 const BLOCK = 512;
 const EOPNOTSUPP = 95;
 const FABRIC_TRTYPE: Record<string, string> = { tcp: "TCP", rdma: "RDMA" };
+/** What Write Zeroes writes, a MiB at a time. */
+const ZEROS = Buffer.alloc(1024 * 1024);
 
 /** Starts a simulated nvmet over the tree at opts.nvmetDir; the first scan is done on return. */
 export async function startSimNvmet(opts: SimNvmetOptions): Promise<SimNvmet> {
@@ -514,11 +516,18 @@ export class SimNvmet {
         conn.send({ op: "data", tag: msg.tag }, buf);
         return;
       }
-      if (msg.op === "write" || msg.op === "write_zeroes") {
-        const data = msg.op === "write" ? payload : Buffer.alloc(length);
+      if (msg.op === "write") {
         let done = 0;
         while (done < length) {
-          const w = await ns.file.write(data, done, length - done, msg.offset + done);
+          const w = await ns.file.write(payload, done, length - done, msg.offset + done);
+          done += w.bytesWritten;
+        }
+      } else if (msg.op === "write_zeroes") {
+        // One zeroed MiB written over and over: a Write Zeroes may cover the whole namespace.
+        let done = 0;
+        while (done < length) {
+          const n = Math.min(ZEROS.length, length - done);
+          const w = await ns.file.write(ZEROS, 0, n, msg.offset + done);
           done += w.bytesWritten;
         }
       }

@@ -10,7 +10,7 @@ import { AuthError, connectWithAuth, type HostDhchapOptions } from "./fabric-aut
 import {
   type AnaState,
   type ControllerInfo,
-  encodeFrame,
+  encodeFrameParts,
   FrameDecoder,
   type Message,
   type NamespaceInfo,
@@ -182,7 +182,7 @@ export class FabricServerConnection {
   }
 
   send(msg: Message, payload?: Uint8Array): void {
-    if (!this.#closed) this.sock.write(encodeFrame(msg, payload));
+    if (!this.#closed) for (const part of encodeFrameParts(msg, payload)) this.sock.write(part);
   }
 
   close(): void {
@@ -203,8 +203,9 @@ export interface ConnectOptions extends FabricAddress {
   /** DH-HMAC-CHAP secrets, used when the target asks the host to authenticate. */
   readonly dhchap?: HostDhchapOptions;
   /**
-   * Keep Alive Timeout in ms. The controller sends Keep Alive every half of it and, like the
-   * kernel's nvme_keep_alive_end_io, treats a reply missing for a whole kato as a lost link.
+   * Keep Alive Timeout in ms. The controller sends Keep Alive half of it after the previous one
+   * completed and, like the kernel (the command's timeout is kato), treats one left unanswered
+   * for a whole kato as a lost link.
    * 0 or absent: no keep-alive (SPDK's bdev_nvme default keeps 10 s; callers choose).
    */
   readonly kato?: number;
@@ -362,7 +363,7 @@ class FabricQueue {
     const framed = { ...msg, tag } as Message;
     return new Promise((resolve, reject) => {
       this.#pending.set(tag, { resolve, reject });
-      this.sock.write(encodeFrame(framed, payload));
+      for (const part of encodeFrameParts(framed, payload)) this.sock.write(part);
     });
   }
 
@@ -395,8 +396,8 @@ export class FabricController {
   #namespaces: NamespaceInfo[];
   #anaState: AnaState;
   #closed = false;
-  #kaTimer: ReturnType<typeof setInterval> | undefined;
-  #lastKaReply = Date.now();
+  /** The next Keep Alive to send, or the deadline of the one outstanding. */
+  #kaTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #nsListeners: ((ns: readonly NamespaceInfo[]) => void)[] = [];
   readonly #anaListeners: ((s: AnaState) => void)[] = [];
   readonly #closeListeners: (() => void)[] = [];
@@ -420,7 +421,7 @@ export class FabricController {
     const lost = () => {
       if (this.#closed) return;
       this.#closed = true;
-      if (this.#kaTimer) clearInterval(this.#kaTimer);
+      if (this.#kaTimer) clearTimeout(this.#kaTimer);
       admin.close();
       io.close();
       for (const fn of this.#closeListeners) fn();
@@ -428,19 +429,25 @@ export class FabricController {
     admin.onClose(lost);
     io.onClose(lost);
     if (kato > 0) {
-      this.#kaTimer = setInterval(
-        () => {
-          if (Date.now() - this.#lastKaReply > kato) return lost();
-          admin.request({ op: "keep_alive", tag: 0 }).then(
-            () => {
-              this.#lastKaReply = Date.now();
-            },
-            () => {},
-          );
-        },
-        Math.max(1, Math.floor(kato / 2)),
-      );
-      this.#kaTimer.unref?.();
+      // nvme_keep_alive_work: one Keep Alive at a time, the next kato/2 after the last completed;
+      // each has kato to complete (its request timeout), else the link counts as lost.
+      const arm = (fn: () => void, ms: number) => {
+        this.#kaTimer = setTimeout(fn, ms);
+        this.#kaTimer.unref?.();
+      };
+      const send = () => {
+        if (this.#closed) return;
+        arm(lost, kato);
+        admin.request({ op: "keep_alive", tag: 0 }).then(
+          () => {
+            if (this.#closed) return;
+            clearTimeout(this.#kaTimer);
+            arm(send, Math.max(1, Math.floor(kato / 2)));
+          },
+          () => {},
+        );
+      };
+      arm(send, Math.max(1, Math.floor(kato / 2)));
     }
   }
 

@@ -539,7 +539,11 @@ export class NvmfTarget {
     });
   }
 
-  /** SPDK's keep-alive poller: a controller silent for longer than its kato is disconnected. */
+  /**
+   * SPDK's keep-alive poller (nvmf_ctrlr_keep_alive_poll, registered with a period of kato): a
+   * controller whose last Keep Alive is older than kato when it runs is disconnected, so one goes
+   * between kato and twice kato after its last Keep Alive.
+   */
   #watchKeepAlive(s: Subsystem, ctrl: TargetController): void {
     if (ctrl.kato <= 0) return;
     const timer = setInterval(
@@ -555,7 +559,7 @@ export class NvmfTarget {
           dropController(ctrl);
         }
       },
-      Math.max(10, Math.floor(ctrl.kato / 4)),
+      Math.max(10, ctrl.kato),
     );
     timer.unref?.();
   }
