@@ -97,6 +97,10 @@ export async function publishVolume(
       access: capabilityKey(cap),
       readonly: req.readonly,
     };
+    // The host's DH-HMAC-CHAP keys exist before the attachment admits it: the agent installs
+    // them with the ACL, kubelet hands them to the node at NodeStage. Nothing secret is returned.
+    const dhchap = p.spec.targetOptions?.dhchap;
+    if (dhchap) await c.keys.ensureHost(p, dhchap.secretName, hostNQN, dhchap.mode, dhchap.hash);
     const reader = cap.mode === "MULTI_NODE_READER_ONLY";
     let last: NVMeVolumeAttachment | undefined;
     const a = await c.budget(
@@ -338,6 +342,9 @@ export async function unpublishVolume(
           await c.waitGone(c.attachmentWaiter, c.attClient, name, cur.metadata.uid as string, signal, (o) => {
             last = o;
           });
+          // Only once the target no longer admits the host: its keys go last.
+          const dhchap = (await c.partitionOf(ref))?.spec.targetOptions?.dhchap;
+          if (dhchap) await c.keys.removeHost(c.ns, dhchap.secretName, cur.spec.hostNQN);
           c.log.info("volume unpublished", { partition: key, node: cur.spec.nodeId });
         }
       },
