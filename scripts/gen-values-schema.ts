@@ -146,7 +146,7 @@ const StorageClassSchema = v.pipe(
       v.strictObject({
         mode: v.pipe(
           v.picklist(["none", "unidirectional", "bidirectional"]),
-          v.description("DH-HMAC-CHAP with keys generated per volume and host (spdk backend)"),
+          v.description("DH-HMAC-CHAP with keys generated per volume and host"),
         ),
         hash: v.optional(v.picklist(["sha256", "sha384", "sha512"])),
         dhgroup: v.optional(

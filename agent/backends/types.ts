@@ -19,6 +19,12 @@ export interface HostKey {
   readonly secret: string;
   /** The controller's secret: the host checks the target with it. */
   readonly ctrlSecret?: string;
+  /**
+   * The exchange's HMAC hash and DH group, where the target keeps them per host (nvmet's
+   * dhchap_hash, dhchap_dhgroup); SPDK negotiates from its target-wide lists instead.
+   */
+  readonly hash?: "sha256" | "sha384" | "sha512";
+  readonly dhgroup?: "null" | "ffdhe2048" | "ffdhe3072" | "ffdhe4096" | "ffdhe6144" | "ffdhe8192";
 }
 
 /**

@@ -50,7 +50,7 @@ test("bidirectional: hosts with a full pair are admitted with it; others are lef
   });
   const acl = await keyedAclFor(partition("bidirectional"), [H1, H2], secrets);
   expect(acl.hosts).toEqual([H1]);
-  expect(acl.keys?.get(H1)).toEqual(pair);
+  expect(acl.keys?.get(H1)).toEqual({ ...pair, hash: "sha256", dhgroup: "null" });
   expect(acl.keys?.has(H2)).toBe(false);
 });
 
@@ -59,7 +59,7 @@ test("unidirectional: the host key alone admits; a host without an entry is left
   const secrets = reader({ [hostEntryKeys(H1).secret]: pair.secret });
   const acl = await keyedAclFor(partition("unidirectional"), [H1, H2], secrets);
   expect(acl.hosts).toEqual([H1]);
-  expect(acl.keys?.get(H1)).toEqual({ secret: pair.secret });
+  expect(acl.keys?.get(H1)).toEqual({ secret: pair.secret, hash: "sha256", dhgroup: "null" });
 });
 
 test("revoking every host reads no Secret, even without a reader", async () => {

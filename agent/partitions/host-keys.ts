@@ -87,7 +87,7 @@ export async function keyedAclFor(
         );
       }
     }
-    keys.set(h, pair);
+    keys.set(h, { ...pair, hash: dh.hash, dhgroup: dh.dhgroup });
   }
   return { hosts: hosts.filter((h) => keys.has(h)), keys };
 }

@@ -74,11 +74,6 @@ const refusals: [string, Record<string, string>, string][] = [
     "dhchapGroup must be one of",
   ],
   ["dhchapHash without a mode", { dhchapHash: "sha256" }, "need dhchapMode"],
-  [
-    "generated keys on the kernel backend (not yet)",
-    { backend: "kernel", dhchapMode: "unidirectional" },
-    "not supported on the kernel backend",
-  ],
 ];
 
 test("dhchapMode: none adds nothing; a mode fills hash and group defaults", () => {
@@ -92,6 +87,10 @@ test("dhchapMode: none adds nothing; a mode fills hash and group defaults", () =
     parseParameters({ dhchapMode: "bidirectional", dhchapHash: "sha512", dhchapGroup: "ffdhe3072" }, NS)
       .params.dhchap,
   ).toEqual({ mode: "bidirectional", hash: "sha512", dhgroup: "ffdhe3072" });
+  expect(
+    parseParameters({ backend: "kernel", volumeManager: "parted", dhchapMode: "unidirectional" }, NS).params
+      .dhchap,
+  ).toEqual({ mode: "unidirectional", hash: "sha256", dhgroup: "null" });
 });
 
 for (const [name, raw, says] of refusals) {

@@ -123,9 +123,8 @@ export interface ParsedParameters {
  * INVALID_ARGUMENT naming the parameter: unknown keys, bad values, a volume manager that does not
  * belong to the backend, QoS limits (qos.*) that are malformed or on the kernel backend, the
  * operator-supplied DH-HMAC-CHAP Secret (dhchapSecretName: validated, then refused, as generated
- * per-host keys replace it), and generated keys (dhchapMode) on a backend that cannot serve them
- * yet (kernel: nvmet keeps one key per host, not per volume). Exporting without the authentication
- * a StorageClass asked for would be worse than failing. `driverNamespace` is where the partition,
+ * per-host keys replace it). Exporting without the authentication a StorageClass asked for would
+ * be worse than failing. `driverNamespace` is where the partition,
  * and so any Secret it references, lives.
  */
 export function parseParameters(
@@ -177,11 +176,7 @@ export function parseParameters(
   }
   if (p.dhchapMode === "none" && (p.dhchapHash !== undefined || p.dhchapGroup !== undefined))
     throw invalidArgument("dhchapHash/dhchapGroup need dhchapMode unidirectional or bidirectional");
-  if (p.dhchapMode !== "none" && p.backend !== "spdk") {
-    throw invalidArgument(
-      `dhchapMode ${p.dhchapMode} is not supported on the ${p.backend} backend yet: nvmet keeps one key per host, and per-host keys are not generated yet`,
-    );
-  }
+
   const qos = parseQos(qosRaw, "parameter");
   requireQosBackend(p.backend, qos, "parameters");
   const params: VolumeParameters = {

@@ -100,7 +100,13 @@ export async function publishVolume(
     // The host's DH-HMAC-CHAP keys exist before the attachment admits it: the agent installs
     // them with the ACL, kubelet hands them to the node at NodeStage. Nothing secret is returned.
     const dhchap = p.spec.targetOptions?.dhchap;
-    if (dhchap) await c.keys.ensureHost(p, dhchap.secretName, hostNQN, dhchap.mode, dhchap.hash);
+    // nvmet keeps one key per host for all its subsystems: there the pair is the host's own,
+    // the same in every volume's Secret.
+    if (dhchap) {
+      await c.keys.ensureHost(p, dhchap.secretName, hostNQN, dhchap.mode, dhchap.hash, {
+        perHost: p.spec.backend === "kernel",
+      });
+    }
     const reader = cap.mode === "MULTI_NODE_READER_ONLY";
     let last: NVMeVolumeAttachment | undefined;
     const a = await c.budget(

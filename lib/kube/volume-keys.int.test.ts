@@ -22,12 +22,12 @@ afterAll(async () => {
   await tc?.stop();
 });
 
-async function partition(ns: string): Promise<NVMePartition> {
+async function partition(ns: string, name = "vol-keys"): Promise<NVMePartition> {
   const p = exampleNVMePartition();
   return new ResourceClient(tc.conn, kinds.NVMePartition).create({
     apiVersion: p.apiVersion,
     kind: p.kind,
-    metadata: { name: "vol-keys", namespace: ns },
+    metadata: { name, namespace: ns },
     spec: { sizeBytes: 2 ** 30, backend: "spdk", volumeManager: "partition" },
   } as NVMePartition);
 }
@@ -77,4 +77,23 @@ test("unidirectional pairs have no controller key", async () => {
   const pair = hostKeyPairFrom((await store.read(ns, "dhchap-pvc-2")) as Record<string, string>, H1);
   expect(pair?.secret).toStartWith("DHHC-1:01:");
   expect(pair?.ctrlSecret).toBeUndefined();
+}, 60_000);
+
+test("per host (nvmet): every volume's Secret holds the host's one pair, derived from one master key", async () => {
+  const ns = await tc.namespace("keys");
+  const [p1, p2] = [await partition(ns, "vol-a"), await partition(ns, "vol-b")];
+  const store = kubeVolumeKeyStore(tc.conn);
+  await Promise.all([
+    store.ensureHost(p1, "dhchap-pvc-a", H1, "bidirectional", "sha256", { perHost: true }),
+    store.ensureHost(p2, "dhchap-pvc-b", H1, "bidirectional", "sha512", { perHost: true }),
+  ]);
+  const a = hostKeyPairFrom((await store.read(ns, "dhchap-pvc-a")) as Record<string, string>, H1);
+  const b = hostKeyPairFrom((await store.read(ns, "dhchap-pvc-b")) as Record<string, string>, H1);
+  expect(a?.ctrlSecret).toBeString();
+  expect(b).toEqual(a as { secret: string; ctrlSecret?: string });
+  await store.ensureHost(p1, "dhchap-pvc-a", H2, "unidirectional", "sha256", { perHost: true });
+  const other = hostKeyPairFrom((await store.read(ns, "dhchap-pvc-a")) as Record<string, string>, H2);
+  expect(other?.secret).not.toBe(a?.secret as string);
+  const master = await store.read(ns, "distort-dhchap-master");
+  expect(Buffer.from(master?.master ?? "", "utf8").length).toBeGreaterThan(0);
 }, 60_000);

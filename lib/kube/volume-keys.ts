@@ -1,11 +1,15 @@
 // The Secret that holds one volume's DH-HMAC-CHAP keys (layout: lib/nvme/dhchap-keys.ts), as a
 // port: the CSI controller adds a host's pair at publish and drops it after unpublish; the agent
 // reads pairs to install them. Owned by the volume's NVMePartition, so it goes with the volume.
+import { randomBytes } from "node:crypto";
 import * as k8s from "@kubernetes/client-node";
 import { StorageError } from "../errors.ts";
 import {
+  DHCHAP_MASTER_KEY,
+  DHCHAP_MASTER_SECRET,
   type DhchapHashName,
   type DhchapMode,
+  deriveHostKeyPair,
   generateHostKeyPair,
   hostEntryKeys,
 } from "../nvme/dhchap-keys.ts";
@@ -27,6 +31,8 @@ export interface VolumeKeyStore {
    * Makes sure Secret `name` (the owner's namespace) holds a key pair for `hostNqn` of `mode`,
    * generating it when missing or of the wrong shape (a controller key present iff
    * bidirectional). Creates the Secret, owned by `owner`, on first use. Never returns a key.
+   * `perHost`: the pair is the host's one pair for every volume (derived from the namespace's
+   * master key, created on first use), for targets that keep one key per host (nvmet).
    */
   ensureHost(
     owner: KeyOwner,
@@ -34,6 +40,7 @@ export interface VolumeKeyStore {
     hostNqn: string,
     mode: Exclude<DhchapMode, "none">,
     hash: DhchapHashName,
+    opts?: { perHost?: boolean },
   ): Promise<void>;
   /** Drops `hostNqn`'s pair from Secret namespace/name; a missing Secret or pair is done. */
   removeHost(namespace: string, name: string, hostNqn: string): Promise<void>;
@@ -81,17 +88,47 @@ export function kubeVolumeKeyStore(
       }
     }
   };
+  /** The namespace's master key (32 random bytes), created by the first caller that needs it. */
+  const masterKey = async (namespace: string): Promise<Buffer> => {
+    for (let i = 1; ; i++) {
+      const cur = await get(namespace, DHCHAP_MASTER_SECRET);
+      const b64 = cur?.data?.[DHCHAP_MASTER_KEY];
+      if (b64) return Buffer.from(b64, "base64");
+      if (cur)
+        throw new StorageError(
+          "precondition",
+          `Secret ${namespace}/${DHCHAP_MASTER_SECRET} has no ${DHCHAP_MASTER_KEY}`,
+        );
+      try {
+        await core.createNamespacedSecret({
+          namespace,
+          body: {
+            metadata: { name: DHCHAP_MASTER_SECRET, namespace, labels },
+            type: VOLUME_KEYS_SECRET_TYPE,
+            data: { [DHCHAP_MASTER_KEY]: randomBytes(32).toString("base64") },
+          },
+        });
+      } catch (err) {
+        // Another writer created it first: read theirs.
+        const e = kubeError(err, `create Secret ${namespace}/${DHCHAP_MASTER_SECRET}`);
+        if (e.kind !== "already-exists" || i >= ATTEMPTS) throw e;
+      }
+    }
+  };
   return {
-    async ensureHost(owner, name, hostNqn, mode, hash) {
+    async ensureHost(owner, name, hostNqn, mode, hash, opts = {}) {
       const namespace = owner.metadata.namespace as string;
       if (!owner.metadata.uid) throw new StorageError("invalid", `owner ${owner.metadata.name} has no uid`);
       const k = hostEntryKeys(hostNqn);
+      const derived = opts.perHost ? deriveHostKeyPair(await masterKey(namespace), mode, hostNqn) : undefined;
       await retrying(`write Secret ${namespace}/${name}`, async () => {
         const cur = await get(namespace, name);
         const data = cur ? decode(cur) : {};
-        const shapeOk = !!data[k.secret] && (mode === "bidirectional") === !!data[k.ctrlSecret];
+        const shapeOk = derived
+          ? data[k.secret] === derived.secret && data[k.ctrlSecret] === derived.ctrlSecret
+          : !!data[k.secret] && (mode === "bidirectional") === !!data[k.ctrlSecret];
         if (cur && shapeOk) return;
-        const pair = generateHostKeyPair(mode, hash);
+        const pair = derived ?? generateHostKeyPair(mode, hash);
         const next: Record<string, string> = { ...data, [k.secret]: pair.secret, [k.hostNqn]: hostNqn };
         if (pair.ctrlSecret) next[k.ctrlSecret] = pair.ctrlSecret;
         else delete next[k.ctrlSecret];

@@ -2,7 +2,13 @@
 // for an absent host, and generated pairs in DHHC-1 form with the class's hash.
 import { expect, test } from "bun:test";
 import { parseDhchapSecret } from "./dhchap.ts";
-import { dhchapSecretName, generateHostKeyPair, hostEntryKeys, hostKeyPairFrom } from "./dhchap-keys.ts";
+import {
+  deriveHostKeyPair,
+  dhchapSecretName,
+  generateHostKeyPair,
+  hostEntryKeys,
+  hostKeyPairFrom,
+} from "./dhchap-keys.ts";
 
 const H1 = "nqn.2014-08.org.nvmexpress:uuid:6b4e0f5c-3f3b-4b0e-9d55-0c8f1d2b7a11";
 const H2 = "nqn.2014-08.org.nvmexpress:uuid:0d9a77e2-51c4-4c61-8d3e-2b2f0b6f9e40";
@@ -32,4 +38,18 @@ test("a host's pair is read back from the Secret's data; another host finds noth
   expect(hostKeyPairFrom(data, H1)).toEqual(pair);
   expect(hostKeyPairFrom(data, H2)).toBeUndefined();
   expect(hostKeyPairFrom({ [k.secret]: pair.secret }, H1)).toEqual({ secret: pair.secret });
+});
+
+test("derived pairs: one per host whatever the volume, distinct per host and master, valid DHHC-1", () => {
+  const m1 = new Uint8Array(32).fill(7);
+  const m2 = new Uint8Array(32).fill(8);
+  const a = deriveHostKeyPair(m1, "bidirectional", H1);
+  expect(deriveHostKeyPair(m1, "bidirectional", H1)).toEqual(a);
+  expect(deriveHostKeyPair(m1, "unidirectional", H1)).toEqual({ secret: a.secret });
+  expect(deriveHostKeyPair(m1, "bidirectional", H2).secret).not.toBe(a.secret);
+  expect(deriveHostKeyPair(m2, "bidirectional", H1).secret).not.toBe(a.secret);
+  expect(a.ctrlSecret).not.toBe(a.secret);
+  expect(parseDhchapSecret(a.secret)).toMatchObject({ hash: 1 });
+  expect(parseDhchapSecret(a.ctrlSecret as string).key).toHaveLength(32);
+  expect(() => deriveHostKeyPair(new Uint8Array(16), "unidirectional", H1)).toThrow("at least 32 bytes");
 });

@@ -2,8 +2,8 @@
 // PersistentVolume, so the StorageClass can template it as the node-stage secret), one pair of
 // entries per host NQN. The CSI controller writes them, the agent installs them on the target,
 // kubelet hands them to the CSI node at NodeStage. One layout, shared by all three.
-import { createHash } from "node:crypto";
-import { generateDhchapSecret, type HashId } from "./dhchap.ts";
+import { createHash, hkdfSync } from "node:crypto";
+import { DHCHAP_HASHES, formatDhchapSecret, generateDhchapSecret, type HashId } from "./dhchap.ts";
 
 /** DH-HMAC-CHAP modes a StorageClass may ask for. */
 export const DHCHAP_MODES = ["none", "unidirectional", "bidirectional"] as const;
@@ -73,4 +73,33 @@ export function hostKeyPairFrom(
   if (!secret) return undefined;
   const ctrl = data[k.ctrlSecret]?.trim();
   return ctrl ? { secret, ctrlSecret: ctrl } : { secret };
+}
+
+/** The Secret (release namespace) holding the master key per-host pairs are derived from. */
+export const DHCHAP_MASTER_SECRET = "distort-dhchap-master";
+/** Its data key. */
+export const DHCHAP_MASTER_KEY = "master";
+
+/**
+ * A host's pair derived from `master` (HKDF-SHA256, info = role and host NQN): the same host gets
+ * the same pair on every volume, as a backend that keeps one key per host (nvmet's
+ * hosts/<nqn>/dhchap_key) needs, without a per-host object whose lifetime would outlast every
+ * volume. The transformation hash is fixed (sha256) so classes with different hashes still agree
+ * on the key; the exchange hash is the target's setting.
+ */
+export function deriveHostKeyPair(
+  master: Uint8Array,
+  mode: Exclude<DhchapMode, "none">,
+  hostNqn: string,
+): { secret: string; ctrlSecret?: string } {
+  if (master.length < 32) throw new Error("the DH-HMAC-CHAP master key must be at least 32 bytes");
+  const derive = (role: string) =>
+    formatDhchapSecret({
+      hash: 1,
+      key: Buffer.from(
+        hkdfSync("sha256", master, "distort dhchap", `${role}\0${hostNqn}`, DHCHAP_HASHES[1].length),
+      ),
+    });
+  const secret = derive("host");
+  return mode === "bidirectional" ? { secret, ctrlSecret: derive("ctrl") } : { secret };
 }

@@ -125,13 +125,19 @@ describe("order of writes", () => {
   test("bidirectional keys: dhchap_key and dhchap_ctrl_key on the host entry before it is linked", async () => {
     await target.ensureExport(spec);
     const [key, ctrl] = [generateDhchapSecret({ hash: 1 }), generateDhchapSecret({ hash: 1 })];
-    const keys = new Map([[H1, { secret: key, ctrlSecret: ctrl }]]);
+    const keys = new Map([
+      [H1, { secret: key, ctrlSecret: ctrl, hash: "sha384", dhgroup: "ffdhe2048" } as const],
+    ]);
     expect(await target.reconcileHosts(NQN, [H1], keys)).toEqual([
       `host:${H1}`,
       `key:${H1}`,
+      `dhchap_hash:${H1}`,
+      `dhchap_dhgroup:${H1}`,
       `ctrl-key:${H1}`,
       `allow:${H1}`,
     ]);
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_hash`)).toBe("hmac(sha384)\n");
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_dhgroup`)).toBe("ffdhe2048\n");
     expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_key`)).toBe(`${key}\n`);
     expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_ctrl_key`)).toBe(`${ctrl}\n`);
     // Already exact: nothing written; a rotated controller key alone is rewritten.

@@ -261,6 +261,17 @@ export class KernelTarget implements TargetBackend {
           // The controller key is what nvmet answers a host's challenge with (bidirectional). It
           // is only ever set, not cleared: a host that does not challenge never uses it, and the
           // host entry goes with its last subsystem.
+          // The exchange's hash and group are the host entry's too (shared by its subsystems).
+          const settings: [string, string | undefined][] = [
+            ["dhchap_hash", k.hash === undefined ? undefined : `hmac(${k.hash})`],
+            ["dhchap_dhgroup", k.dhgroup],
+          ];
+          for (const [attr, want] of settings) {
+            if (want !== undefined && (await this.#io.readAttr(`${this.#p.host(host)}/${attr}`)) !== want) {
+              await this.#io.writeVerified(`${this.#p.host(host)}/${attr}`, want);
+              done.push(`${attr}:${host}`);
+            }
+          }
           const ctrl = k.ctrlSecret;
           if (
             ctrl !== undefined &&
