@@ -117,6 +117,14 @@ export async function publishVolume(
         }),
       () => `node ${req.nodeId} is not authorized on volume ${key} yet: ${accessPending(last)}`,
     );
+    // A host this volume was taken from (fenced by now: the attachment is AccessReady for the
+    // new one) keeps no pair behind.
+    if (dhchap) {
+      const published = [...(await primaryOf(c, ref)), ...(await readersOf(c, ref))].map(
+        (x) => x.spec.hostNQN,
+      );
+      await c.keys.retainHosts(c.ns, dhchap.secretName, [...new Set([...published, hostNQN])]);
+    }
     return {
       publishContext: {
         [PublishContextKeys.hostNQN]: a.spec.hostNQN,

@@ -63,6 +63,13 @@ test("pairs per host in one owned Secret; concurrent writers both land; removal 
   expect(hostKeyPairFrom(after, H1)).toBeUndefined();
   expect(hostKeyPairFrom(after, H2)).toEqual(b);
   expect(Object.keys(after).sort()).toEqual(Object.values(hostEntryKeys(H2)).sort());
+  // Retaining a host keeps exactly its pair.
+  await store.ensureHost(p, name, H1, "bidirectional", "sha384");
+  await store.retainHosts(ns, name, [H2]);
+  expect(Object.keys((await store.read(ns, name)) as Record<string, string>).sort()).toEqual(
+    Object.values(hostEntryKeys(H2)).sort(),
+  );
+  await store.retainHosts(ns, "dhchap-absent", [H2]);
   // Idempotent, and a missing Secret is fine.
   await store.removeHost(ns, name, H1);
   await store.removeHost(ns, "dhchap-absent", H1);

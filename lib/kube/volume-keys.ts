@@ -44,6 +44,11 @@ export interface VolumeKeyStore {
   ): Promise<void>;
   /** Drops `hostNqn`'s pair from Secret namespace/name; a missing Secret or pair is done. */
   removeHost(namespace: string, name: string, hostNqn: string): Promise<void>;
+  /**
+   * Drops every pair but those of `hostNqns` (a host taken over from, no longer published to);
+   * a missing Secret is done.
+   */
+  retainHosts(namespace: string, name: string, hostNqns: readonly string[]): Promise<void>;
   /** The Secret's decoded data, or undefined when it does not exist. */
   read(namespace: string, name: string): Promise<Record<string, string> | undefined>;
 }
@@ -169,6 +174,18 @@ export function kubeVolumeKeyStore(
         delete data[k.secret];
         delete data[k.ctrlSecret];
         delete data[k.hostNqn];
+        await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(data) } });
+      });
+    },
+    async retainHosts(namespace, name, hostNqns) {
+      const keep = new Set(hostNqns.flatMap((h) => Object.values(hostEntryKeys(h))));
+      await retrying(`write Secret ${namespace}/${name}`, async () => {
+        const cur = await get(namespace, name);
+        if (!cur) return;
+        const data = decode(cur);
+        const drop = Object.keys(data).filter((k) => !keep.has(k));
+        if (drop.length === 0) return;
+        for (const k of drop) delete data[k];
         await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(data) } });
       });
     },
