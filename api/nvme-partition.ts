@@ -40,6 +40,33 @@ export const SecretKeyRefSchema = v.pipe(
 );
 export type SecretKeyRef = v.InferOutput<typeof SecretKeyRefSchema>;
 
+export const DhchapOptionsSchema = v.pipe(
+  v.object({
+    mode: v.pipe(
+      v.picklist(["unidirectional", "bidirectional"]),
+      v.description("unidirectional: hosts authenticate; bidirectional: the target authenticates too."),
+    ),
+    hash: v.optional(
+      v.pipe(v.picklist(["sha256", "sha384", "sha512"]), v.description("HMAC hash of the exchange.")),
+      "sha256",
+    ),
+    dhgroup: v.optional(
+      v.pipe(
+        v.picklist(["null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192"]),
+        v.description("Diffie-Hellman group of the exchange; null for none."),
+      ),
+      "null",
+    ),
+    secretName: name(
+      "Secret (partition's namespace) with one key pair per host NQN, written by the CSI controller at publish.",
+    ),
+  }),
+  v.description(
+    "DH-HMAC-CHAP with keys generated per volume and host; hosts without keys in the Secret are not admitted.",
+  ),
+);
+export type DhchapOptions = v.InferOutput<typeof DhchapOptionsSchema>;
+
 export const TargetOptionsSchema = v.pipe(
   v.object({
     transport: v.optional(TransportSchema, "rdma"),
@@ -59,6 +86,7 @@ export const TargetOptionsSchema = v.pipe(
       ),
     ),
     dhchapSecretRef: v.optional(SecretKeyRefSchema),
+    dhchap: v.optional(DhchapOptionsSchema),
   }),
   v.description("Backend-specific export options. Immutable: initiators already hold the old portal."),
 );

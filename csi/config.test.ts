@@ -15,6 +15,7 @@ test("defaults, for a controller", () => {
     shutdownGraceMs: 10_000,
     stateDir: "/var/lib/distort/csi",
     hostRoot: "/",
+    keyDir: "/run/distort/csi-keys",
     topologyKeys: [],
     maxVolumesPerNode: 0,
     orphanGraceMs: 120_000,

@@ -26,6 +26,7 @@ const OPTIONS = {
   shutdownGraceMs: { flag: "shutdown-grace-ms", env: ["DISTORT_CSI_SHUTDOWN_GRACE_MS"], default: "10000" },
   stateDir: { flag: "state-dir", env: ["DISTORT_CSI_STATE_DIR"], default: "/var/lib/distort/csi" },
   hostRoot: { flag: "host-root", env: ["DISTORT_HOST_ROOT"], default: "/" },
+  keyDir: { flag: "key-dir", env: ["DISTORT_CSI_KEY_DIR"], default: "/run/distort/csi-keys" },
   kubeletDir: { flag: "kubelet-dir", env: ["DISTORT_CSI_KUBELET_DIR"], default: undefined },
   topologyKeys: { flag: "topology-keys", env: ["DISTORT_CSI_TOPOLOGY_KEYS"], default: "" },
   maxVolumesPerNode: {
@@ -86,6 +87,7 @@ const RawSchema = v.object({
   shutdownGraceMs: wholeNumber(0, 600_000, "shutdown-grace-ms"),
   stateDir: v.pipe(v.string(), v.check(isAbsolute, "state-dir must be an absolute path")),
   hostRoot: v.pipe(v.string(), v.check(isAbsolute, "host-root must be an absolute path")),
+  keyDir: v.pipe(v.string(), v.check(isAbsolute, "key-dir must be an absolute path")),
   kubeletDir: v.optional(
     v.pipe(
       v.string(),
@@ -129,6 +131,11 @@ export interface CsiConfig {
   stateDir: string;
   /** Root of the host filesystem the node service sees (/etc/nvme/hostnqn, /dev, /proc). */
   hostRoot: string;
+  /**
+   * Where keyed connects put nvme-cli's configuration (0600, for the length of one connect):
+   * best a memory filesystem (/run), never a shared or persistent volume.
+   */
+  keyDir: string;
   /** kubelet's root directory; when set, the node service publishes and unpublishes only below it. */
   kubeletDir?: string;
   /** Node label keys whose values NodeGetInfo reports as this node's topology. */
@@ -217,6 +224,7 @@ export function parseCsiConfig(
     shutdownGraceMs: c.shutdownGraceMs,
     stateDir: c.stateDir,
     hostRoot: c.hostRoot,
+    keyDir: c.keyDir,
     ...(c.kubeletDir === undefined ? {} : { kubeletDir: c.kubeletDir.replace(/\/+$/, "") }),
     topologyKeys: c.topologyKeys,
     maxVolumesPerNode: c.maxVolumesPerNode,

@@ -281,7 +281,7 @@ describe("identity and input validation", () => {
         GRPC.INVALID_ARGUMENT,
       ],
       [
-        "CreateVolume DH-CHAP (not enforced yet)",
+        "CreateVolume with a shared DH-CHAP Secret",
         () => c.unary(M.createVolume, createReq("v", { parameters: { dhchapSecretName: "k" } })),
         GRPC.INVALID_ARGUMENT,
       ],

@@ -13,6 +13,7 @@ import { callMetrics } from "../lib/grpc/call-metrics.ts";
 import { register, type ServiceRegistration, serveGrpc } from "../lib/grpc/server.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { readHostNqn } from "../lib/host-nqn.ts";
+import { dirKeyFiles } from "../lib/key-files.ts";
 import { CacheSet } from "../lib/kube/cache-set.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
@@ -86,7 +87,9 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       hostNqn,
       topology,
       maxVolumesPerNode: cfg.maxVolumesPerNode,
-      initiator: opts.node?.initiator ?? new NvmeCli({ exec, fs: hostRootFs, logger: nodeLog }),
+      initiator:
+        opts.node?.initiator ??
+        new NvmeCli({ exec, fs: hostRootFs, logger: nodeLog, secretFiles: dirKeyFiles(cfg.keyDir) }),
       mounter: opts.node?.mounter ?? new HostMounter({ exec, fs }),
       fs,
       state: opts.node?.state ?? fileStateStore(cfg.stateDir),

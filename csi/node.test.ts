@@ -1,6 +1,7 @@
 // The Node service against in-memory host ports: a bad-input table for every RPC (right code, no
 // port touched), and the behaviour of stage/publish/unpublish/unstage, stats, health and expansion
 // (idempotency, conflicts, filesystem safety, disconnect failures, busy volumes).
+
 import { beforeEach, describe, expect, test } from "bun:test";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, type HandlerContext } from "@connectrpc/connect";
@@ -20,6 +21,7 @@ import {
 import { realClock } from "../lib/clock.ts";
 import { toConnectError } from "../lib/grpc/status.ts";
 import { silentLogger } from "../lib/log.ts";
+import { generateHostKeyPair, hostEntryKeys } from "../lib/nvme/dhchap-keys.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
 import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
 import { CallLog, FakeFs, FakeInitiator, FakeMounter, MemoryStateStore } from "./node/test-doubles.ts";
@@ -84,6 +86,7 @@ interface StageInit {
   volumeCapability?: Cap;
   volumeContext?: Record<string, string>;
   publishContext?: Record<string, string>;
+  secrets?: Record<string, string>;
 }
 interface PublishInit {
   volumeId?: string;
@@ -538,6 +541,29 @@ describe("NodeStageVolume", () => {
       stagingPath: STAGE,
       access: { kind: "mount", fsType: "xfs" },
     });
+  });
+
+  test("DH-HMAC-CHAP: this host's pair from the NodeStage secrets goes to the initiator; other hosts' do not", async () => {
+    const mine = generateHostKeyPair("bidirectional", "sha256");
+    const theirs = generateHostKeyPair("bidirectional", "sha256");
+    const other = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000000b";
+    const [k, o] = [hostEntryKeys(HOST), hostEntryKeys(other)];
+    await stage({
+      secrets: {
+        [k.secret]: mine.secret,
+        [k.ctrlSecret]: mine.ctrlSecret as string,
+        [o.secret]: theirs.secret,
+        [o.ctrlSecret]: theirs.ctrlSecret as string,
+      },
+    });
+    const connect = log.calls.find((c) => c[1] === "connect")?.[2] as { dhchap?: unknown };
+    expect(connect.dhchap).toEqual(mine);
+  });
+
+  test("no secrets: the connect carries no keys", async () => {
+    await stage();
+    const connect = log.calls.find((c) => c[1] === "connect")?.[2] as { dhchap?: unknown };
+    expect(connect.dhchap).toBeUndefined();
   });
 
   test("mkfsOptions from the volume context are passed to mkfs; bad ones are INVALID_ARGUMENT before connecting", async () => {

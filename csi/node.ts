@@ -14,12 +14,13 @@ import { StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
 import { parseMkfsOptions } from "../lib/mkfs-options.ts";
+import { hostKeyPairFrom } from "../lib/nvme/dhchap-keys.ts";
 import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
 import { parseVolumeId } from "./controller/volume-id.ts";
 import { alreadyExists, failedPrecondition, invalidArgument, notFound } from "./errors.ts";
 import type { FsType, Mounter } from "./host/mounter.ts";
 import type { MountEntry } from "./host/mountinfo.ts";
-import type { NvmeInitiator } from "./host/nvme-initiator.ts";
+import type { ConnectSecrets, NvmeInitiator } from "./host/nvme-initiator.ts";
 import { assessHealth, type MountObservation } from "./node/health.ts";
 import type { NodeStateStore, Publication, StagedVolume } from "./node/state-store.ts";
 import {
@@ -244,13 +245,16 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
    * multipath: one device, several paths). Succeeds when at least one path connected; a portal
    * that failed is logged and left to the next stage, since the others carry the I/O.
    */
-  async function connectPaths(target: ReturnType<typeof parseStageContexts>): Promise<void> {
+  async function connectPaths(
+    target: ReturnType<typeof parseStageContexts>,
+    dhchap: ConnectSecrets | undefined,
+  ): Promise<void> {
     const all = [target.connect, ...target.morePortals.map((p) => ({ ...target.connect, ...p }))];
     let first: unknown;
     let ok = 0;
     for (const c of all) {
       try {
-        await initiator.connect({ ...c, hostNqn: deps.hostNqn });
+        await initiator.connect({ ...c, hostNqn: deps.hostNqn, ...(dhchap ? { dhchap } : {}) });
         ok++;
       } catch (err) {
         first ??= err;
@@ -349,7 +353,10 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           await state.put(rec);
         }
         try {
-          await connectPaths(target);
+          // DH-HMAC-CHAP keys come as NodeStage secrets: kubelet reads the PV's node-stage Secret
+          // (node authorization lets it read only Secrets of volumes its Pods use) and hands
+          // them over in the request; this plugin has no access to Secrets of its own.
+          await connectPaths(target, hostKeyPairFrom(req.secrets, deps.hostNqn));
           const device = await waitFor(`the namespace of ${nqn} did not appear`, ctx.signal, async () => {
             const dev = await initiator.findNamespaceDevice(nqn, target.namespaceUUID);
             return dev !== undefined && (await fs.exists(dev)) ? dev : undefined;

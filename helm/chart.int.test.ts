@@ -275,8 +275,8 @@ describe("what the templates hand the binaries", () => {
         try {
           parseParameters(params, "distort-system");
         } catch (err) {
-          // DH-HMAC-CHAP parameters are validated, then refused until the controller supports them.
-          if (!(params.dhchapSecretName && /not supported yet/.test(String(err)))) throw err;
+          // A shared DH-HMAC-CHAP Secret is validated, then refused (generated keys replace it).
+          if (!(params.dhchapSecretName && /not supported/.test(String(err)))) throw err;
         }
       }
       const dpuConfig = join(import.meta.dir, "..", "dpu", "config.ts");

@@ -283,7 +283,11 @@ describe("values a binary reads agree with its own config parser", () => {
 });
 
 describe("StorageClass entries agree with the CSI controller's parameter parser", () => {
-  type Sc = Obj & { reconnect?: Obj; dhchapSecret?: { name: string; key: string } };
+  type Sc = Obj & {
+    reconnect?: Obj;
+    dhchapSecret?: { name: string; key: string };
+    dhchap?: { mode: string; hash?: string; dhgroup?: string };
+  };
   // The parameters storage-classes.yaml renders for one entry.
   const parameters = (sc: Sc): Record<string, string> => {
     const p: Record<string, string> = {
@@ -294,19 +298,24 @@ describe("StorageClass entries agree with the CSI controller's parameter parser"
     };
     if (sc.portalPort !== undefined) p.portalPort = String(sc.portalPort);
     for (const [k, val] of Object.entries(sc.reconnect ?? {})) p[k] = String(val);
+    if (sc.dhchap && sc.dhchap.mode !== "none") {
+      p.dhchapMode = sc.dhchap.mode;
+      if (sc.dhchap.hash !== undefined) p.dhchapHash = sc.dhchap.hash;
+      if (sc.dhchap.dhgroup !== undefined) p.dhchapGroup = sc.dhchap.dhgroup;
+    }
     if (sc.dhchapSecret) {
       p.dhchapSecretName = sc.dhchapSecret.name;
       p.dhchapSecretKey = sc.dhchapSecret.key;
     }
     return p;
   };
-  // DH-HMAC-CHAP parameters are validated and then refused until the CSI controller supports them.
+  // A shared DH-HMAC-CHAP Secret is validated and then refused (generated keys replace it).
   const csiAccepts = (sc: Sc) => {
     try {
       parseParameters(parameters(sc), "distort-system");
       return true;
     } catch (err) {
-      if (sc.dhchapSecret && /not supported yet/.test(String(err))) return true;
+      if (sc.dhchapSecret && /not supported/.test(String(err))) return true;
       return false;
     }
   };
@@ -329,6 +338,11 @@ describe("StorageClass entries agree with the CSI controller's parameter parser"
     ...[-2, -1, 86400, 86401].map((n) => ({ ...base, reconnect: { fastIoFailTmo: n } })),
     { ...base, dhchapSecret: { name: "Bad_Name", key: "key" } },
     { ...base, dhchapSecret: { name: "ok", key: "k/ey" } },
+    { ...base, backend: "spdk", dhchap: { mode: "bidirectional", hash: "sha384", dhgroup: "ffdhe2048" } },
+    { ...base, backend: "spdk", dhchap: { mode: "unidirectional" } },
+    { ...base, dhchap: { mode: "none" } },
+    { ...base, dhchap: { mode: "mutual" } },
+    { ...base, backend: "spdk", dhchap: { mode: "bidirectional", hash: "md5" } },
   ];
   test("every rendered class is one the controller accepts", () => {
     for (const sc of classes)

@@ -12,16 +12,29 @@ export const REDACTED = "<redacted>";
 /** What an object nested deeper than redact() walks is replaced with: it fails closed. */
 export const TOO_DEEP = "<redacted: nested too deep>";
 const MAX_DEPTH = 8;
+/**
+ * Key material recognised by its value wherever it appears (a message, an error text, a field
+ * with an innocent name): DH-HMAC-CHAP secrets (DHHC-1:<hash>:<base64>:) and NVMe/TCP PSKs
+ * (NVMeTLSkey-1:<hash>:<base64>:).
+ */
+const SECRET_VALUE = /(DHHC-1|NVMeTLSkey-1):[0-9]{2}:[A-Za-z0-9+/=]*:?/g;
+
+/** `s` with every DH-HMAC-CHAP secret or TLS PSK in it replaced by REDACTED. */
+export function redactText(s: string): string {
+  return s.replace(SECRET_VALUE, REDACTED);
+}
 
 /**
- * Returns a copy of `value` with secret-looking fields replaced. Cycles and depth are bounded: an
+ * Returns a copy of `value` with secret-looking fields replaced, and key material (redactText)
+ * removed from every string. Cycles and depth are bounded: an
  * object or array below MAX_DEPTH levels becomes TOO_DEEP, since its fields were never checked.
  */
 export function redact(value: unknown, depth = 0): unknown {
+  if (typeof value === "string") return redactText(value);
   if (value === null || typeof value !== "object") return value;
   if (depth > MAX_DEPTH) return TOO_DEEP;
   if (Array.isArray(value)) return value.map((v) => redact(v, depth + 1));
-  if (value instanceof Error) return { message: value.message, name: value.name };
+  if (value instanceof Error) return { message: redactText(value.message), name: value.name };
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(value)) {
     out[k] = SECRET_KEY.test(k) ? REDACTED : redact(v, depth + 1);
@@ -51,7 +64,7 @@ export function createLogger(
   const emit = (level: Level, msg: string, fields?: Record<string, unknown>) => {
     if (ORDER[level] < min) return;
     const rec = redact({ ...base, ...fields }) as Record<string, unknown>;
-    sink(JSON.stringify({ ts: now().toISOString(), level, msg, ...rec }));
+    sink(JSON.stringify({ ts: now().toISOString(), level, msg: redactText(msg), ...rec }));
   };
   return {
     debug: (m, f) => emit("debug", m, f),

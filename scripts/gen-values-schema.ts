@@ -145,6 +145,18 @@ const StorageClassSchema = v.pipe(
       }),
     ),
     qos: v.optional(QosSchema),
+    dhchap: v.optional(
+      v.strictObject({
+        mode: v.pipe(
+          v.picklist(["none", "unidirectional", "bidirectional"]),
+          v.description("DH-HMAC-CHAP with keys generated per volume and host"),
+        ),
+        hash: v.optional(v.picklist(["sha256", "sha384", "sha512"])),
+        dhgroup: v.optional(
+          v.picklist(["null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192"]),
+        ),
+      }),
+    ),
     dhchapSecret: v.optional(
       v.strictObject({
         name: name("Secret (in the release namespace) holding the DH-HMAC-CHAP key"),

@@ -18,7 +18,7 @@ import type { Logger } from "../../lib/log.ts";
 import type { BackendName, TargetBackend } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
 import { desiredHosts } from "../partitions/controller.ts";
-import { hostKeysFor, type SecretReader } from "../partitions/host-keys.ts";
+import { keyedAclFor, type SecretReader } from "../partitions/host-keys.ts";
 import { isPartitionRecord } from "./partition-record.ts";
 
 export const ATTACHMENT_FINALIZER = "storage.distort.io/acl-revoke";
@@ -183,11 +183,10 @@ export class AttachmentController {
         await this.setAccess(a, "False", d.reason, d.message);
         throw new StorageError("unavailable", d.message);
       case "grant": {
-        await this.backend(d.backend).setHosts(
-          d.nqn,
-          d.hosts,
-          await hostKeysFor(p as NVMePartition, d.hosts, this.o.secrets),
-        );
+        // A host whose keys the Secret does not hold yet is left out; the read-back below then
+        // keeps the attachment waiting until a later pass admits it.
+        const acl = await keyedAclFor(p as NVMePartition, d.hosts, this.o.secrets);
+        await this.backend(d.backend).setHosts(d.nqn, acl.hosts, acl.keys);
         // Read back: AccessReady means the target really holds exactly this ACL.
         const state = await this.backend(d.backend).inspectExport(d.nqn);
         const have = [...(state?.hosts ?? [])].sort();
@@ -211,11 +210,8 @@ export class AttachmentController {
       case "revoke": {
         if (d.nqn && d.backend) {
           try {
-            await this.backend(d.backend).setHosts(
-              d.nqn,
-              d.hosts,
-              await hostKeysFor(p as NVMePartition, d.hosts, this.o.secrets),
-            );
+            const acl = await keyedAclFor(p as NVMePartition, d.hosts, this.o.secrets);
+            await this.backend(d.backend).setHosts(d.nqn, acl.hosts, acl.keys);
           } catch (err) {
             // No subsystem means no ACL left to revoke.
             if (!(err instanceof StorageError && err.kind === "not-found")) throw err;

@@ -14,8 +14,29 @@ export const DRIVE_MISSING = "DriveMissing";
 export type VolumeManagerName = "spdk-lvol" | "parted";
 export type Transport = "rdma" | "tcp";
 
-/** Host NQN -> DH-HMAC-CHAP secret ("DHHC-1:<hash>:<base64>:"). Never logged. */
-export type HostKeys = ReadonlyMap<string, string>;
+/** One host's DH-HMAC-CHAP secrets (DHHC-1 form); ctrlSecret makes the exchange bidirectional. */
+export interface HostKey {
+  readonly secret: string;
+  /** The controller's secret: the host checks the target with it. */
+  readonly ctrlSecret?: string;
+  /**
+   * The exchange's HMAC hash and DH group, where the target keeps them per host (nvmet's
+   * dhchap_hash, dhchap_dhgroup); SPDK negotiates from its target-wide lists instead.
+   */
+  readonly hash?: "sha256" | "sha384" | "sha512";
+  readonly dhgroup?: "null" | "ffdhe2048" | "ffdhe3072" | "ffdhe4096" | "ffdhe6144" | "ffdhe8192";
+}
+
+/**
+ * Host NQN -> its DH-HMAC-CHAP secret ("DHHC-1:<hash>:<base64>:") or secrets (HostKey). Never
+ * logged.
+ */
+export type HostKeys = ReadonlyMap<string, string | HostKey>;
+
+/** The HostKey form of one HostKeys entry. */
+export function hostKeyOf(v: string | HostKey): HostKey {
+  return typeof v === "string" ? { secret: v } : v;
+}
 
 /** A claimed physical drive as the agent knows it; serial is the stable identity. */
 export interface DeviceRef {
@@ -118,8 +139,9 @@ export interface TargetBackend {
    * Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first) and cuts every
    * other host off: on return no other host can do I/O through an existing controller either
    * (SPDK's remove_host disconnects it; nvmet needs its ports bounced). Never any-host.
-   * `keys` maps a host NQN to the DH-HMAC-CHAP secret (DHHC-1 form) it must authenticate with;
-   * a host whose key changed is revoked and re-admitted with the new one.
+   * `keys` maps a host NQN to the DH-HMAC-CHAP secret (DHHC-1 form) it must authenticate with,
+   * and the controller secret the target answers with when bidirectional; a host whose keys
+   * changed is revoked and re-admitted with the new ones.
    */
   setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void>;
   /**

@@ -41,7 +41,7 @@ import {
 } from "./decide.ts";
 import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
-import { hostKeysFor, type SecretReader } from "./host-keys.ts";
+import { keyedAclFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
 
@@ -488,7 +488,8 @@ export class PartitionController {
     }
     await this.step("qos", key);
     const hosts = desiredHosts(p, this.attachmentsFor(p));
-    await backend.setHosts(t.nqn, hosts, await hostKeysFor(p, hosts, this.o.secrets));
+    const acl = await keyedAclFor(p, hosts, this.o.secrets);
+    await backend.setHosts(t.nqn, acl.hosts, acl.keys);
     await this.step("acl", key);
     const wasExported = p.status?.state === "Exported";
     const expected = this.restarts.verified(key, t.backend, repaired.length > 0);

@@ -1,10 +1,12 @@
-// DH-HMAC-CHAP for an export: the secret named by the partition's targetOptions.dhchapSecretRef
-// (a Secret in the partition's namespace) is demanded from every host its ACL admits. The secret
-// is read when needed and never stored in any object or log.
+// DH-HMAC-CHAP for an export: per-host key pairs from the volume's key Secret
+// (targetOptions.dhchap, written by the CSI controller at publish), or the one secret named by
+// targetOptions.dhchapSecretRef, demanded from every host the ACL admits. Secrets are read when
+// needed and never stored in any object or log.
 import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { SecretReader } from "../../lib/kube/secrets.ts";
-import type { HostKeys } from "../backends/types.ts";
+import { hostEntryKeys, hostKeyPairFrom } from "../../lib/nvme/dhchap-keys.ts";
+import type { HostKey, HostKeys } from "../backends/types.ts";
 
 export type { SecretReader };
 
@@ -38,4 +40,54 @@ export async function hostKeysFor(
     );
   }
   return new Map(hosts.map((h) => [h, value]));
+}
+
+/** The hosts an export admits and the keys they authenticate with. */
+export interface KeyedAcl {
+  readonly hosts: string[];
+  readonly keys: HostKeys | undefined;
+}
+
+/**
+ * The ACL to set for `hosts` on a partition: all of them, unkeyed, without DH-HMAC-CHAP; with
+ * per-host keys (targetOptions.dhchap), only the hosts whose pair the volume's Secret holds (a
+ * host without one is left out, never admitted unkeyed, and is admitted by a later pass once the
+ * CSI controller wrote it). Revoking needs no Secret: with no host left nothing is read.
+ */
+export async function keyedAclFor(
+  p: NVMePartition,
+  hosts: readonly string[],
+  secrets: SecretReader | undefined,
+): Promise<KeyedAcl> {
+  const dh = p.spec.targetOptions?.dhchap;
+  if (!dh) return { hosts: [...hosts], keys: await hostKeysFor(p, hosts, secrets) };
+  if (hosts.length === 0) return { hosts: [], keys: undefined };
+  if (!secrets) throw new StorageError("unimplemented", "this agent cannot read Secrets for DH-HMAC-CHAP");
+  const ns = p.metadata.namespace as string;
+  const keys = new Map<string, HostKey>();
+  for (const h of hosts) {
+    const k = hostEntryKeys(h);
+    const data: Record<string, string> = {};
+    const secret = await secrets.read(ns, dh.secretName, k.secret);
+    if (secret === undefined) continue;
+    data[k.secret] = secret;
+    if (dh.mode === "bidirectional") {
+      const ctrl = await secrets.read(ns, dh.secretName, k.ctrlSecret);
+      // Bidirectional without the controller's key would be a weaker export than asked for.
+      if (ctrl === undefined) continue;
+      data[k.ctrlSecret] = ctrl;
+    }
+    const pair = hostKeyPairFrom(data, h);
+    if (!pair) continue;
+    for (const s of [pair.secret, pair.ctrlSecret]) {
+      if (s !== undefined && !DHCHAP_SECRET.test(s)) {
+        throw new StorageError(
+          "invalid",
+          `Secret ${ns}/${dh.secretName} holds a value for host ${h} that is not a DH-HMAC-CHAP secret`,
+        );
+      }
+    }
+    keys.set(h, { ...pair, hash: dh.hash, dhgroup: dh.dhgroup });
+  }
+  return { hosts: hosts.filter((h) => keys.has(h)), keys };
 }

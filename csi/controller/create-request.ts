@@ -1,6 +1,7 @@
 // CreateVolume's pure half: validate a request into a plan (partition name, normalized record,
 // fingerprint, topology) and build the NVMePartition the plan describes. Everything a bad request
 // can be refused for is refused here, before any API call.
+
 import {
   API_VERSION,
   type ContentSource,
@@ -10,6 +11,7 @@ import {
 } from "../../api/index.ts";
 import type { CreateVolumeRequest } from "../../gen/csi/v1/csi_pb.ts";
 import { parseMkfsOptions } from "../../lib/mkfs-options.ts";
+import { dhchapSecretName } from "../../lib/nvme/dhchap-keys.ts";
 import { invalidArgument } from "../errors.ts";
 import { requireSupported } from "./capabilities.ts";
 import { resolveCapacity } from "./capacity.ts";
@@ -147,6 +149,11 @@ export function buildPartition(
       targetOptions: {
         transport: params.transport,
         ...(params.portalPort === undefined ? {} : { portalPort: params.portalPort }),
+        // The Secret is named after the PersistentVolume (CreateVolume's name), which is what the
+        // StorageClass's node-stage secret template expands to.
+        ...(params.dhchap === undefined
+          ? {}
+          : { dhchap: { ...params.dhchap, secretName: dhchapSecretName(plan.requestName) } }),
       },
       ...(plan.topology ? { topology: plan.topology } : {}),
       ...(contentSource ? { contentSource } : {}),

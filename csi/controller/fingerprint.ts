@@ -89,6 +89,13 @@ const StoredRecordSchema = v.object({
     reconnectDelay: v.optional(v.number()),
     fastIoFailTmo: v.optional(v.number()),
     mkfsOptions: v.optional(v.string()),
+    dhchap: v.optional(
+      v.object({
+        mode: v.picklist(["unidirectional", "bidirectional"]),
+        hash: v.picklist(["sha256", "sha384", "sha512"]),
+        dhgroup: v.picklist(["null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192"]),
+      }),
+    ),
   }),
   capabilities: v.array(
     v.object({

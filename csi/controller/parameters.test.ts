@@ -65,8 +65,33 @@ const refusals: [string, Record<string, string>, string][] = [
   ["bad secret name", { dhchapSecretName: "Not_A_Name" }, "dhchapSecretName must be a Secret name"],
   ["secret namespace without name", { dhchapSecretNamespace: NS }, "need dhchapSecretName"],
   ["secret in another namespace", { dhchapSecretName: "k", dhchapSecretNamespace: "other" }, `must be ${NS}`],
-  ["DH-CHAP refused until the agent installs keys", { dhchapSecretName: "k" }, "DH-HMAC-CHAP"],
+  ["a shared DH-CHAP Secret (generated keys replace it)", { dhchapSecretName: "k" }, "use dhchapMode"],
+  ["bad dhchapMode", { dhchapMode: "mutual" }, "dhchapMode must be none, unidirectional or bidirectional"],
+  ["bad dhchapHash", { dhchapMode: "unidirectional", dhchapHash: "md5" }, "dhchapHash must be sha256"],
+  [
+    "bad dhchapGroup",
+    { dhchapMode: "bidirectional", dhchapGroup: "ffdhe1024" },
+    "dhchapGroup must be one of",
+  ],
+  ["dhchapHash without a mode", { dhchapHash: "sha256" }, "need dhchapMode"],
 ];
+
+test("dhchapMode: none adds nothing; a mode fills hash and group defaults", () => {
+  expect(parseParameters({ dhchapMode: "none" }, NS).params.dhchap).toBeUndefined();
+  expect(parseParameters({ dhchapMode: "unidirectional" }, NS).params.dhchap).toEqual({
+    mode: "unidirectional",
+    hash: "sha256",
+    dhgroup: "null",
+  });
+  expect(
+    parseParameters({ dhchapMode: "bidirectional", dhchapHash: "sha512", dhchapGroup: "ffdhe3072" }, NS)
+      .params.dhchap,
+  ).toEqual({ mode: "bidirectional", hash: "sha512", dhgroup: "ffdhe3072" });
+  expect(
+    parseParameters({ backend: "kernel", volumeManager: "parted", dhchapMode: "unidirectional" }, NS).params
+      .dhchap,
+  ).toEqual({ mode: "unidirectional", hash: "sha256", dhgroup: "null" });
+});
 
 for (const [name, raw, says] of refusals) {
   test(`refuses: ${name}`, () => {

@@ -3,6 +3,13 @@
 // csi.storage.k8s.io/* keys the external-provisioner adds. Pure.
 import * as v from "valibot";
 import type { Backend, QosLimits, Transport, VolumeManager } from "../../api/index.ts";
+import {
+  DHCHAP_DHGROUPS,
+  DHCHAP_HASH_NAMES,
+  DHCHAP_MODES,
+  type DhchapDhgroup,
+  type DhchapHashName,
+} from "../../lib/nvme/dhchap-keys.ts";
 import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import { describeIssues, invalidArgument } from "../errors.ts";
 import { type FsType, SUPPORTED_FS_TYPES } from "./capabilities.ts";
@@ -55,6 +62,14 @@ const ParametersSchema = v.object({
     ),
   ),
   dhchapSecretNamespace: v.optional(v.string()),
+  dhchapMode: v.optional(
+    v.picklist(DHCHAP_MODES, "dhchapMode must be none, unidirectional or bidirectional"),
+    "none",
+  ),
+  dhchapHash: v.optional(v.picklist(DHCHAP_HASH_NAMES, "dhchapHash must be sha256, sha384 or sha512")),
+  dhchapGroup: v.optional(
+    v.picklist(DHCHAP_DHGROUPS, `dhchapGroup must be one of ${DHCHAP_DHGROUPS.join(", ")}`),
+  ),
   mkfsOptions: v.optional(
     v.pipe(v.string(), v.maxLength(1024, "mkfsOptions must be at most 1024 characters")),
   ),
@@ -85,6 +100,11 @@ export interface VolumeParameters {
   fastIoFailTmo?: number;
   /** Extra mkfs arguments, whitespace-normalized; checked against the filesystem by CreateVolume. */
   mkfsOptions?: string;
+  /**
+   * DH-HMAC-CHAP with keys generated per volume and host (dhchapMode other than none), the
+   * defaults filled in; absent for none.
+   */
+  dhchap?: { mode: "unidirectional" | "bidirectional"; hash: DhchapHashName; dhgroup: DhchapDhgroup };
 }
 
 export interface ParsedParameters {
@@ -101,10 +121,11 @@ export interface ParsedParameters {
 /**
  * Parses a CreateVolume (or GetCapacity / ValidateVolumeCapabilities) parameter map. Throws
  * INVALID_ARGUMENT naming the parameter: unknown keys, bad values, a volume manager that does not
- * belong to the backend, QoS limits (qos.*) that are malformed or on the kernel backend, and DH-HMAC-CHAP settings (validated, then refused: the agent does not
- * configure target keys yet, and exporting without the authentication a StorageClass asked for
- * would be worse than failing). `driverNamespace` is where the partition, and so any Secret it
- * references, lives.
+ * belong to the backend, QoS limits (qos.*) that are malformed or on the kernel backend, the
+ * operator-supplied DH-HMAC-CHAP Secret (dhchapSecretName: validated, then refused, as generated
+ * per-host keys replace it). Exporting without the authentication a StorageClass asked for would
+ * be worse than failing. `driverNamespace` is where the partition,
+ * and so any Secret it references, lives.
  */
 export function parseParameters(
   raw: Readonly<Record<string, string>>,
@@ -150,9 +171,12 @@ export function parseParameters(
       );
     }
     throw invalidArgument(
-      "DH-HMAC-CHAP (dhchapSecretName) is not supported yet: the storage agent does not install target keys, and DISTORT will not export a volume without the authentication its StorageClass asks for",
+      "DH-HMAC-CHAP with a shared Secret (dhchapSecretName) is not supported: use dhchapMode (unidirectional or bidirectional), which generates keys per volume and host",
     );
   }
+  if (p.dhchapMode === "none" && (p.dhchapHash !== undefined || p.dhchapGroup !== undefined))
+    throw invalidArgument("dhchapHash/dhchapGroup need dhchapMode unidirectional or bidirectional");
+
   const qos = parseQos(qosRaw, "parameter");
   requireQosBackend(p.backend, qos, "parameters");
   const params: VolumeParameters = {
@@ -167,6 +191,9 @@ export function parseParameters(
     ...(p.mkfsOptions === undefined || p.mkfsOptions.trim() === ""
       ? {}
       : { mkfsOptions: p.mkfsOptions.trim().split(/\s+/).join(" ") }),
+    ...(p.dhchapMode === "none"
+      ? {}
+      : { dhchap: { mode: p.dhchapMode, hash: p.dhchapHash ?? "sha256", dhgroup: p.dhchapGroup ?? "null" } }),
   };
   return { params, provisioner, ...(qos ? { qos } : {}) };
 }

@@ -97,6 +97,16 @@ export async function publishVolume(
       access: capabilityKey(cap),
       readonly: req.readonly,
     };
+    // The host's DH-HMAC-CHAP keys exist before the attachment admits it: the agent installs
+    // them with the ACL, kubelet hands them to the node at NodeStage. Nothing secret is returned.
+    const dhchap = p.spec.targetOptions?.dhchap;
+    // nvmet keeps one key per host for all its subsystems: there the pair is the host's own,
+    // the same in every volume's Secret.
+    if (dhchap) {
+      await c.keys.ensureHost(p, dhchap.secretName, hostNQN, dhchap.mode, dhchap.hash, {
+        perHost: p.spec.backend === "kernel",
+      });
+    }
     const reader = cap.mode === "MULTI_NODE_READER_ONLY";
     let last: NVMeVolumeAttachment | undefined;
     const a = await c.budget(
@@ -107,6 +117,14 @@ export async function publishVolume(
         }),
       () => `node ${req.nodeId} is not authorized on volume ${key} yet: ${accessPending(last)}`,
     );
+    // A host this volume was taken from (fenced by now: the attachment is AccessReady for the
+    // new one) keeps no pair behind.
+    if (dhchap) {
+      const published = [...(await primaryOf(c, ref)), ...(await readersOf(c, ref))].map(
+        (x) => x.spec.hostNQN,
+      );
+      await c.keys.retainHosts(c.ns, dhchap.secretName, [...new Set([...published, hostNQN])]);
+    }
     return {
       publishContext: {
         [PublishContextKeys.hostNQN]: a.spec.hostNQN,
@@ -338,6 +356,9 @@ export async function unpublishVolume(
           await c.waitGone(c.attachmentWaiter, c.attClient, name, cur.metadata.uid as string, signal, (o) => {
             last = o;
           });
+          // Only once the target no longer admits the host: its keys go last.
+          const dhchap = (await c.partitionOf(ref))?.spec.targetOptions?.dhchap;
+          if (dhchap) await c.keys.removeHost(c.ns, dhchap.secretName, cur.spec.hostNQN);
           c.log.info("volume unpublished", { partition: key, node: cur.spec.nodeId });
         }
       },

@@ -20,8 +20,9 @@ import type { KubeConnection } from "../../lib/kube/connection.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { kubeNodeDirectory, type NodeDirectory } from "../../lib/kube/host-nqn-annotation.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
+import { kubeVolumeKeyStore, type VolumeKeyStore } from "../../lib/kube/volume-keys.ts";
 import type { Logger } from "../../lib/log.ts";
-import { readRecord } from "./fingerprint.ts";
+import { PROVISIONED_BY, PROVISIONED_BY_LABEL, readRecord } from "./fingerprint.ts";
 import { accessibleTopology } from "./topology.ts";
 import { formatVolumeId, parseVolumeId, type VolumeRef } from "./volume-id.ts";
 import { capacityOf, volumeContextOf } from "./volume-view.ts";
@@ -44,6 +45,8 @@ export interface ControllerOptions {
   /** Attachment lifetime ids; random UUIDs by default. */
   newAttachmentId?: () => string;
   events?: EventRecorder;
+  /** Per-volume DH-HMAC-CHAP key Secrets; the API server's by default. */
+  keys?: VolumeKeyStore;
   /**
    * Periodic collection of partitions whose claim vanished before a PV existed (see
    * collectOrphans). Absent: no background collection (tests that own their partitions).
@@ -73,6 +76,7 @@ export class ControllerState {
   readonly snapshotWaiter: CacheWaiter<NVMeSnapshot>;
   readonly nodes: NodeDirectory;
   readonly newAttachmentId: () => string;
+  readonly keys: VolumeKeyStore;
   readonly ns: string;
   readonly log: Logger;
 
@@ -94,6 +98,7 @@ export class ControllerState {
     this.attachmentWaiter = new CacheWaiter(this.attachments);
     this.nodes = o.nodes ?? kubeNodeDirectory(o.conn);
     this.newAttachmentId = o.newAttachmentId ?? randomUUID;
+    this.keys = o.keys ?? kubeVolumeKeyStore(o.conn, { [PROVISIONED_BY_LABEL]: PROVISIONED_BY });
   }
 
   /** The five caches, in the order start() and stop() walk them. */

@@ -1,14 +1,23 @@
 // nvme-cli adapter: exact argv for connect/disconnect/list-subsys, list-subsys JSON parsing from a
 // realistic fixture, idempotent connect/disconnect, and the sysfs NQN -> namespace device lookup.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { StorageError } from "../../lib/errors.ts";
 import { type HostFs, hostFs } from "../../lib/fs.ts";
+import { dirKeyFiles } from "../../lib/key-files.ts";
 import { silentLogger } from "../../lib/log.ts";
+import { generateDhchapSecret } from "../../lib/nvme/dhchap.ts";
 import { parseControllerAddress, parseListSubsys } from "./list-subsys.ts";
-import { connectArgv, disconnectArgv, LIST_SUBSYS_ARGV, NvmeCli } from "./nvme-cli.ts";
+import {
+  connectArgv,
+  connectConfig,
+  disconnectArgv,
+  keyedConnectArgv,
+  LIST_SUBSYS_ARGV,
+  NvmeCli,
+} from "./nvme-cli.ts";
 import type { ConnectParams } from "./nvme-initiator.ts";
 import { namespaceIdDigits } from "./nvme-initiator.ts";
 import { ScriptedExec } from "./scripted-exec.ts";
@@ -262,6 +271,66 @@ describe("NvmeCli", () => {
     expect(c?.argv).toEqual(connectArgv(base));
     expect(c?.opts?.timeoutMs).toBe(1234);
     expect(exec.calls.every((x) => typeof x.opts?.timeoutMs === "number")).toBe(true);
+  });
+
+  test("a keyed connect hands the secrets over in a 0600 config file, never in argv, and removes it", async () => {
+    const keyDir = mkdtempSync(join(tmpdir(), "nvme-keys-"));
+    try {
+      const dhchap = {
+        secret: generateDhchapSecret({ hash: 1 }),
+        ctrlSecret: generateDhchapSecret({ hash: 2 }),
+      };
+      const p: ConnectParams = { ...base, ctrlLossTmo: 60, dhchap };
+      let seen: { path: string; mode: number; text: string } | undefined;
+      const exec = new ScriptedExec()
+        .on(["nvme", "list-subsys"], { stdout: "[]" })
+        .on(["nvme", "connect"], (argv) => {
+          const path = argv[argv.indexOf("-J") + 1] as string;
+          seen = { path, mode: statSync(path).mode & 0o777, text: readFileSync(path, "utf8") };
+          return { code: 0 };
+        });
+      await new NvmeCli({ exec, fs, logger: silentLogger, secretFiles: dirKeyFiles(keyDir) }).connect(p);
+      const c = exec.calls.find((x) => x.argv[1] === "connect");
+      expect(c?.argv).toEqual(keyedConnectArgv(seen?.path as string, HOST));
+      expect(JSON.stringify(exec.calls)).not.toContain(dhchap.secret);
+      expect(JSON.stringify(exec.calls)).not.toContain(dhchap.ctrlSecret);
+      expect(seen?.mode).toBe(0o600);
+      expect(seen?.text).toBe(connectConfig(p));
+      // libnvme's schema: host entry, subsystem, port with both secrets and the reconnect setting.
+      expect(JSON.parse(seen?.text as string)).toEqual([
+        {
+          hostnqn: HOST,
+          subsystems: [
+            {
+              nqn: NQN,
+              ports: [
+                {
+                  transport: "tcp",
+                  traddr: "192.168.100.7",
+                  trsvcid: "4420",
+                  ctrl_loss_tmo: 60,
+                  dhchap_key: dhchap.secret,
+                  dhchap_ctrl_key: dhchap.ctrlSecret,
+                },
+              ],
+            },
+          ],
+        },
+      ]);
+      expect(readdirSync(keyDir)).toEqual([]);
+    } finally {
+      rmSync(keyDir, { recursive: true, force: true });
+    }
+  });
+
+  test("a keyed connect without a key directory is refused before nvme-cli runs", async () => {
+    const exec = new ScriptedExec().on(["nvme", "list-subsys"], { stdout: "[]" });
+    const err = await cli(exec)
+      .connect({ ...base, dhchap: { secret: generateDhchapSecret() } })
+      .catch((e) => e);
+    expect(err).toBeInstanceOf(StorageError);
+    expect((err as StorageError).kind).toBe("precondition");
+    expect(exec.argvOf("nvme").map((a) => a[1])).toEqual(["list-subsys"]);
   });
 
   test("connect is a no-op when a controller at that address exists", async () => {

@@ -1,8 +1,10 @@
 // The production NvmeInitiator: nvme-cli 2.x for connect, disconnect and list-subsys, sysfs (through
 // HostFs) for namespace devices and rescans. Every command runs under a timeout.
+import { createHash } from "node:crypto";
 import { StorageError } from "../../lib/errors.ts";
 import type { Exec } from "../../lib/exec.ts";
 import type { HostFs } from "../../lib/fs.ts";
+import type { KeyFiles } from "../../lib/key-files.ts";
 import type { Logger } from "../../lib/log.ts";
 import { parseListSubsys } from "./list-subsys.ts";
 import type { ConnectedSubsystem, ConnectParams, NvmeInitiator } from "./nvme-initiator.ts";
@@ -29,6 +31,44 @@ export function connectArgv(p: ConnectParams): string[] {
   return argv;
 }
 
+/**
+ * The nvme-cli JSON configuration (libnvme's config.json schema) that connects `p` with its
+ * DH-HMAC-CHAP secrets: one host, one subsystem, one port carrying the secrets and the reconnect
+ * settings. libnvme reads a port's "dhchap_key" as the host secret for that controller and its
+ * "dhchap_ctrl_key" as the controller secret (json.c, json_parse_port), so nothing secret goes on
+ * the command line. Only for keyed connects: `p.dhchap` must be set.
+ */
+export function connectConfig(p: ConnectParams): string {
+  const port: Record<string, string | number> = {
+    transport: p.transport,
+    traddr: p.address,
+    trsvcid: String(p.port),
+  };
+  if (p.ctrlLossTmo !== undefined) port.ctrl_loss_tmo = p.ctrlLossTmo;
+  if (p.reconnectDelay !== undefined) port.reconnect_delay = p.reconnectDelay;
+  if (p.fastIoFailTmo !== undefined) port.fast_io_fail_tmo = p.fastIoFailTmo;
+  if (p.dhchap) {
+    port.dhchap_key = p.dhchap.secret;
+    if (p.dhchap.ctrlSecret !== undefined) port.dhchap_ctrl_key = p.dhchap.ctrlSecret;
+  }
+  return `${JSON.stringify([{ hostnqn: p.hostNqn, subsystems: [{ nqn: p.nqn, ports: [port] }] }], null, 2)}\n`;
+}
+
+/**
+ * argv of a keyed `nvme connect`: nvme-cli 2.11 and later connect every controller of the JSON
+ * configuration given with --config/-J for the host NQN given with -q (fabrics.c,
+ * nvme_connect_config), taking the secrets from that file. The path is all argv carries.
+ */
+export function keyedConnectArgv(configPath: string, hostNqn: string): string[] {
+  return ["nvme", "connect", "-J", configPath, "-q", hostNqn];
+}
+
+/** The configuration file's name for one connect: per subsystem and address, no secret in it. */
+export function connectConfigName(p: ConnectParams): string {
+  const id = createHash("sha256").update(`${p.nqn}\0${p.transport}\0${p.address}\0${p.port}`).digest("hex");
+  return `connect-${id.slice(0, 24)}.json`;
+}
+
 /** argv of `nvme disconnect` for every controller of subsystem `nqn`. */
 export function disconnectArgv(nqn: string): string[] {
   return ["nvme", "disconnect", "-n", nqn];
@@ -45,6 +85,12 @@ export interface NvmeCliOptions {
   connectTimeoutMs?: number;
   /** Deadline of every other nvme command. Default 15 s. */
   commandTimeoutMs?: number;
+  /**
+   * Where keyed connects write their nvme-cli configuration (0600, removed after the connect):
+   * a directory on a memory filesystem only the node plugin can read. Without it a connect that
+   * carries DH-HMAC-CHAP secrets is refused.
+   */
+  secretFiles?: KeyFiles;
 }
 
 /** An NvmeInitiator on nvme-cli; stateless, so one instance can serve all calls concurrently. */
@@ -54,6 +100,7 @@ export class NvmeCli implements NvmeInitiator {
   readonly #log: Logger;
   readonly #connectMs: number;
   readonly #commandMs: number;
+  readonly #secretFiles: KeyFiles | undefined;
 
   constructor(opts: NvmeCliOptions) {
     this.#exec = opts.exec;
@@ -61,12 +108,12 @@ export class NvmeCli implements NvmeInitiator {
     this.#log = opts.logger;
     this.#connectMs = opts.connectTimeoutMs ?? 30_000;
     this.#commandMs = opts.commandTimeoutMs ?? 15_000;
+    this.#secretFiles = opts.secretFiles;
   }
 
   async connect(p: ConnectParams): Promise<void> {
     if (await this.#connectedAt(p)) return;
-    const argv = connectArgv(p);
-    const r = await this.#exec.run(argv, { timeoutMs: this.#connectMs });
+    const r = await this.#runConnect(p);
     if (r.code === 0) return;
     // nvme-cli 2.x exits non-zero with "already connected" (EALREADY) when a matching controller
     // exists; a concurrent connect can get there between our list and our connect.
@@ -76,6 +123,24 @@ export class NvmeCli implements NvmeInitiator {
       `nvme connect to ${p.nqn} at ${p.transport}:${p.address}:${p.port} failed (exit ${r.code}): ${(r.stderr || r.stdout).trim().slice(0, 1000)}`,
       { details: { nqn: p.nqn, code: r.code } },
     );
+  }
+
+  /** Runs `nvme connect`; a keyed one through a configuration file that is removed afterwards. */
+  async #runConnect(p: ConnectParams) {
+    if (!p.dhchap) return this.#exec.run(connectArgv(p), { timeoutMs: this.#connectMs });
+    if (!this.#secretFiles) {
+      throw new StorageError(
+        "precondition",
+        `subsystem ${p.nqn} demands DH-HMAC-CHAP and this node has no directory for nvme-cli's key configuration`,
+      );
+    }
+    const name = connectConfigName(p);
+    const path = await this.#secretFiles.write(name, connectConfig(p));
+    try {
+      return await this.#exec.run(keyedConnectArgv(path, p.hostNqn), { timeoutMs: this.#connectMs });
+    } finally {
+      await this.#secretFiles.remove(name);
+    }
   }
 
   async disconnect(nqn: string): Promise<void> {

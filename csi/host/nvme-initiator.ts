@@ -19,6 +19,20 @@ export interface ConnectParams {
   readonly reconnectDelay?: number;
   /** Seconds after which I/O fails fast while reconnecting; -1 off. */
   readonly fastIoFailTmo?: number;
+  /**
+   * DH-HMAC-CHAP secrets (DHHC-1 form) when the target demands authentication. Never put on a
+   * command line, in the environment or in a log: an initiator hands them over the way nvme-cli
+   * takes them from its JSON configuration (a 0600 file) or the kernel from /dev/nvme-fabrics.
+   */
+  readonly dhchap?: ConnectSecrets;
+}
+
+/** The host's DH-HMAC-CHAP secret and, for bidirectional authentication, the controller's. */
+export interface ConnectSecrets {
+  /** The host's secret; the target checks the host's response with it. */
+  readonly secret: string;
+  /** The controller's secret: given, the host also checks the controller (bidirectional). */
+  readonly ctrlSecret?: string;
 }
 
 /** One controller (path) of a connected subsystem, as nvme list-subsys reports it. */

@@ -8,6 +8,7 @@ import { type SimConfigfs, simConfigfs } from "../../../lab/sim/configfs/sim-con
 import { StorageError } from "../../../lib/errors.ts";
 import type { Exec } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
+import { generateDhchapSecret } from "../../../lib/nvme/dhchap.ts";
 import type { DeviceRef, ExportSpec } from "../types.ts";
 import { KernelTarget } from "./kernel-target.ts";
 import { scratchDir } from "./testdata/scratch.ts";
@@ -119,6 +120,33 @@ describe("order of writes", () => {
       `host:${H3}.removed`,
     ]);
     expect(await sim.readdir(`${NVMET}/hosts`)).toEqual([]);
+  });
+
+  test("bidirectional keys: dhchap_key and dhchap_ctrl_key on the host entry before it is linked", async () => {
+    await target.ensureExport(spec);
+    const [key, ctrl] = [generateDhchapSecret({ hash: 1 }), generateDhchapSecret({ hash: 1 })];
+    const keys = new Map([
+      [H1, { secret: key, ctrlSecret: ctrl, hash: "sha384", dhgroup: "ffdhe2048" } as const],
+    ]);
+    expect(await target.reconcileHosts(NQN, [H1], keys)).toEqual([
+      `host:${H1}`,
+      `key:${H1}`,
+      `dhchap_hash:${H1}`,
+      `dhchap_dhgroup:${H1}`,
+      `ctrl-key:${H1}`,
+      `allow:${H1}`,
+    ]);
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_hash`)).toBe("hmac(sha384)\n");
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_dhgroup`)).toBe("ffdhe2048\n");
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_key`)).toBe(`${key}\n`);
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_ctrl_key`)).toBe(`${ctrl}\n`);
+    // Already exact: nothing written; a rotated controller key alone is rewritten.
+    expect(await target.reconcileHosts(NQN, [H1], keys)).toEqual([]);
+    const ctrl2 = generateDhchapSecret({ hash: 1 });
+    expect(
+      await target.reconcileHosts(NQN, [H1], new Map([[H1, { secret: key, ctrlSecret: ctrl2 }]])),
+    ).toEqual([`ctrl-key:${H1}`]);
+    expect(await sim.readFile(`${NVMET}/hosts/${H1}/dhchap_ctrl_key`)).toBe(`${ctrl2}\n`);
   });
 
   test("a host shared by two subsystems keeps its directory until the last one revokes it", async () => {

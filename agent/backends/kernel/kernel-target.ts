@@ -6,7 +6,15 @@ import { StorageError } from "../../../lib/errors.ts";
 import type { Exec } from "../../../lib/exec.ts";
 import type { HostFs } from "../../../lib/fs.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
-import type { DeviceRef, ExportSpec, ExportState, HostKeys, TargetBackend, Transport } from "../types.ts";
+import {
+  type DeviceRef,
+  type ExportSpec,
+  type ExportState,
+  type HostKeys,
+  hostKeyOf,
+  type TargetBackend,
+  type Transport,
+} from "../types.ts";
 import { addressFamily, serviceId } from "./address.ts";
 import { ConfigfsIo, errnoOf } from "./configfs-io.ts";
 import { findKernelDrive } from "./kernel-drive.ts";
@@ -197,9 +205,15 @@ export class KernelTarget implements TargetBackend {
    * malformed host NQN (nothing is changed then).
    */
   async reconcileHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<string[]> {
-    for (const k of keys?.values() ?? []) {
-      if (!DHCHAP_SECRET.test(k))
-        throw new StorageError("invalid", "a DH-HMAC-CHAP secret must have the DHHC-1:<hash>:<base64>: form");
+    for (const v of keys?.values() ?? []) {
+      const k = hostKeyOf(v);
+      for (const secret of [k.secret, ...(k.ctrlSecret === undefined ? [] : [k.ctrlSecret])]) {
+        if (!DHCHAP_SECRET.test(secret))
+          throw new StorageError(
+            "invalid",
+            "a DH-HMAC-CHAP secret must have the DHHC-1:<hash>:<base64>: form",
+          );
+      }
     }
     validateNqn(nqn, "subsystem");
     const want = new Set(hostNQNs.map((h) => validateNqn(h, "host")));
@@ -236,12 +250,35 @@ export class KernelTarget implements TargetBackend {
       for (const host of [...want].sort()) {
         // nvmet keeps the key on the host entry (shared by every subsystem that host may reach),
         // so it is written before the host is linked into this subsystem's ACL.
-        const key = keys?.get(host);
-        if (key !== undefined) {
+        const entry = keys?.get(host);
+        if (entry !== undefined) {
+          const k = hostKeyOf(entry);
           if (await this.#io.mkdirIfMissing(this.#p.host(host))) done.push(`host:${host}`);
-          if ((await this.#io.readAttr(`${this.#p.host(host)}/dhchap_key`)) !== key) {
-            await this.#io.writeVerified(`${this.#p.host(host)}/dhchap_key`, key);
+          if ((await this.#io.readAttr(`${this.#p.host(host)}/dhchap_key`)) !== k.secret) {
+            await this.#io.writeVerified(`${this.#p.host(host)}/dhchap_key`, k.secret);
             done.push(`key:${host}`);
+          }
+          // The controller key is what nvmet answers a host's challenge with (bidirectional). It
+          // is only ever set, not cleared: a host that does not challenge never uses it, and the
+          // host entry goes with its last subsystem.
+          // The exchange's hash and group are the host entry's too (shared by its subsystems).
+          const settings: [string, string | undefined][] = [
+            ["dhchap_hash", k.hash === undefined ? undefined : `hmac(${k.hash})`],
+            ["dhchap_dhgroup", k.dhgroup],
+          ];
+          for (const [attr, want] of settings) {
+            if (want !== undefined && (await this.#io.readAttr(`${this.#p.host(host)}/${attr}`)) !== want) {
+              await this.#io.writeVerified(`${this.#p.host(host)}/${attr}`, want);
+              done.push(`${attr}:${host}`);
+            }
+          }
+          const ctrl = k.ctrlSecret;
+          if (
+            ctrl !== undefined &&
+            (await this.#io.readAttr(`${this.#p.host(host)}/dhchap_ctrl_key`)) !== ctrl
+          ) {
+            await this.#io.writeVerified(`${this.#p.host(host)}/dhchap_ctrl_key`, ctrl);
+            done.push(`ctrl-key:${host}`);
           }
         }
         if (kept.has(host)) continue;

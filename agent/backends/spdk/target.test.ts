@@ -2,7 +2,7 @@
 // only its own subsystem, a replay after a target restart checks the drive and transport once, and
 // DH-CHAP keys are collected as soon as a keyed host is revoked, rotated or removed, and only then.
 import { afterAll, beforeAll, beforeEach, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type SpdkEmulator, startSpdkEmulator } from "../../../lab/sim/spdk/emulator.ts";
@@ -199,6 +199,40 @@ test("DH-CHAP keys: collected when a keyed host is revoked, rotated or removed, 
   await target.removeExport(nqnOf("kb"));
   expect(await dhchapKeys()).toEqual([]);
   expect(existsSync(join(root, "keys", keyB2))).toBe(false);
+});
+
+test("bidirectional: the host is admitted with dhchap_key and dhchap_ctrlr_key, both 0600 files, both collected", async () => {
+  const [h1, c1, c2] = [secret(), secret(), secret()];
+  await pass("kd", [HOST], new Map([[HOST, { secret: h1, ctrlSecret: c1 }]]));
+  const [sub] = await new SpdkMethods(client).nvmfGetSubsystems(nqnOf("kd"));
+  const admitted = sub?.hosts.find((h) => h.nqn === HOST);
+  expect(admitted?.dhchap_key).toBeString();
+  expect(admitted?.dhchap_ctrlr_key).toBeString();
+  expect(admitted?.dhchap_ctrlr_key).not.toBe(admitted?.dhchap_key);
+  const files = [admitted?.dhchap_key, admitted?.dhchap_ctrlr_key].map((n) =>
+    join(root, "keys", n as string),
+  );
+  expect(files.map((f) => statSync(f).mode & 0o777)).toEqual([0o600, 0o600]);
+  expect(files.map((f) => readFileSync(f, "utf8"))).toEqual([h1, c1]);
+  expect(await dhchapKeys()).toEqual(
+    expect.arrayContaining([admitted?.dhchap_key, admitted?.dhchap_ctrlr_key]),
+  );
+
+  // Re-verifying the same keys changes nothing.
+  rpc.calls = [];
+  await pass("kd", [HOST], new Map([[HOST, { secret: h1, ctrlSecret: c1 }]]));
+  expect(rpc.count("nvmf_subsystem_add_host")).toBe(0);
+
+  // A new controller key alone re-admits the host and the old controller key goes.
+  await target.setHosts(nqnOf("kd"), [HOST], new Map([[HOST, { secret: h1, ctrlSecret: c2 }]]));
+  const [after] = await new SpdkMethods(client).nvmfGetSubsystems(nqnOf("kd"));
+  const again = after?.hosts.find((h) => h.nqn === HOST);
+  expect(again?.dhchap_key).toBe(admitted?.dhchap_key as string);
+  expect(again?.dhchap_ctrlr_key).not.toBe(admitted?.dhchap_ctrlr_key as string);
+  expect(existsSync(files[1] as string)).toBe(false);
+
+  await target.removeExport(nqnOf("kd"));
+  expect(await dhchapKeys()).toEqual([]);
 });
 
 test("a key installed for a host that was not admitted is collected by a later pass", async () => {

@@ -16,6 +16,7 @@ import {
   type ExportSpec,
   type ExportState,
   type HostKeys,
+  hostKeyOf,
   type QosLimits,
   type TargetBackend,
   type Transport,
@@ -72,6 +73,12 @@ export function controllerNameFor(serial: string): string {
  */
 export function keyNameFor(nqn: string, host: string, secret: string): string {
   return `dhchap-${createHash("sha256").update(`${nqn}\0${host}\0${secret}`).digest("hex").slice(0, 24)}`;
+}
+
+/** One keyring entry to install: its name and the secret its file holds. */
+interface KeyEntry {
+  readonly name: string;
+  readonly secret: string;
 }
 
 export function adrfamOf(address: string): "IPv4" | "IPv6" {
@@ -369,40 +376,65 @@ export class SpdkTarget implements TargetBackend {
     await this.opts.rpc.serialize(exportLockKey(nqn), async () => {
       const s = await this.subsystem(nqn);
       if (!s) throw new StorageError("not-found", `subsystem ${nqn} does not exist`);
-      const want = new Map(
-        hostNQNs.map((h) => [h, keys?.has(h) ? keyNameFor(nqn, h, keys.get(h) as string) : undefined]),
-      );
+      // Host NQN -> the keyring names (and secrets) it is admitted with; none for an unkeyed host.
+      const want = new Map<string, { key?: KeyEntry; ctrlr?: KeyEntry }>();
+      for (const h of hostNQNs) {
+        const v = keys?.get(h);
+        if (v === undefined) {
+          want.set(h, {});
+          continue;
+        }
+        const k = hostKeyOf(v);
+        want.set(h, {
+          key: { name: keyNameFor(nqn, h, k.secret), secret: k.secret },
+          ...(k.ctrlSecret === undefined
+            ? {}
+            : { ctrlr: { name: keyNameFor(nqn, `${h}\0ctrlr`, k.ctrlSecret), secret: k.ctrlSecret } }),
+        });
+      }
       // Revoke before granting, so a takeover never has two hosts allowed at once; a host whose
-      // key changed is revoked too and re-admitted below with the new key.
+      // keys changed is revoked too and re-admitted below with the new ones.
       const kept = new Set<string>();
       for (const h of s.hosts) {
-        if (want.has(h.nqn) && want.get(h.nqn) === (h.dhchap_key || undefined)) {
+        const w = want.get(h.nqn);
+        if (
+          w !== undefined &&
+          w.key?.name === (h.dhchap_key || undefined) &&
+          w.ctrlr?.name === (h.dhchap_ctrlr_key || undefined)
+        ) {
           kept.add(h.nqn);
           continue;
         }
         await this.removeHost(nqn, h);
       }
       if (s.allow_any_host) await this.m.nvmfSubsystemAllowAnyHost(nqn, false);
-      for (const [h, keyName] of want) {
+      for (const [h, w] of want) {
         if (kept.has(h)) continue;
         // Key install and host admission form one step against collectKeys(), which would
         // otherwise see a freshly loaded key as unused.
         await this.opts.rpc.serialize(KEYS_LOCK, async () => {
           try {
-            if (keyName && !(await this.m.keyringGetKeys()).some((k) => k.name === keyName)) {
-              const path = await this.opts.keyFiles.write(keyName, keys?.get(h) as string);
-              await this.m.keyringFileAddKey({ name: keyName, path }).catch((err) => {
+            const loaded = w.key ? new Set((await this.m.keyringGetKeys()).map((k) => k.name)) : new Set();
+            for (const e of [w.key, w.ctrlr]) {
+              if (!e || loaded.has(e.name)) continue;
+              const path = await this.opts.keyFiles.write(e.name, e.secret);
+              await this.m.keyringFileAddKey({ name: e.name, path }).catch((err) => {
                 if (!isKind(err, "already-exists")) throw err;
               });
             }
             await this.m
-              .nvmfSubsystemAddHost({ nqn, host: h, ...(keyName ? { dhchap_key: keyName } : {}) })
+              .nvmfSubsystemAddHost({
+                nqn,
+                host: h,
+                ...(w.key ? { dhchap_key: w.key.name } : {}),
+                ...(w.ctrlr ? { dhchap_ctrlr_key: w.ctrlr.name } : {}),
+              })
               .catch((err) => {
                 if (!isKind(err, "already-exists")) throw err;
               });
           } catch (err) {
             // The key may be installed while its host is not admitted: unused until a later pass.
-            if (keyName) this.facts.forget(KEYS_COLLECTED);
+            if (w.key) this.facts.forget(KEYS_COLLECTED);
             throw err;
           }
         });
@@ -420,7 +452,7 @@ export class SpdkTarget implements TargetBackend {
     } finally {
       // After the attempt, even a failed one (it may have happened): a collection recorded from
       // now on lists the subsystem without this host.
-      if (h.dhchap_key) this.facts.forget(KEYS_COLLECTED);
+      if (h.dhchap_key || h.dhchap_ctrlr_key) this.facts.forget(KEYS_COLLECTED);
     }
   }
 
@@ -441,7 +473,10 @@ export class SpdkTarget implements TargetBackend {
   private async collectKeysLocked(): Promise<void> {
     const used = new Set<string>();
     for (const sub of await this.m.nvmfGetSubsystems()) {
-      for (const h of sub.hosts) if (h.dhchap_key) used.add(h.dhchap_key);
+      for (const h of sub.hosts) {
+        if (h.dhchap_key) used.add(h.dhchap_key);
+        if (h.dhchap_ctrlr_key) used.add(h.dhchap_ctrlr_key);
+      }
     }
     for (const k of await this.m.keyringGetKeys()) {
       if (k.name.startsWith("dhchap-") && !used.has(k.name)) {

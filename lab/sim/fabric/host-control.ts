@@ -16,6 +16,8 @@ const ConnectParamsSchema = v.object({
   ctrlLossTmo: v.optional(v.number()),
   reconnectDelay: v.optional(v.number()),
   fastIoFailTmo: v.optional(v.number()),
+  // The secrets travel in the request as nvme-cli writes them to /dev/nvme-fabrics: never argv.
+  dhchap: v.optional(v.object({ secret: v.string(), ctrlSecret: v.optional(v.string()) })),
 });
 
 const RequestSchema = v.variant("method", [

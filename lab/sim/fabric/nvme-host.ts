@@ -7,6 +7,7 @@ import { detachArgv, parseAttached, setCapacityArgv } from "../../../csi/host/lo
 import {
   type ConnectedSubsystem,
   type ConnectParams,
+  type ConnectSecrets,
   type NvmeInitiator,
   namespaceIdDigits,
 } from "../../../csi/host/nvme-initiator.ts";
@@ -62,6 +63,8 @@ interface Path {
   readonly transport: "tcp" | "rdma";
   readonly traddr: string;
   readonly trsvcid: string;
+  /** The DH-HMAC-CHAP secrets it connected with, kept for reconnects as the kernel keeps its options. */
+  readonly dhchap: ConnectSecrets | undefined;
   state: PathState;
   ctrl: FabricController | undefined;
   /** When the link was lost (the start of ctrl_loss_tmo and fast_io_fail_tmo). */
@@ -147,7 +150,7 @@ export class NvmeHost implements NvmeInitiator {
       }
       if (sub?.paths.some((x) => x.traddr === p.address && x.trsvcid === trsvcid && x.state !== "deleting"))
         return;
-      const ctrl = await this.#dial(p.nqn, p.hostNqn, p.transport, p.address, trsvcid);
+      const ctrl = await this.#dial(p.nqn, p.hostNqn, p.transport, p.address, trsvcid, p.dhchap);
       const created = sub === undefined;
       if (!sub) {
         sub = {
@@ -170,6 +173,7 @@ export class NvmeHost implements NvmeInitiator {
         transport: p.transport,
         traddr: p.address,
         trsvcid,
+        dhchap: p.dhchap,
         state: "live",
         ctrl: undefined,
         lostAt: undefined,
@@ -269,9 +273,11 @@ export class NvmeHost implements NvmeInitiator {
     transport: string,
     traddr: string,
     trsvcid: string,
+    dhchap: ConnectSecrets | undefined,
   ): Promise<FabricController> {
     try {
       return await connectController(this.#fabric, {
+        ...(dhchap === undefined ? {} : { dhchap }),
         trtype: transport.toUpperCase(),
         traddr,
         trsvcid,
@@ -340,7 +346,14 @@ export class NvmeHost implements NvmeInitiator {
   async #reconnect(sub: Subsys, path: Path): Promise<void> {
     if (path.state !== "connecting" || sub.gone) return;
     try {
-      const ctrl = await this.#dial(sub.nqn, sub.hostNqn, path.transport, path.traddr, path.trsvcid);
+      const ctrl = await this.#dial(
+        sub.nqn,
+        sub.hostNqn,
+        path.transport,
+        path.traddr,
+        path.trsvcid,
+        path.dhchap,
+      );
       if (path.state !== "connecting" || sub.gone) {
         ctrl.close();
         return;

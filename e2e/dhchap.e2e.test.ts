@@ -1,0 +1,271 @@
+// DH-HMAC-CHAP end to end on the process lab: a StorageClass asking for bidirectional
+// authentication gets keys generated per volume and host; the right host writes and reads; a
+// host presenting the right NQN with no key, a wrong key or a wrong controller key is refused by
+// the target (or refuses the target) when it connects through a lab host daemon's control socket,
+// as `nvme connect` would; and no key shows up in any process's argv or environment, any log
+// file, any Event or any object but its own Secret. DISTORT_E2E_DHCHAP_BACKEND selects the
+// backend (spdk by default; kernel once the lab has a kernel storage node and the CSI controller
+// generates per-host keys for it).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import * as k8s from "@kubernetes/client-node";
+import { HostControlInitiator } from "../lab/sim/fabric/host-control.ts";
+import { generateDhchapSecret } from "../lib/nvme/dhchap.ts";
+import {
+  DHCHAP_NODE_STAGE_SECRET_TEMPLATE,
+  dhchapSecretName,
+  hostKeyPairFrom,
+} from "../lib/nvme/dhchap-keys.ts";
+import { VolumeContextKeys } from "../lib/volume-context.ts";
+import { allowedHosts, hostNqnOf, targetRpc, volumeTarget } from "./storage-target.ts";
+import { createPvc, deletePod, type E2eLab, e2eLab, runWorkload, until, workloadPod } from "./support.ts";
+
+const DRIVER = "storage.distort.io";
+const BACKEND = process.env.DISTORT_E2E_DHCHAP_BACKEND ?? "spdk";
+const BYTES = 8 * 1024 * 1024;
+
+let lab: E2eLab;
+beforeAll(async () => {
+  lab = await e2eLab();
+}, 300_000);
+afterAll(async () => {
+  await lab?.stop();
+}, 300_000);
+
+/** Every regular file under `dir` whose name says it is a log, depth-first. */
+function logFiles(dir: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    let entries: string[];
+    try {
+      entries = readdirSync(d);
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const p = join(d, e);
+      let st: ReturnType<typeof statSync>;
+      try {
+        st = statSync(p);
+      } catch {
+        continue;
+      }
+      if (st.isDirectory()) walk(p);
+      else if (st.isFile() && /log/i.test(e)) out.push(p);
+    }
+  };
+  walk(dir);
+  return out;
+}
+
+/** Where some `needles` show up: process argv/environment, log files, Events and objects. */
+async function leaks(needles: string[], ownSecret: { namespace: string; name: string }): Promise<string[]> {
+  const found: string[] = [];
+  const check = (where: string, text: string) => {
+    for (const n of needles) if (text.includes(n)) found.push(where);
+  };
+  for (const pid of readdirSync("/proc").filter((x) => /^\d+$/.test(x))) {
+    for (const f of ["cmdline", "environ"]) {
+      try {
+        check(`/proc/${pid}/${f}`, readFileSync(`/proc/${pid}/${f}`, "latin1"));
+      } catch {
+        // gone, or not ours to read
+      }
+    }
+  }
+  for (const f of logFiles(lab.dir)) check(f, readFileSync(f, "latin1"));
+  const core = lab.core;
+  check("events (core/v1)", JSON.stringify(await core.listEventForAllNamespaces()));
+  check(
+    "events (events.k8s.io)",
+    JSON.stringify(await lab.conn.api(k8s.EventsV1Api).listEventForAllNamespaces()),
+  );
+  check("persistentvolumes", JSON.stringify(await core.listPersistentVolume()));
+  check("persistentvolumeclaims", JSON.stringify(await core.listPersistentVolumeClaimForAllNamespaces()));
+  check("pods", JSON.stringify(await core.listPodForAllNamespaces()));
+  check("nodes", JSON.stringify(await core.listNode()));
+  check("configmaps", JSON.stringify(await core.listConfigMapForAllNamespaces()));
+  check("volumeattachments", JSON.stringify(await lab.storageApi.listVolumeAttachment()));
+  check("csinodes", JSON.stringify(await lab.storageApi.listCSINode()));
+  const secrets = await core.listSecretForAllNamespaces();
+  for (const s of secrets.items) {
+    if (s.metadata?.namespace === ownSecret.namespace && s.metadata?.name === ownSecret.name) continue;
+    check(`secret ${s.metadata?.namespace}/${s.metadata?.name}`, JSON.stringify(s));
+    // Secret data is base64: look for the encoded needle as well.
+    for (const val of Object.values(s.data ?? {}))
+      check(
+        `secret ${s.metadata?.namespace}/${s.metadata?.name}`,
+        Buffer.from(val, "base64").toString("latin1"),
+      );
+  }
+  const custom = lab.conn.api(k8s.CustomObjectsApi);
+  for (const plural of [
+    "nvmepartitions",
+    "nvmevolumeattachments",
+    "nvmedevices",
+    "nvmedeviceclaims",
+    "rdmastoragenodes",
+    "nvmesnapshots",
+  ]) {
+    const list = await custom
+      .listClusterCustomObject({ group: "storage.distort.io", version: "v1alpha1", plural })
+      .catch(() => undefined);
+    if (list) check(plural, JSON.stringify(list));
+  }
+  return [...new Set(found)];
+}
+
+describe(`DH-HMAC-CHAP, bidirectional (${BACKEND} backend)`, () => {
+  test("the right host writes and reads; right NQN without key, wrong key, wrong controller key are refused; no key leaks", async () => {
+    const [a, b] = lab.consumers;
+    if (!a || !b) throw new Error("the lab needs two consumer nodes");
+    const sc = `distort-dhchap-${BACKEND}`;
+    await lab.storageApi.createStorageClass({
+      body: {
+        metadata: { name: sc },
+        provisioner: DRIVER,
+        parameters: {
+          backend: BACKEND,
+          volumeManager: BACKEND === "spdk" ? "spdk-lvol" : "parted",
+          transport: "tcp",
+          "csi.storage.k8s.io/fstype": "ext4",
+          dhchapMode: "bidirectional",
+          dhchapHash: "sha256",
+          dhchapGroup: "ffdhe2048",
+          "csi.storage.k8s.io/node-stage-secret-name": DHCHAP_NODE_STAGE_SECRET_TEMPLATE,
+          "csi.storage.k8s.io/node-stage-secret-namespace": lab.namespace,
+        },
+        reclaimPolicy: "Delete",
+        volumeBindingMode: "WaitForFirstConsumer",
+      },
+    });
+    const ns = await lab.newNamespace("dhchap");
+    try {
+      await createPvc(lab, ns, "data", { storageClass: sc, size: "1Gi" });
+      // The right host: NodeStage connects with the keys kubelet handed over, the Pod's data
+      // survives a write and a read back.
+      const report = await runWorkload(lab, ns, "writer", a.name, "data", [
+        "write-verify",
+        `--bytes=${BYTES}`,
+        `--seed=${ns}`,
+      ]);
+      expect(report).toMatchObject({ mode: "write-verify", bytes: BYTES, ok: true });
+      // A Pod that holds the volume keeps node a admitted while the impostors try.
+      await deletePod(lab, ns, "writer");
+      await lab.core.createNamespacedPod({
+        namespace: ns,
+        body: workloadPod("holder", a.name, "data", [
+          "verify",
+          `--bytes=${BYTES}`,
+          `--seed=${ns}`,
+          "--then-hold",
+        ]),
+      });
+      await until(
+        "holder running",
+        async () =>
+          (await lab.core.readNamespacedPod({ name: "holder", namespace: ns })).status?.phase === "Running",
+        180_000,
+      );
+
+      const t = await volumeTarget(lab, ns, "data");
+      const hostA = await hostNqnOf(lab, a.name);
+      if (BACKEND === "spdk") {
+        // SPDK admits the host with both keyring keys (nvmet's host entry is checked by the
+        // impostors below: they reach the same subsystem with the same NQN).
+        const { rpc, close } = targetRpc(t.spdkSocket);
+        try {
+          expect(await allowedHosts(rpc, t.nqn)).toEqual([hostA]);
+          const [sub] = await rpc.nvmfGetSubsystems(t.nqn);
+          const h = sub?.hosts.find((x) => x.nqn === hostA);
+          expect(h?.dhchap_key).toBeString();
+          expect(h?.dhchap_ctrlr_key).toBeString();
+        } finally {
+          await close();
+        }
+      }
+
+      // The keys, as only the Secret holds them.
+      const pvName = (await lab.core.readNamespacedPersistentVolumeClaim({ name: "data", namespace: ns }))
+        .spec?.volumeName as string;
+      const secretName = dhchapSecretName(pvName);
+      const secret = await lab.core.readNamespacedSecret({ name: secretName, namespace: lab.namespace });
+      expect(secret.metadata?.ownerReferences?.[0]?.kind).toBe("NVMePartition");
+      const data = Object.fromEntries(
+        Object.entries(secret.data ?? {}).map(([k, v]) => [k, Buffer.from(v, "base64").toString("utf8")]),
+      );
+      const pair = hostKeyPairFrom(data, hostA);
+      if (!pair?.ctrlSecret) throw new Error(`Secret ${secretName} holds no bidirectional pair for ${hostA}`);
+
+      // Impostors on node b presenting node a's NQN, through node b's host daemon.
+      const pv = await lab.core.readPersistentVolume({ name: pvName });
+      const attrs = pv.spec?.csi?.volumeAttributes ?? {};
+      const base = {
+        transport: "tcp" as const,
+        address: attrs[VolumeContextKeys.portalIP] as string,
+        port: Number(attrs[VolumeContextKeys.portalPort]),
+        nqn: t.nqn,
+        hostNqn: hostA,
+        ctrlLossTmo: 1,
+      };
+      const hostB = new HostControlInitiator(join(lab.dir, "nodes", b.name, "run", "nvme-host.sock"), 60_000);
+      const refused = async (what: string, dhchap?: { secret: string; ctrlSecret?: string }) => {
+        const err = await hostB.connect(dhchap ? { ...base, dhchap } : base).then(
+          () => undefined,
+          (e: unknown) => e as Error,
+        );
+        expect({ what, refused: err !== undefined }).toEqual({ what, refused: true });
+        // Refused by authentication: the NQN itself is on the ACL.
+        expect(err?.message).not.toContain("not allowed");
+        expect((await hostB.list()).some((s) => s.nqn === t.nqn)).toBe(false);
+        return err?.message ?? "";
+      };
+      const messages = [
+        await refused("no key"),
+        await refused("a wrong key", {
+          secret: generateDhchapSecret({ hash: 1 }),
+          ctrlSecret: pair.ctrlSecret,
+        }),
+        await refused("a wrong controller key", {
+          secret: pair.secret,
+          ctrlSecret: generateDhchapSecret({ hash: 1 }),
+        }),
+      ];
+      expect(messages[0]).toContain("no key");
+      for (const m of messages) expect(m).not.toMatch(/DHHC-1:0[0-3]:[A-Za-z0-9+/]{8}/);
+      if (process.env.DISTORT_E2E_REPORT)
+        writeFileSync(process.env.DISTORT_E2E_REPORT, JSON.stringify(messages));
+      // The same NQN with the right pair authenticates both ways (and is then let go again).
+      await hostB.connect({ ...base, dhchap: pair });
+      expect((await hostB.list()).some((s) => s.nqn === t.nqn)).toBe(true);
+      await hostB.disconnect(t.nqn);
+
+      // Nothing but the Secret holds the keys.
+      const needles = [pair.secret, pair.ctrlSecret].flatMap((s) => [s, s.split(":")[2] as string]);
+      expect(logFiles(lab.dir).length).toBeGreaterThan(0);
+      expect(await leaks(needles, { namespace: lab.namespace, name: secretName })).toEqual([]);
+      // The search does find a key where one is: the Secret itself, when not excluded.
+      expect(await leaks(needles, { namespace: "-", name: "-" })).toContain(
+        `secret ${lab.namespace}/${secretName}`,
+      );
+
+      // Unpublish drops the host's pair; deleting the volume drops the Secret (owner GC).
+      await deletePod(lab, ns, "holder");
+      await until(
+        "the host's pair dropped after unpublish",
+        async () => {
+          const s = await lab.core.readNamespacedSecret({ name: secretName, namespace: lab.namespace });
+          const d = Object.fromEntries(
+            Object.entries(s.data ?? {}).map(([k, v]) => [k, Buffer.from(v, "base64").toString("utf8")]),
+          );
+          return hostKeyPairFrom(d, hostA) === undefined;
+        },
+        180_000,
+      );
+    } finally {
+      await lab.core.deleteNamespace({ name: ns }).catch(() => {});
+      await lab.storageApi.deleteStorageClass({ name: sc }).catch(() => {});
+    }
+  }, 900_000);
+});
