@@ -9,7 +9,7 @@ import { type Clock, realClock } from "../../../lib/clock.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { App, type AppConfig } from "./app.ts";
-import { checkRange } from "./block-io.ts";
+import { checkRange, type FileExtent } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
 import { hostAddressCheck } from "./host-addresses.ts";
@@ -147,6 +147,13 @@ export interface BdevHandle {
   readonly numBlocks: number;
   read(offset: number, length: number): Promise<Buffer>;
   write(offset: number, data: Uint8Array): Promise<void>;
+  /**
+   * Where the bdev's bytes sit in the emulator's own files (an AIO file, a thick lvol's run of
+   * drive clusters, a thin lvol's or clone's file), for lab-side tests that check bytes at rest;
+   * undefined for snapshots and RAM. No RPC reply carries it, so nothing outside the lab can
+   * come to rely on it.
+   */
+  fileExtent(): FileExtent | undefined;
 }
 
 /** A running (or crashed) emulator. */
@@ -333,6 +340,7 @@ class Emulator implements SpdkEmulator {
         checkRange(offset, data.length, b.io.sizeBytes);
         return b.io.write(offset, data);
       },
+      fileExtent: () => b.io.fileExtent?.(),
     };
   }
 

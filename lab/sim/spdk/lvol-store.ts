@@ -2,8 +2,8 @@
 // survives: a drive or AIO file, not malloc), each lvol's bytes in its home (a run of base clusters,
 // or a sparse file of its own under the emulator's data directory; RAM on a RAM base), and an
 // lvstore found while examining a newly registered bdev loaded again, as SPDK does on attach.
-// Every lvol except a snapshot prints its file extent as driver_specific.sim_extent for the lab
-// initiator, which maps it with a loop device; snapshots are point-in-time copies (physical-map.ts).
+// bdev_get_bdevs prints exactly SPDK's driver_specific.lvol; where an lvol's bytes sit in the
+// emulator's files is for lab-side test helpers only (BdevHandle.fileExtent), never in a reply.
 import {
   closeSync,
   existsSync,
@@ -19,7 +19,7 @@ import {
 import { join } from "node:path";
 import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import type { Logger } from "../../../lib/log.ts";
-import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS, simExtentJson } from "./bdev.ts";
+import { Bdev, type BdevRegistry, IO_TYPES } from "./bdev.ts";
 import {
   Blobstore,
   type ClusterRun,
@@ -317,7 +317,7 @@ export class LvolStores {
     if (lvol.parent) out.base_snapshot = lvol.parent.name;
     if (lvol.snapshot) out.clones = store.bs.clonesOf(lvol).map((c) => c.name);
     out.esnap_clone = false;
-    return { lvol: out, ...simExtentJson(lvolExtent(store, lvol)) };
+    return { lvol: out };
   }
 
   /** Closes every open lvol file without unloading anything (the process is going away). */
@@ -434,7 +434,8 @@ export class LvolStores {
       blockSize: store.bs.blockSize,
       io,
       ioTypes: lvol.snapshot ? IO_TYPES.snapshot : IO_TYPES.lvol,
-      memoryDomains: SYSTEM_AND_ACCEL_DOMAINS,
+      // vbdev_lvol_get_memory_domains hands on the base bdev's: none on an AIO file or a drive.
+      ...(store.base.memoryDomains === undefined ? {} : { memoryDomains: store.base.memoryDomains }),
       driverSpecific: () => this.describe(store, lvol),
       onRemoved: () => store.bdevs.delete(lvol),
     });
@@ -596,7 +597,7 @@ class LvolIo implements BlockIo {
   }
 }
 
-/** The file extent of `lvol`'s bytes, for the lab initiator; none for a snapshot (read-only) or RAM. */
+/** The file extent of `lvol`'s bytes (lab-side inspection and pinning); none for a snapshot (read-only) or RAM. */
 function lvolExtent(store: LoadedStore, lvol: Lvol): FileExtent | undefined {
   if (lvol.snapshot) return undefined;
   const m = store.media.get(lvol);
