@@ -13,7 +13,6 @@ import { startHostProcess, startTargetProcess } from "../../harness/fabric-proce
 import { ProcessTable } from "../../procs.ts";
 import { type SimDrive, type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
 import { createFabric, type UnixSimFabric } from "../spdk/fabric.ts";
-import type { ExtentInUse } from "../spdk/lvol-store.ts";
 import type { HostControlInitiator } from "./host-control.ts";
 
 export interface ExportSpec {
@@ -29,8 +28,6 @@ export interface ExportSpec {
 export interface TestTargetOptions {
   /** Simulated drives; exportLvol puts its lvstore on the first one. */
   readonly drives?: readonly SimDrive[];
-  /** Passed to the emulator (default: the host's loop devices, from sysfs). */
-  readonly extentInUse?: ExtentInUse;
   /** Passed to the emulator (default: the real clock); a ManualClock holds QoS timeslices still. */
   readonly clock?: Clock;
 }
@@ -71,7 +68,6 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
     dataDir: join(dir, "d"),
     fabric,
     drives: opts.drives,
-    extentInUse: opts.extentInUse,
     clock: opts.clock,
   });
   const rpc = new SpdkClient({ socketPath: emulator.socketPath, logger: silentLogger });

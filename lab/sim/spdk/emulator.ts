@@ -13,8 +13,6 @@ import { checkRange, type FileExtent } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
 import { hostAddressCheck } from "./host-addresses.ts";
-import { sysfsLoopProbe } from "./loop-probe.ts";
-import type { ExtentInUse } from "./lvol-store.ts";
 import type { MethodSpec } from "./method-table.ts";
 import { bdevMethods } from "./methods/bdev.ts";
 import { frameworkMethods } from "./methods/framework.ts";
@@ -63,11 +61,6 @@ export interface SpdkEmulatorOptions {
   readonly asyncDelayMs?: number;
   /** How long framework_start_init takes, in ms; default 10. */
   readonly initDelayMs?: number;
-  /**
-   * Whether a loop device maps bytes of a file extent (default: the host's loop devices, read from
-   * /sys/block). A thick lvol whose extent is mapped only grows in place; moving it is EBUSY.
-   */
-  readonly extentInUse?: ExtentInUse;
   /**
    * The IP addresses of the host the target runs on; a listener elsewhere is refused (-32602), as
    * bind() refuses an address the host does not have. The lab gives each storage node its portal.
@@ -212,7 +205,6 @@ export async function startSpdkEmulator(opts: SpdkEmulatorOptions): Promise<Spdk
     clock: opts.clock ?? realClock,
     logger: opts.logger ?? silentLogger,
     initDelayMs: opts.initDelayMs ?? 10,
-    extentInUse: opts.extentInUse ?? sysfsLoopProbe(),
     lvolDir: join(opts.dataDir, "lvols"),
     hasAddress: hostAddressCheck(opts.hostAddresses),
   });

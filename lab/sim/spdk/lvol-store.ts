@@ -62,16 +62,8 @@ export interface LoadedStore {
   readonly ownDir: string | undefined;
 }
 
-/**
- * Whether something outside the emulator (a loop device of the lab initiator) maps bytes of
- * `extent` directly. Such an lvol is pinned: its bytes must not move or be given away.
- */
-export type ExtentInUse = (extent: FileExtent) => boolean;
-
 /** How the lvol module of an app is set up. */
 export interface LvolStoresOptions {
-  /** Default: nothing is ever mapped. */
-  readonly extentInUse?: ExtentInUse;
   /**
    * Where lvols that do not live in a run of base clusters keep their bytes: one directory per
    * store (`<lvolDir>/<lvstore uuid>/<lvol uuid>.img`). Without it, or for a store on a malloc
@@ -86,7 +78,6 @@ export interface LvolStoresOptions {
  */
 export class LvolStores {
   readonly #stores: LoadedStore[] = [];
-  readonly #extentInUse: ExtentInUse;
   readonly #lvolDir: string | undefined;
 
   constructor(
@@ -94,7 +85,6 @@ export class LvolStores {
     private readonly log: Logger,
     opts: LvolStoresOptions = {},
   ) {
-    this.#extentInUse = opts.extentInUse ?? (() => false);
     this.#lvolDir = opts.lvolDir;
     registry.addExaminer((b) => this.#examine(b));
     registry.addRemovalHook((b) => this.#onRemove(b));
@@ -198,29 +188,14 @@ export class LvolStores {
   /**
    * Resizes an lvol and tells the bdev's consumers. A run grows in place, or moves (to another run
    * or an own file) with its bytes copied before the new home is persisted, so a failure or crash
-   * leaves the old place intact; an own file changes length. One whose extent is mapped outside
-   * the emulator (extentInUse) may only grow in place: EBUSY otherwise, logged with the reason.
-   * EPERM for a snapshot, ENOSPC for a thick grow beyond the free clusters. Base clusters given up
+   * leaves the old place intact; an own file changes length. EPERM for a snapshot, ENOSPC for a thick grow beyond the free clusters. Base clusters given up
    * are deallocated once the metadata is written.
    */
   async resize(store: LoadedStore, lvol: Lvol, sizeBytes: number): Promise<void> {
     await store.lock.run(async () => {
       const old = mediaOf(store, lvol);
-      const extent = extentOfIo(old);
-      const pinned = extent !== undefined && this.#extentInUse(extent);
       const undo = store.bs.checkpoint();
-      let plan: HomeResize;
-      try {
-        plan = store.bs.resize(lvol, sizeBytes, { pinned });
-      } catch (err) {
-        if (err instanceof ErrnoError && err.errno === Errno.EBUSY) {
-          this.log.warn("lvol resize refused: a loop device maps its extent (lab limitation)", {
-            lvol: `${store.bs.name}/${lvol.name}`,
-            reason: err.message,
-          });
-        }
-        throw err;
-      }
+      const plan: HomeResize = store.bs.resize(lvol, sizeBytes);
       const bytes = lvol.numClusters * store.bs.clusterSize;
       const { before, after } = plan;
       const inPlace = before.kind === "run" && after.kind === "run" && before.start === after.start;
@@ -254,8 +229,8 @@ export class LvolStores {
   /**
    * Snapshots an lvol and registers the snapshot's bdev; EEXIST/EINVAL from the blobstore. The
    * snapshot's own container gets a copy of the origin's bytes as they are now, read through the
-   * page cache of the origin's file, so it includes what a loop device over the origin has written
-   * so far. The origin keeps its home: a loop device over it goes on working.
+   * page cache of the origin's file, so it includes every write completed so far. The origin
+   * keeps its home.
    */
   async snapshot(store: LoadedStore, lvol: Lvol, name: string): Promise<Lvol> {
     const snap = await store.lock.run(() =>
