@@ -755,6 +755,12 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     );
     expect(log.methods("mounter")).not.toContain("mkfs");
     expect(log.methods("mounter")).not.toContain("mount");
+    // The failed stage is rolled back with the read-only flag it set, as an unstage clears it.
+    expect(mounter.readOnlyDevices.has(DEV)).toBe(false);
+    expect(log.methods("mounter").filter((m) => m === "setReadOnly" || m === "setReadWrite")).toEqual([
+      "setReadOnly",
+      "setReadWrite",
+    ]);
   });
 
   test("a reader-only raw block volume is published through a read-only view", async () => {

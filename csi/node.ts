@@ -276,6 +276,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
   async function rollBackStage(rec: StagedVolume, log: Logger): Promise<void> {
     try {
       if ((await mounter.mountsAt(rec.stagingPath)).length > 0) return;
+      // A reader stage may have set the device read-only; as NodeUnstage does, clear it on the
+      // device the NQN resolves to now: it outlives this volume when the connection is shared.
+      if (isReaderMode(rec.mode)) {
+        const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
+        if (now !== undefined && (await fs.exists(now))) await mounter.setReadWrite(now);
+      }
       const sharing = (await state.list()).some((r) => r.nqn === rec.nqn && r.volumeId !== rec.volumeId);
       if (!sharing) await initiator.disconnect(rec.nqn);
       await state.delete(rec.volumeId);

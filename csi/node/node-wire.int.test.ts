@@ -1,6 +1,6 @@
 // The Node service on the wire: a grpc-js client over the real unix socket (serveGrpc), the lab's
-// fabric initiator against an emulated nvmf_tgt exporting sparse files, real loop devices, real
-// blkid/mkfs/mount. Stage -> publish -> write -> unpublish -> unstage -> stage again keeps the data
+// NVMe-oF host daemon (every block a command over the fabric) against an emulated nvmf_tgt
+// exporting sparse files, both processes of their own, real loop devices, real blkid/mkfs/mount. Stage -> publish -> write -> unpublish -> unstage -> stage again keeps the data
 // (ext4 and XFS); a different filesystem is refused untouched; read-only publish; raw block;
 // stats and health (including the target dropping the host); online expansion after the target
 // grows the namespace. Needs root, util-linux, e2fsprogs, xfsprogs.
@@ -16,9 +16,12 @@ import {
   VolumeHealthErrorType,
   VolumeUsage_Unit,
 } from "../../gen/csi/v1/csi_pb.ts";
-import { spdkRpcBackingResolver } from "../../lab/sim/fabric/namespace-backing.ts";
-import { SimNvmeInitiator } from "../../lab/sim/fabric/sim-initiator.ts";
-import { type ExportSpec, startTestTarget, type TestTarget } from "../../lab/sim/fabric/test-target.ts";
+import type { HostControlInitiator } from "../../lab/sim/fabric/host-control.ts";
+import {
+  type ExportSpec,
+  startTestTargetProcess,
+  type TestTargetProcess,
+} from "../../lab/sim/fabric/test-target.ts";
 import { realClock } from "../../lib/clock.ts";
 import { hostExec, runChecked } from "../../lib/exec.ts";
 import { hostFs } from "../../lib/fs.ts";
@@ -36,8 +39,8 @@ const HOST = "nqn.2014-08.org.nvmexpress:uuid:5d3a1c2b-0e4f-4a6b-8c7d-9e0f1a2b3c
 const sh = (...argv: string[]) => runChecked(hostExec, argv, { timeoutMs: 60_000 });
 
 let root: string;
-let target: TestTarget;
-let initiator: SimNvmeInitiator;
+let target: TestTargetProcess;
+let initiator: HostControlInitiator;
 let server: GrpcServer;
 let client: GrpcJsClient;
 const files: string[] = [];
@@ -62,13 +65,8 @@ beforeAll(async () => {
     }
   }
   root = mkdtempSync(join(tmpdir(), "node-wire-"));
-  target = await startTestTarget();
-  initiator = new SimNvmeInitiator({
-    fabric: target.fabric,
-    stateDir: join(root, "initiator"),
-    exec: hostExec,
-    backing: spdkRpcBackingResolver(target.rpc),
-  });
+  target = await startTestTargetProcess();
+  initiator = await target.startHost("worker-a");
   const service = createNodeService({
     nodeId: "worker-a",
     hostNqn: HOST,
@@ -91,7 +89,8 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  // Whatever a failed test left: unmount everything under root, detach loops over our files.
+  // Whatever a failed test left: unmount everything under root; the host daemon's shutdown then
+  // detaches its loop devices.
   try {
     const mounts = readFileSync("/proc/self/mountinfo", "utf8")
       .split("\n")
@@ -99,27 +98,22 @@ afterAll(async () => {
       .filter((m): m is string => m?.startsWith(root ?? "/nonexistent") === true)
       .reverse();
     for (const m of mounts) await hostExec.run(["umount", "-l", m]);
-    for (const f of files) {
-      const out = (await hostExec.run(["losetup", "--associated", f, "--noheadings", "--output", "NAME"]))
-        .stdout;
-      for (const dev of out.split("\n").filter((l) => l.trim() !== "")) {
-        // Read-only views stacked on the device first, or the detach is only deferred.
-        const views = (
-          await hostExec.run(["losetup", "--associated", dev.trim(), "--noheadings", "--output", "NAME"])
-        ).stdout;
-        for (const view of views.split("\n").filter((l) => l.trim() !== ""))
-          await hostExec.run(["losetup", "--detach", view.trim()]);
-        await hostExec.run(["losetup", "--detach", dev.trim()]);
-      }
-    }
   } finally {
     client?.close();
     await server?.close();
-    initiator?.close();
     await target?.close();
     if (root) rmSync(root, { recursive: true, force: true });
   }
 });
+
+/** Waits for `fn` to hold, with a deadline (the machine may be loaded). */
+async function until(what: string, fn: () => Promise<boolean>, ms = 20_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await Bun.sleep(50);
+  }
+}
 
 let seq = 0;
 /** A fresh exported volume and the kubelet-style paths for it. */
@@ -243,7 +237,7 @@ describe.each([
     await unstage(v);
     expect(isMounted(v.staging)).toBe(false);
     expect(await initiator.list()).not.toContainEqual(expect.objectContaining({ nqn: v.spec.nqn }));
-    expect(target.emulator.state().subsystems.find((s) => s.nqn === v.spec.nqn)?.controllers).toEqual([]);
+    expect(await target.rpc.call("nvmf_subsystem_get_controllers", { nqn: v.spec.nqn })).toEqual([]);
 
     await stage(v, cap);
     await publish(v, cap, v.target);
@@ -384,9 +378,8 @@ test("raw block: the device file at the target, read-write and read-only", async
   await unpublish(v, roTarget);
   await unpublish(v, blockTarget);
   await unstage(v);
-  expect(
-    (await hostExec.run(["losetup", "--associated", files.at(-1) as string, "--noheadings"])).stdout.trim(),
-  ).toBe("");
+  expect(await initiator.findNamespaceDevice(v.spec.nqn)).toBeUndefined();
+  expect(await target.rpc.call("nvmf_subsystem_get_controllers", { nqn: v.spec.nqn })).toEqual([]);
 });
 
 /** The source device of the visible mount at `path`, from the kernel's mount table. */
@@ -522,11 +515,12 @@ test("health turns INACCESSIBLE when the target drops the host, and recovers", a
   const cap = mountCap("ext4");
   await stage(v, cap);
   expect(await health(v)).toEqual([]);
+  // SPDK disconnects a removed host's controllers at once; the host then reconnects every second.
   await target.rpc.call("nvmf_subsystem_remove_host", { nqn: v.spec.nqn, host: HOST });
-  await Bun.sleep(50);
+  await until("health INACCESSIBLE", async () => (await health(v))?.length === 1);
   expect(await health(v)).toEqual([["INACCESSIBLE", "ControllerNotLive"]]);
   await target.rpc.call("nvmf_subsystem_add_host", { nqn: v.spec.nqn, host: HOST });
-  await Bun.sleep(1100); // the volume's reconnect delay
+  await until("health recovered", async () => (await health(v))?.length === 0);
   expect(await health(v)).toEqual([]);
   await unstage(v);
 });

@@ -1,10 +1,13 @@
 // The whole of DISTORT on one machine, assembled from the real modules: storage nodes (simulated
 // drives + emulated nvmf_tgt + agent), the manager, and CSI (controller + node services) whose
-// node side reaches the exports through the simulated fabric and loop devices. Used by the
-// conformance run (csi-sanity) and the lab; every part is the production code path except the
-// hardware. Each component talks to the API server as its own chart ServiceAccount (the chart's
-// RBAC applied, a token minted per ServiceAccount), so a missing grant fails the run; the admin
-// connection is kept for what an administrator does (CRDs, namespace, Nodes, drive claims).
+// node side stages volumes the host daemon shows as loop devices. Used by the conformance run
+// (csi-sanity), integration tests and benches; every part is the production code path except the
+// hardware. The emulated nvmf_tgt and the NVMe-oF host daemon run as processes of their own
+// (lab/harness/fabric-processes.ts): every block goes through the fabric and the target, and a
+// test's synchronous I/O on a mounted volume cannot block what must answer it. Each component
+// talks to the API server as its own chart ServiceAccount (the chart's RBAC applied, a token
+// minted per ServiceAccount), so a missing grant fails the run; the admin connection is kept for
+// what an administrator does (CRDs, namespace, Nodes, drive claims).
 
 import { randomUUID } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -20,8 +23,6 @@ import { parseCsiConfig } from "../../csi/config.ts";
 import { type RunningCsi, runCsi } from "../../csi/main.ts";
 import { Identity, Node } from "../../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../../lib/clock.ts";
-import { StorageError } from "../../lib/errors.ts";
-import { hostExec } from "../../lib/exec.ts";
 import { GrpcCallError, GrpcJsClient } from "../../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../../lib/grpc/server.ts";
 import { connect, type KubeConnection } from "../../lib/kube/connection.ts";
@@ -29,20 +30,18 @@ import { EventRecorder } from "../../lib/kube/events.ts";
 import { kubeError, ResourceClient } from "../../lib/kube/resource.ts";
 import type { Logger } from "../../lib/log.ts";
 import { Registry } from "../../lib/metrics.ts";
-import { SpdkClient } from "../../lib/spdk/client.ts";
 import { parseConfig as parseManagerConfig } from "../../manager/config.ts";
 import { type RunningManager, startManager } from "../../manager/manager.ts";
 import { installCrds } from "../cluster/crds.ts";
-import { type NamespaceBackingResolver, spdkRpcBackingResolver } from "../sim/fabric/namespace-backing.ts";
-import { SimNvmeInitiator } from "../sim/fabric/sim-initiator.ts";
-import { createFabric } from "../sim/spdk/fabric.ts";
+import { ProcessTable } from "../procs.ts";
+import { startHostProcess, startTargetProcess } from "./fabric-processes.ts";
 import {
   applyChartRbac,
   type ChartComponent,
   type ComponentIdentity,
   writeComponentKubeconfigs,
 } from "./rbac.ts";
-import { type SimNodeDrive, type SimStorageNode, startSimStorageNode } from "./storage-node.ts";
+import { buildDriveSysfs, type SimNodeDrive } from "./storage-node.ts";
 
 /**
  * NVMe-oF reaches across nodes, so topology is the fabric a node sits on, not the node itself:
@@ -85,8 +84,10 @@ export interface Stack {
   identity: Map<ChartComponent, ComponentIdentity>;
   namespace: string;
   dir: string;
-  storage: SimStorageNode[];
+  storage: StackStorageNode[];
   agents: RunningAgent[];
+  /** The target and host daemon processes ("nvmf_tgt/<node>", "nvme-host/<node>"), for fault tests. */
+  procs: ProcessTable;
   manager: RunningManager;
   /** CSI per consumer node name; with csiAllInOne and admin identities the first also serves the controller. */
   csi: Map<string, RunningCsi>;
@@ -111,33 +112,16 @@ async function ensure(p: Promise<unknown>): Promise<void> {
   }
 }
 
-/**
- * Resolves a namespace's bytes by asking every storage node's target (by RPC socket) until one
- * exports it. close() ends the RPC connections.
- */
-export function multiTargetResolver(
-  spdkSockets: string[],
-  logger: Logger,
-): { resolve: NamespaceBackingResolver; close(): Promise<void> } {
-  const clients = spdkSockets.map((socketPath) => new SpdkClient({ socketPath, logger }));
-  const resolvers = clients.map((c) => spdkRpcBackingResolver(c));
-  return {
-    async resolve(subnqn, ns) {
-      let last: unknown;
-      for (const r of resolvers) {
-        try {
-          return await r(subnqn, ns);
-        } catch (err) {
-          last = err;
-          if (!(err instanceof StorageError && err.kind === "not-found")) throw err;
-        }
-      }
-      throw last ?? new StorageError("not-found", `no target exports ${subnqn}`);
-    },
-    async close() {
-      await Promise.all(clients.map((c) => c.close()));
-    },
-  };
+/** A storage node of the stack: its emulated nvmf_tgt's process and RPC socket, and its drives. */
+export interface StackStorageNode {
+  nodeName: string;
+  dir: string;
+  /** The node's host root (the sysfs tree of its drives), the agent's DISTORT_HOST_ROOT. */
+  hostRoot: string;
+  spdkSocket: string;
+  /** Process name of its nvmf_tgt in Stack.procs. */
+  target: string;
+  drives: SimNodeDrive[];
 }
 
 export async function startStack(o: StackOptions): Promise<Stack> {
@@ -147,6 +131,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const identities = o.identities ?? "chart-service-accounts";
   const log = o.logger;
   const stops: (() => Promise<void>)[] = [];
+  // Pushed first, so it runs last: targets and host daemons outlive the agents and CSI nodes.
+  const procs = new ProcessTable(dir);
+  stops.push(() => procs.stopAll());
   const stop = async () => {
     for (const s of stops.reverse())
       await s().catch((err) => log.warn("stack stop step failed", { err: String(err) }));
@@ -183,19 +170,47 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       );
     }
 
-    const fabric = createFabric(join(dir, "fabric"));
-    const storage: SimStorageNode[] = [];
+    const fabricDir = join(dir, "fabric");
+    mkdirSync(fabricDir, { recursive: true });
+    const storage: StackStorageNode[] = [];
     const agents: RunningAgent[] = [];
     for (const [i, n] of o.storageNodes.entries()) {
-      const node = await startSimStorageNode({ nodeName: n.name, drives: n.drives, fabric });
-      stops.push(() => node.close());
-      storage.push(node);
-      const env = node.agentEnv(kubeconfigOf("agent"), namespace, {
-        DISTORT_LOG_LEVEL: "warn",
-        // One portal address per node: on a shared fabric an address has exactly one listener.
-        DISTORT_PORTAL_ADDRESS: `127.0.0.${i + 1}`,
-        ...(o.fast ? { DISTORT_REPORT_PERIOD_MS: "1000", DISTORT_VERIFY_PERIOD_MS: "5000" } : {}),
+      // One portal address per node: on a shared fabric an address has exactly one listener.
+      const portal = `127.0.0.${i + 1}`;
+      const nd = join(dir, "storage", n.name);
+      const hostRoot = join(nd, "host");
+      const drives = n.drives.map((d) => ({ ...d, model: d.model ?? "DISTORT SIM NVMe" }));
+      await buildDriveSysfs(hostRoot, drives);
+      const drivesFile = join(nd, "drives.json");
+      writeFileSync(drivesFile, JSON.stringify(drives));
+      const spdkSocket = join(nd, "spdk.sock");
+      const target = `nvmf_tgt/${n.name}`;
+      await startTargetProcess(procs, {
+        name: target,
+        socketPath: spdkSocket,
+        dataDir: join(nd, "drives"),
+        fabricDir,
+        drivesFile,
+        hostAddresses: [portal],
       });
+      storage.push({ nodeName: n.name, dir: nd, hostRoot, spdkSocket, target, drives: n.drives });
+      const env = {
+        PATH: process.env.PATH ?? "/usr/sbin:/usr/bin:/sbin:/bin",
+        HOME: process.env.HOME ?? "/root",
+        NODE_NAME: n.name,
+        KUBECONFIG: kubeconfigOf("agent"),
+        DISTORT_NAMESPACE: namespace,
+        DISTORT_BACKENDS: "spdk",
+        DISTORT_SPDK_SOCKET: spdkSocket,
+        DISTORT_HOST_ROOT: hostRoot,
+        DISTORT_KEY_DIR: join(nd, "keys"),
+        DISTORT_PORTAL_ADDRESS: portal,
+        DISTORT_PORTAL_PORT: "4420",
+        DISTORT_HEALTH_PORT: "0",
+        DISTORT_REPORT_PERIOD_MS: "1000",
+        DISTORT_VERIFY_PERIOD_MS: o.fast ? "5000" : "1000",
+        DISTORT_LOG_LEVEL: "warn",
+      };
       const agent = await runAgent(parseAgentConfig(env), log.with({ component: "agent", node: n.name }));
       stops.push(() => agent.stop());
       agents.push(agent);
@@ -260,11 +275,6 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       );
     }
 
-    const resolver = multiTargetResolver(
-      storage.map((n) => n.spdkSocket),
-      log,
-    );
-    stops.push(() => resolver.close());
     const csi = new Map<string, RunningCsi>();
     let csiController: RunningCsi | undefined;
     const csiArgs = (socket: string, mode: string, kubeconfig: string) => [
@@ -291,6 +301,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     for (const [i, nodeName] of o.consumerNodes.entries()) {
       const root = join(dir, "consumers", nodeName);
       mkdirSync(join(root, "etc", "nvme"), { recursive: true });
+      mkdirSync(join(root, "run"), { recursive: true });
       writeFileSync(
         join(root, "etc", "nvme", "hostnqn"),
         `nqn.2014-08.org.nvmexpress:uuid:${randomUUID()}\n`,
@@ -308,12 +319,13 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         ],
         {},
       );
-      const initiator = new SimNvmeInitiator({
-        fabric,
-        stateDir: join(root, "initiator"),
-        exec: hostExec,
-        backing: resolver.resolve,
-        logger: log.with({ component: "initiator", node: nodeName }),
+      // The node's NVMe-oF host ("the kernel"): FUSE namespace files under loop devices, every
+      // block a command over the fabric to the target.
+      const initiator = await startHostProcess(procs, {
+        name: `nvme-host/${nodeName}`,
+        fabricDir,
+        stateDir: join(root, "var", "lib", "nvme-host"),
+        socketPath: join(root, "run", "nvme-host.sock"),
       });
       const running = await runCsi(cfg, log.with({ component: "csi", node: nodeName }), {
         conn: connect(kubeconfig),
@@ -344,6 +356,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       dir,
       storage,
       agents,
+      procs,
       manager,
       csi,
       ...(csiController ? { csiController } : {}),

@@ -1,15 +1,19 @@
 // Test support: an emulated nvmf_tgt on a fresh SimFabric, configured over its JSON-RPC socket the
 // way the agent would, exporting sparse files as AIO-backed namespaces, or thick lvols on a
-// simulated drive as the agent does (4 MiB clusters, namespace 1), to chosen hosts.
+// simulated drive as the agent does (4 MiB clusters, namespace 1), to chosen hosts. In this
+// process (startTestTarget), or as a process of its own with host daemons beside it
+// (startTestTargetProcess) for tests that do synchronous I/O on what the target serves.
 import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Clock } from "../../../lib/clock.ts";
 import { silentLogger } from "../../../lib/log.ts";
 import { SpdkClient } from "../../../lib/spdk/client.ts";
+import { startHostProcess, startTargetProcess } from "../../harness/fabric-processes.ts";
+import { ProcessTable } from "../../procs.ts";
 import { type SimDrive, type SpdkEmulator, startSpdkEmulator } from "../spdk/emulator.ts";
 import { createFabric, type UnixSimFabric } from "../spdk/fabric.ts";
-import type { ExtentInUse } from "../spdk/lvol-store.ts";
+import type { HostControlInitiator } from "./host-control.ts";
 
 export interface ExportSpec {
   readonly nqn: string;
@@ -24,8 +28,6 @@ export interface ExportSpec {
 export interface TestTargetOptions {
   /** Simulated drives; exportLvol puts its lvstore on the first one. */
   readonly drives?: readonly SimDrive[];
-  /** Passed to the emulator (default: the host's loop devices, from sysfs). */
-  readonly extentInUse?: ExtentInUse;
   /** Passed to the emulator (default: the real clock); a ManualClock holds QoS timeslices still. */
   readonly clock?: Clock;
 }
@@ -66,10 +68,90 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
     dataDir: join(dir, "d"),
     fabric,
     drives: opts.drives,
-    extentInUse: opts.extentInUse,
     clock: opts.clock,
   });
   const rpc = new SpdkClient({ socketPath: emulator.socketPath, logger: silentLogger });
+  return {
+    dir,
+    fabric,
+    emulator,
+    rpc,
+    ...exportsOver(rpc, dir, opts.drives),
+    async close() {
+      await rpc.close();
+      await emulator.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A test target running as its own process (lab/sim/spdk/nvmf-tgt.ts), and host daemons on its fabric. */
+export interface TestTargetProcess
+  extends Pick<TestTarget, "dir" | "rpc" | "exportFile" | "exportLvol" | "growFile"> {
+  readonly fabricDir: string;
+  /** The target ("nvmf_tgt") and every host started ("nvme-host/<name>"): kill, restart, logs. */
+  readonly procs: ProcessTable;
+  /**
+   * Starts an NVMe-oF host daemon (FUSE namespace files under loop devices, every block a command
+   * to the target) and returns the initiator that drives it. Needs root.
+   */
+  startHost(name: string): Promise<HostControlInitiator>;
+  /** Stops the hosts, then the target; removes the directory. */
+  close(): Promise<void>;
+}
+
+/** Starts the target as a child process; `drives` as for startTestTarget. */
+export async function startTestTargetProcess(
+  opts: { drives?: readonly SimDrive[] } = {},
+): Promise<TestTargetProcess> {
+  const dir = mkdtempSync(join(tmpdir(), "fab-"));
+  const fabricDir = join(dir, "f");
+  const procs = new ProcessTable(dir);
+  const socketPath = join(dir, "t.sock");
+  const drivesFile = join(dir, "drives.json");
+  writeFileSync(drivesFile, JSON.stringify(opts.drives ?? []));
+  let rpc: SpdkClient | undefined;
+  const close = async () => {
+    await rpc?.close();
+    await procs.stopAll();
+    rmSync(dir, { recursive: true, force: true });
+  };
+  try {
+    await startTargetProcess(procs, {
+      name: "nvmf_tgt",
+      socketPath,
+      dataDir: join(dir, "d"),
+      fabricDir,
+      drivesFile,
+    });
+    rpc = new SpdkClient({ socketPath, logger: silentLogger });
+  } catch (err) {
+    await close();
+    throw err;
+  }
+  return {
+    dir,
+    fabricDir,
+    procs,
+    rpc,
+    ...exportsOver(rpc, dir, opts.drives),
+    startHost: (name) =>
+      startHostProcess(procs, {
+        name: `nvme-host/${name}`,
+        fabricDir,
+        stateDir: join(dir, "h", name),
+        socketPath: join(dir, "h", `${name}.sock`),
+      }),
+    close,
+  };
+}
+
+/** exportFile, exportLvol and growFile over the target's RPC socket, files kept under `dir`. */
+function exportsOver(
+  rpc: SpdkClient,
+  dir: string,
+  drives: readonly SimDrive[] | undefined,
+): Pick<TestTarget, "exportFile" | "exportLvol" | "growFile"> {
   const transports = new Set<string>();
   let lvstore: Promise<void> | undefined;
   const addNamespace = async (spec: ExportSpec, file: string) => {
@@ -105,7 +187,7 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
     for (const host of spec.hosts) await rpc.call("nvmf_subsystem_add_host", { nqn: spec.nqn, host });
   };
   const ensureLvstore = async () => {
-    const drive = opts.drives?.[0];
+    const drive = drives?.[0];
     if (drive === undefined) throw new Error("exportLvol needs a drive in startTestTarget({ drives })");
     await rpc.call("bdev_nvme_attach_controller", {
       name: "Nvme0",
@@ -119,10 +201,6 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
     });
   };
   return {
-    dir,
-    fabric,
-    emulator,
-    rpc,
     async exportFile(spec) {
       const file = join(dir, `${bdevName(spec.nqn)}.img`);
       writeFileSync(file, "");
@@ -154,11 +232,6 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
       await rpc.call("bdev_aio_delete", { name: bdevName(spec.nqn) });
       truncateSync(file, newSizeBytes);
       await addNamespace(spec, file);
-    },
-    async close() {
-      await rpc.close();
-      await emulator.close();
-      rmSync(dir, { recursive: true, force: true });
     },
   };
 }

@@ -10,7 +10,7 @@ import type { SimFabric } from "./fabric.ts";
 import { Fsdevs } from "./fsdev.ts";
 import type { HasAddress } from "./host-addresses.ts";
 import { Keyring } from "./keyring.ts";
-import { type ExtentInUse, LvolStores } from "./lvol-store.ts";
+import { LvolStores } from "./lvol-store.ts";
 import type { RpcState } from "./method-table.ts";
 import { NvmeControllers } from "./nvme-controllers.ts";
 import { NvmfTarget, type Trtype } from "./nvmf-target.ts";
@@ -34,8 +34,6 @@ export interface AppConfig {
   readonly logger: Logger;
   /** Simulated duration of framework_start_init. */
   readonly initDelayMs: number;
-  /** Whether a loop device maps a file extent; pins the lvol behind it (see LvolStores.resize). */
-  readonly extentInUse: ExtentInUse;
   /** Where lvols keep bytes outside their store's base (see LvolStoresOptions.lvolDir). */
   readonly lvolDir: string | undefined;
   /** Whether the host has an IP address a listener may bind (see hostAddressCheck). */
@@ -92,10 +90,7 @@ export class App {
     this.registry = new BdevRegistry((bdev, err) =>
       log.warn("examine failed", { bdev: bdev.name, err: String(err) }),
     );
-    this.lvols = new LvolStores(this.registry, log, {
-      extentInUse: config.extentInUse,
-      lvolDir: config.lvolDir,
-    });
+    this.lvols = new LvolStores(this.registry, log, { lvolDir: config.lvolDir });
     this.nvme = new NvmeControllers(
       this.registry,
       config.drives,

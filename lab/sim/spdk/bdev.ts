@@ -1,7 +1,7 @@
 // The emulated bdev layer: bdevs with names, aliases, claims and a data path, registered in one
 // name space per app (a name or alias is unique across both), examined on registration and
 // hot-removed with their consumers, and rendered the way bdev_get_bdevs prints them.
-import type { BlockIo, FileExtent } from "./block-io.ts";
+import type { BlockIo } from "./block-io.ts";
 import type { JsonValue } from "./json-stream.ts";
 import type { QosThrottle } from "./qos.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
@@ -123,17 +123,6 @@ export const SYSTEM_AND_ACCEL_DOMAINS: JsonValue = [
 /** memory_domains of a bdev reached over NVMe-oF. */
 export const SYSTEM_DOMAIN: JsonValue = [{ dma_device_id: "system", dma_device_type: 1 }];
 
-/**
- * The emulator-only driver_specific.sim_extent of a bdev whose bytes are one file extent
- * (`{ filename, offset, length }`), spread into driver_specific next to the module's own key: the
- * lab initiator maps it with a loop device. Real SPDK prints no such key, so nothing outside the
- * lab may rely on it; an empty object (no key at all) when the bytes are not one extent.
- */
-export function simExtentJson(extent: FileExtent | undefined): { [key: string]: JsonValue } {
-  if (extent === undefined) return {};
-  return { sim_extent: { filename: extent.path, offset: extent.offset, length: extent.length } };
-}
-
 /** Everything needed to construct a bdev. */
 export interface BdevInit {
   readonly name: string;
@@ -197,6 +186,11 @@ export class Bdev {
 
   get numBlocks(): number {
     return Math.floor(this.init.io.sizeBytes / this.init.blockSize);
+  }
+
+  /** The memory_domains printed (undefined: none, as AIO and PCIe NVMe bdevs report). */
+  get memoryDomains(): JsonValue | undefined {
+    return this.init.memoryDomains;
   }
 
   /** One bdev_get_bdevs entry, keys in SPDK's order. */

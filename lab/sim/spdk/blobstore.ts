@@ -271,17 +271,16 @@ export class Blobstore {
   /**
    * Grows or shrinks `lvol` and returns the byte work left to do. A thick lvol allocates the new
    * clusters (ENOSPC when too few are free) and frees the cut ones; a thin one only changes length.
-   * `pinned` means something outside the emulator maps the lvol's current extent: see
-   * PhysicalMap.resize for what is then EBUSY. EPERM for a snapshot.
+   * EPERM for a snapshot.
    */
-  resize(lvol: Lvol, sizeBytes: number, opts: { pinned?: boolean } = {}): HomeResize {
+  resize(lvol: Lvol, sizeBytes: number): HomeResize {
     if (lvol.snapshot) throw new ErrnoError(Errno.EPERM, "a snapshot is read-only");
     const n = this.clustersFor(sizeBytes);
     const old = lvol.numClusters;
     if (n > old && !lvol.thin && n - old > this.freeClusters) {
       throw new ErrnoError(Errno.ENOSPC, `${n - old} more clusters wanted`);
     }
-    const plan = this.physical.resize(lvol, old, n, opts.pinned === true);
+    const plan = this.physical.resize(lvol, old, n);
     if (n < old) {
       for (let i = n; i < old; i++) this.#release(lvol.map[i] as number);
       lvol.map.length = n;

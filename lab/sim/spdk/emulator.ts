@@ -9,12 +9,10 @@ import { type Clock, realClock } from "../../../lib/clock.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { App, type AppConfig } from "./app.ts";
-import { checkRange } from "./block-io.ts";
+import { checkRange, type FileExtent } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
 import { hostAddressCheck } from "./host-addresses.ts";
-import { sysfsLoopProbe } from "./loop-probe.ts";
-import type { ExtentInUse } from "./lvol-store.ts";
 import type { MethodSpec } from "./method-table.ts";
 import { bdevMethods } from "./methods/bdev.ts";
 import { frameworkMethods } from "./methods/framework.ts";
@@ -68,11 +66,6 @@ export interface SpdkEmulatorOptions {
   readonly rpcPollMs?: number;
   /** How long framework_start_init takes, in ms; default 10. */
   readonly initDelayMs?: number;
-  /**
-   * Whether a loop device maps bytes of a file extent (default: the host's loop devices, read from
-   * /sys/block). A thick lvol whose extent is mapped only grows in place; moving it is EBUSY.
-   */
-  readonly extentInUse?: ExtentInUse;
   /**
    * The IP addresses of the host the target runs on; a listener elsewhere is refused (-32602), as
    * bind() refuses an address the host does not have. The lab gives each storage node its portal.
@@ -152,6 +145,13 @@ export interface BdevHandle {
   readonly numBlocks: number;
   read(offset: number, length: number): Promise<Buffer>;
   write(offset: number, data: Uint8Array): Promise<void>;
+  /**
+   * Where the bdev's bytes sit in the emulator's own files (an AIO file, a thick lvol's run of
+   * drive clusters, a thin lvol's or clone's file), for lab-side tests that check bytes at rest;
+   * undefined for snapshots and RAM. No RPC reply carries it, so nothing outside the lab can
+   * come to rely on it.
+   */
+  fileExtent(): FileExtent | undefined;
 }
 
 /** A running (or crashed) emulator. */
@@ -210,7 +210,6 @@ export async function startSpdkEmulator(opts: SpdkEmulatorOptions): Promise<Spdk
     clock: opts.clock ?? realClock,
     logger: opts.logger ?? silentLogger,
     initDelayMs: opts.initDelayMs ?? 10,
-    extentInUse: opts.extentInUse ?? sysfsLoopProbe(),
     lvolDir: join(opts.dataDir, "lvols"),
     hasAddress: hostAddressCheck(opts.hostAddresses),
   });
@@ -339,6 +338,7 @@ class Emulator implements SpdkEmulator {
         checkRange(offset, data.length, b.io.sizeBytes);
         return b.io.write(offset, data);
       },
+      fileExtent: () => b.io.fileExtent?.(),
     };
   }
 

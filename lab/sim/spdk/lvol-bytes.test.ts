@@ -1,4 +1,4 @@
-// The bytes of lvols, through the RPC socket and the files bdev_get_bdevs names: snapshots are
+// The bytes of lvols, through the RPC socket and the emulator's files (BdevHandle.fileExtent): snapshots are
 // point in time also for writes made straight into the origin's file (as a loop device makes
 // them), clones start with their snapshot's bytes and diverge, thin lvols and clones are sparse
 // files of their own that grow and shrink, deletes and merges free what they should, SPDK's
@@ -58,10 +58,15 @@ type LvolJson = {
   clones?: string[];
   num_allocated_clusters: number;
 };
-type BdevJson = { num_blocks: number; driver_specific: { sim_extent?: Extent; lvol: LvolJson } };
+type BdevJson = { num_blocks: number; driver_specific: { lvol: LvolJson } };
 
 const bdevJson = async (name: string) => ((await call(s, "bdev_get_bdevs", { name })) as BdevJson[])[0];
-const extentOf = async (name: string) => (await bdevJson(name))?.driver_specific.sim_extent as Extent;
+/** Where the emulator keeps the bdev's bytes (lab-side; no RPC reply says it). */
+const extentOf = async (name: string): Promise<Extent> => {
+  const e = emu.bdev(name).fileExtent();
+  if (e === undefined) throw new Error(`${name} has no file extent`);
+  return { filename: e.path, offset: e.offset, length: e.length };
+};
 const lvolOf = async (name: string) => (await bdevJson(name))?.driver_specific.lvol as LvolJson;
 const freeClusters = async (lvs = "lvs0") =>
   ((await call(s, "bdev_lvol_get_lvstores", { lvs_name: lvs })) as { free_clusters: number }[])[0]
@@ -129,8 +134,9 @@ describe("snapshots and clones", () => {
     // write, for the accounting); the loop device's write did not go through the target.
     expect((await lvolOf("lvs0/origin")).num_allocated_clusters).toBe(1);
     expect(await freeClusters()).toBe(free - 1);
-    // The snapshot is a file of its own, printed nowhere (read-only), and refuses writes.
-    expect((await bdevJson("lvs0/snap"))?.driver_specific.sim_extent).toBeUndefined();
+    // The snapshot is a file of its own, shown nowhere (read-only), and refuses writes.
+    expect(emu.bdev("lvs0/snap").fileExtent()).toBeUndefined();
+    expect(Object.keys((await bdevJson("lvs0/snap"))?.driver_specific ?? {})).toEqual(["lvol"]);
     await expect(snap.write(0, text("x"))).rejects.toThrow();
   });
 

@@ -1,13 +1,12 @@
-// Lvols as file extents, through the RPC socket: a thick lvol is one run of clusters on the drive
-// file (also after a delete left a hole), thin lvols and clones are files of their own, and
-// bdev_get_bdevs prints that extent as the emulator-only driver_specific.sim_extent; the file's
+// Lvols as file extents, driven through the RPC socket: a thick lvol is one run of clusters on the
+// drive file (also after a delete left a hole), thin lvols and clones are files of their own (read
+// with the lab-side BdevHandle.fileExtent; bdev_get_bdevs prints only SPDK's fields); the file's
 // bytes at the extent ARE the lvol's bytes (both ways), a resize grows in place or relocates with
-// the bytes, a mapped (pinned) lvol refuses to move, and relocated lvols come back after a crash.
+// the bytes, and relocated lvols come back after a crash.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { FileExtent } from "./block-io.ts";
 import { type SpdkEmulator, startSpdkEmulator } from "./emulator.ts";
 import { call, rpc } from "./raw-rpc-client.ts";
 
@@ -15,8 +14,6 @@ const MIB = 1024 * 1024;
 let root: string;
 let emu: SpdkEmulator;
 let s: string;
-/** What the test says a loop device maps (the emulator's extentInUse). */
-let mapped: FileExtent[] = [];
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-extent-"));
@@ -24,10 +21,6 @@ beforeAll(async () => {
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     drives: [{ pciAddress: "0000:5e:00.0", serial: "PHLJ0002", model: "Sim NVMe", sizeBytes: 256 * MIB }],
-    extentInUse: (e) =>
-      mapped.some(
-        (m) => m.path === e.path && m.offset < e.offset + e.length && e.offset < m.offset + m.length,
-      ),
   });
   s = emu.socketPath;
   await call(s, "bdev_nvme_attach_controller", { name: "Nvme0", trtype: "PCIe", traddr: "5e:00.0" });
@@ -40,10 +33,14 @@ afterAll(async () => {
 });
 
 type Extent = { filename: string; offset: number; length: number };
-type BdevJson = { name: string; driver_specific: { sim_extent?: Extent; lvol?: unknown; aio?: unknown } };
+type BdevJson = { name: string; driver_specific: Record<string, unknown> };
 
 const bdevJson = async (name: string) => ((await call(s, "bdev_get_bdevs", { name })) as BdevJson[])[0];
-const extentOf = async (name: string) => (await bdevJson(name))?.driver_specific.sim_extent;
+/** Where the emulator keeps the bdev's bytes (lab-side; no RPC reply says it). */
+const extentOf = async (name: string): Promise<Extent | undefined> => {
+  const e = emu.bdev(name).fileExtent();
+  return e === undefined ? undefined : { filename: e.path, offset: e.offset, length: e.length };
+};
 const create = (name: string, mib: number, thin = false) =>
   call(s, "bdev_lvol_create", { lvs_name: "lvs0", lvol_name: name, size_in_mib: mib, thin_provision: thin });
 const resize = (name: string, mib: number) => rpc(s, "bdev_lvol_resize", { name, size_in_mib: mib });
@@ -68,9 +65,8 @@ function writeFile(e: Extent, at: number, data: Buffer): void {
 }
 
 test("thick lvols are one extent of the drive file each; a delete's hole is reused first-fit", async () => {
-  const drive = await extentOf("Nvme0n1");
-  // Drives print no sim_extent: only AIO and lvol bdevs do.
-  expect(drive).toBeUndefined();
+  // Nothing in a reply says where bytes are: the drive's driver_specific is SPDK's alone.
+  expect(Object.keys((await bdevJson("Nvme0n1"))?.driver_specific ?? {})).toEqual(["nvme", "mp_policy"]);
   await create("a", 8);
   await create("b", 12);
   await create("c", 8);
@@ -79,8 +75,8 @@ test("thick lvols are one extent of the drive file each; a delete's hole is reus
   expect(a).toMatchObject({ filename: file, length: 8 * MIB });
   expect(b).toEqual({ filename: file, offset: (a?.offset ?? 0) + 8 * MIB, length: 12 * MIB });
   expect(c).toEqual({ filename: file, offset: (b?.offset ?? 0) + 12 * MIB, length: 8 * MIB });
-  // The lvol part of driver_specific is SPDK's, unchanged.
-  expect(Object.keys((await bdevJson("lvs0/a"))?.driver_specific ?? {})).toEqual(["lvol", "sim_extent"]);
+  // driver_specific is SPDK's lvol object alone.
+  expect(Object.keys((await bdevJson("lvs0/a"))?.driver_specific ?? {})).toEqual(["lvol"]);
 
   // Dirty b's clusters on the drive, delete it, create d in the hole: d reads zeros, both ways.
   await emu.bdev("lvs0/b").write(0, Buffer.alloc(12 * MIB, 0xee));
@@ -131,9 +127,8 @@ test("thin lvols and clones print their own file, an origin keeps its extent, sn
   const aio = join(root, "aio.img");
   writeFileSync(aio, Buffer.alloc(8192));
   await call(s, "bdev_aio_create", { name: "aio0", filename: aio, block_size: 4096 });
-  expect(await bdevJson("aio0")).toMatchObject({
-    driver_specific: { aio: { filename: aio }, sim_extent: { filename: aio, offset: 0, length: 8192 } },
-  });
+  expect(await extentOf("aio0")).toEqual({ filename: aio, offset: 0, length: 8192 });
+  expect(Object.keys((await bdevJson("aio0"))?.driver_specific ?? {})).toEqual(["aio"]);
   await call(s, "bdev_aio_delete", { name: "aio0" });
 });
 
@@ -162,25 +157,20 @@ test("resize grows in place when it can and relocates with the bytes when it can
   expect(emu.state().lvols.find((l) => l.name === "d")?.sizeBytes).toBe(16 * MIB);
 });
 
-test("a mapped lvol grows only in place: a relocation or shrink is EBUSY and changes nothing", async () => {
+test("an lvol grows in place into the free clusters after it, moves beyond them, and shrinks in place", async () => {
   const a = (await extentOf("lvs0/a")) as Extent;
-  mapped = [{ path: a.filename, offset: a.offset, length: a.length }];
-  try {
-    const free = emu.state().lvstores[0]?.freeClusters;
-    // a is followed by d's old place (now free, 8 MiB): in place up to 16 MiB.
-    expect((await resize("lvs0/a", 16)).result).toBe(true);
-    expect(await extentOf("lvs0/a")).toEqual({ ...a, length: 16 * MIB });
-    // Beyond that it would have to move, which a loop device would not follow.
-    expect((await resize("lvs0/a", 64)).error).toEqual({ code: -32602, message: "Device or resource busy" });
-    expect((await resize("lvs0/a", 4)).error?.message).toBe("Device or resource busy");
-    expect(await extentOf("lvs0/a")).toEqual({ ...a, length: 16 * MIB });
-    expect(emu.state().lvstores[0]?.freeClusters).toBe((free ?? 0) - 2);
-  } finally {
-    mapped = [];
-  }
-  // Unmapped, it moves.
+  const free = emu.state().lvstores[0]?.freeClusters;
+  // a is followed by d's old place (now free, 8 MiB): in place up to 16 MiB.
+  expect((await resize("lvs0/a", 16)).result).toBe(true);
+  expect(await extentOf("lvs0/a")).toEqual({ ...a, length: 16 * MIB });
+  expect(emu.state().lvstores[0]?.freeClusters).toBe((free ?? 0) - 2);
+  // Beyond that it moves (a live lvol on a real target resizes all the same: its bdev is open
+  // over the fabric, never mapped underneath).
   expect((await resize("lvs0/a", 64)).result).toBe(true);
-  expect((await extentOf("lvs0/a"))?.offset).not.toBe(a.offset);
+  const moved = (await extentOf("lvs0/a")) as Extent;
+  expect(moved.offset).not.toBe(a.offset);
+  expect((await resize("lvs0/a", 4)).result).toBe(true);
+  expect(await extentOf("lvs0/a")).toEqual({ ...moved, length: 4 * MIB });
 });
 
 test("relocated lvols come back at their new place, with their bytes, after a crash", async () => {

@@ -2,8 +2,8 @@
 // survives: a drive or AIO file, not malloc), each lvol's bytes in its home (a run of base clusters,
 // or a sparse file of its own under the emulator's data directory; RAM on a RAM base), and an
 // lvstore found while examining a newly registered bdev loaded again, as SPDK does on attach.
-// Every lvol except a snapshot prints its file extent as driver_specific.sim_extent for the lab
-// initiator, which maps it with a loop device; snapshots are point-in-time copies (physical-map.ts).
+// bdev_get_bdevs prints exactly SPDK's driver_specific.lvol; where an lvol's bytes sit in the
+// emulator's files is for lab-side test helpers only (BdevHandle.fileExtent), never in a reply.
 import {
   closeSync,
   existsSync,
@@ -19,7 +19,7 @@ import {
 import { join } from "node:path";
 import { Mutex } from "../../../lib/concurrency/mutex.ts";
 import type { Logger } from "../../../lib/log.ts";
-import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS, simExtentJson } from "./bdev.ts";
+import { Bdev, type BdevRegistry, IO_TYPES } from "./bdev.ts";
 import {
   Blobstore,
   type ClusterRun,
@@ -62,16 +62,8 @@ export interface LoadedStore {
   readonly ownDir: string | undefined;
 }
 
-/**
- * Whether something outside the emulator (a loop device of the lab initiator) maps bytes of
- * `extent` directly. Such an lvol is pinned: its bytes must not move or be given away.
- */
-export type ExtentInUse = (extent: FileExtent) => boolean;
-
 /** How the lvol module of an app is set up. */
 export interface LvolStoresOptions {
-  /** Default: nothing is ever mapped. */
-  readonly extentInUse?: ExtentInUse;
   /**
    * Where lvols that do not live in a run of base clusters keep their bytes: one directory per
    * store (`<lvolDir>/<lvstore uuid>/<lvol uuid>.img`). Without it, or for a store on a malloc
@@ -86,7 +78,6 @@ export interface LvolStoresOptions {
  */
 export class LvolStores {
   readonly #stores: LoadedStore[] = [];
-  readonly #extentInUse: ExtentInUse;
   readonly #lvolDir: string | undefined;
 
   constructor(
@@ -94,7 +85,6 @@ export class LvolStores {
     private readonly log: Logger,
     opts: LvolStoresOptions = {},
   ) {
-    this.#extentInUse = opts.extentInUse ?? (() => false);
     this.#lvolDir = opts.lvolDir;
     registry.addExaminer((b) => this.#examine(b));
     registry.addRemovalHook((b) => this.#onRemove(b));
@@ -198,29 +188,14 @@ export class LvolStores {
   /**
    * Resizes an lvol and tells the bdev's consumers. A run grows in place, or moves (to another run
    * or an own file) with its bytes copied before the new home is persisted, so a failure or crash
-   * leaves the old place intact; an own file changes length. One whose extent is mapped outside
-   * the emulator (extentInUse) may only grow in place: EBUSY otherwise, logged with the reason.
-   * EPERM for a snapshot, ENOSPC for a thick grow beyond the free clusters. Base clusters given up
+   * leaves the old place intact; an own file changes length. EPERM for a snapshot, ENOSPC for a thick grow beyond the free clusters. Base clusters given up
    * are deallocated once the metadata is written.
    */
   async resize(store: LoadedStore, lvol: Lvol, sizeBytes: number): Promise<void> {
     await store.lock.run(async () => {
       const old = mediaOf(store, lvol);
-      const extent = extentOfIo(old);
-      const pinned = extent !== undefined && this.#extentInUse(extent);
       const undo = store.bs.checkpoint();
-      let plan: HomeResize;
-      try {
-        plan = store.bs.resize(lvol, sizeBytes, { pinned });
-      } catch (err) {
-        if (err instanceof ErrnoError && err.errno === Errno.EBUSY) {
-          this.log.warn("lvol resize refused: a loop device maps its extent (lab limitation)", {
-            lvol: `${store.bs.name}/${lvol.name}`,
-            reason: err.message,
-          });
-        }
-        throw err;
-      }
+      const plan: HomeResize = store.bs.resize(lvol, sizeBytes);
       const bytes = lvol.numClusters * store.bs.clusterSize;
       const { before, after } = plan;
       const inPlace = before.kind === "run" && after.kind === "run" && before.start === after.start;
@@ -254,8 +229,8 @@ export class LvolStores {
   /**
    * Snapshots an lvol and registers the snapshot's bdev; EEXIST/EINVAL from the blobstore. The
    * snapshot's own container gets a copy of the origin's bytes as they are now, read through the
-   * page cache of the origin's file, so it includes what a loop device over the origin has written
-   * so far. The origin keeps its home: a loop device over it goes on working.
+   * page cache of the origin's file, so it includes every write completed so far. The origin
+   * keeps its home.
    */
   async snapshot(store: LoadedStore, lvol: Lvol, name: string): Promise<Lvol> {
     const snap = await store.lock.run(() =>
@@ -317,7 +292,7 @@ export class LvolStores {
     if (lvol.parent) out.base_snapshot = lvol.parent.name;
     if (lvol.snapshot) out.clones = store.bs.clonesOf(lvol).map((c) => c.name);
     out.esnap_clone = false;
-    return { lvol: out, ...simExtentJson(lvolExtent(store, lvol)) };
+    return { lvol: out };
   }
 
   /** Closes every open lvol file without unloading anything (the process is going away). */
@@ -434,7 +409,8 @@ export class LvolStores {
       blockSize: store.bs.blockSize,
       io,
       ioTypes: lvol.snapshot ? IO_TYPES.snapshot : IO_TYPES.lvol,
-      memoryDomains: SYSTEM_AND_ACCEL_DOMAINS,
+      // vbdev_lvol_get_memory_domains hands on the base bdev's: none on an AIO file or a drive.
+      ...(store.base.memoryDomains === undefined ? {} : { memoryDomains: store.base.memoryDomains }),
       driverSpecific: () => this.describe(store, lvol),
       onRemoved: () => store.bdevs.delete(lvol),
     });
@@ -596,7 +572,7 @@ class LvolIo implements BlockIo {
   }
 }
 
-/** The file extent of `lvol`'s bytes, for the lab initiator; none for a snapshot (read-only) or RAM. */
+/** The file extent of `lvol`'s bytes (lab-side inspection and pinning); none for a snapshot (read-only) or RAM. */
 function lvolExtent(store: LoadedStore, lvol: Lvol): FileExtent | undefined {
   if (lvol.snapshot) return undefined;
   const m = store.media.get(lvol);

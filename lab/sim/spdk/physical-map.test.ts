@@ -1,20 +1,9 @@
 // Homes of lvol bytes, apart from SPDK's accounting: first-fit runs for thick lvols (also in a
 // hole a delete left), own containers otherwise, growth in place or a move (to a run, else an own
-// container), shrinking in place, pinned lvols that only grow in place, and checkpoints.
+// container), shrinking in place, and checkpoints.
 import { describe, expect, test } from "bun:test";
 import { Lvol } from "./blobstore.ts";
 import { PhysicalMap } from "./physical-map.ts";
-import { Errno, ErrnoError } from "./rpc-error.ts";
-
-function errnoOf(fn: () => unknown): number | undefined {
-  try {
-    fn();
-  } catch (e) {
-    if (e instanceof ErrnoError) return e.errno;
-    throw e;
-  }
-  return undefined;
-}
 
 // 64 clusters, the first one metadata.
 const MD = 1;
@@ -49,7 +38,7 @@ describe("PhysicalMap", () => {
     pm.place(a, 2, true);
     pm.place(b, 2, true);
     // b is last: it grows in place; only the new clusters need zeroing.
-    const grown = pm.resize(b, 2, 4, false);
+    const grown = pm.resize(b, 2, 4);
     expect(grown).toMatchObject({
       after: { kind: "run", start: MD + 2, count: 4 },
       zero: { start: MD + 4, count: 2 },
@@ -57,14 +46,14 @@ describe("PhysicalMap", () => {
     });
     // a is boxed in by b: it moves to the first run of 3 after b; the new run is zeroed whole
     // (the caller copies the old bytes in), the old one released.
-    expect(pm.resize(a, 2, 3, false)).toMatchObject({
+    expect(pm.resize(a, 2, 3)).toMatchObject({
       before: { kind: "run", start: MD, count: 2 },
       after: { kind: "run", start: MD + 6, count: 3 },
       zero: { start: MD + 6, count: 3 },
       released: { start: MD, count: 2 },
     });
     // Shrinking keeps the start and frees the tail.
-    expect(pm.resize(a, 3, 1, false)).toMatchObject({
+    expect(pm.resize(a, 3, 1)).toMatchObject({
       after: { kind: "run", start: MD + 6, count: 1 },
       released: { start: MD + 7, count: 2 },
     });
@@ -77,7 +66,7 @@ describe("PhysicalMap", () => {
     const a = lvol("a");
     pm.place(a, 2, true);
     pm.place(lvol("b"), 60, true);
-    const plan = pm.resize(a, 2, 8, false);
+    const plan = pm.resize(a, 2, 8);
     expect(plan).toMatchObject({
       after: { kind: "own" },
       zero: undefined,
@@ -85,27 +74,8 @@ describe("PhysicalMap", () => {
     });
     expect(pm.home(a)).toEqual({ kind: "own" });
     // An own container just changes length.
-    const same = pm.resize(a, 8, 2, false);
+    const same = pm.resize(a, 8, 2);
     expect(same.after).toBe(same.before);
-  });
-
-  test("a pinned lvol only grows in place; anything else is EBUSY and changes nothing", () => {
-    const pm = fresh();
-    const [a, b, t] = [lvol("a"), lvol("b"), lvol("t")];
-    pm.place(a, 2, true);
-    pm.place(b, 2, true);
-    pm.place(t, 2, false);
-    const free = pm.freeBaseClusters;
-    expect(errnoOf(() => pm.resize(a, 2, 3, true))).toBe(Errno.EBUSY);
-    expect(errnoOf(() => pm.resize(a, 2, 1, true))).toBe(Errno.EBUSY);
-    expect(errnoOf(() => pm.resize(t, 2, 1, true))).toBe(Errno.EBUSY);
-    expect(pm.home(a)).toEqual({ kind: "run", start: MD, count: 2 });
-    expect(pm.freeBaseClusters).toBe(free);
-    expect(pm.resize(b, 2, 3, true).after).toEqual({ kind: "run", start: MD + 2, count: 3 });
-    // An own container may grow while mapped (the loop device re-reads its size).
-    expect(pm.resize(t, 2, 6, true).after).toEqual({ kind: "own" });
-    // Not changing size at all is fine too.
-    expect(pm.resize(a, 2, 2, true).released).toBeUndefined();
   });
 
   test("adopt marks a stored run used; checkpoint puts homes and runs back", () => {
@@ -115,7 +85,7 @@ describe("PhysicalMap", () => {
     expect(pm.findRun(10)).toBe(14);
     expect(() => pm.adopt(lvol("bad"), { kind: "run", start: 0, count: 1 })).toThrow();
     const undo = pm.checkpoint();
-    pm.resize(a, 4, 8, false);
+    pm.resize(a, 4, 8);
     pm.place(lvol("b"), 3, true);
     undo();
     expect(pm.home(a)).toEqual({ kind: "run", start: 10, count: 4 });

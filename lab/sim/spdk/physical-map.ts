@@ -1,15 +1,14 @@
 // Where the emulator keeps the bytes of each lvol of one store (its "home"), apart from the cluster
 // accounting SPDK reports (blobstore.ts). Pure bookkeeping; lvol-store.ts moves the bytes.
 //
-// Every lvol holds all of its bytes itself, so that any lvol is one file extent a loop device can
-// show. A thick lvol lives in a run of base clusters (one extent of the drive file) when one fits;
+// Every lvol holds all of its bytes itself, in one file extent (which lab-side tests read at rest
+// through BdevHandle.fileExtent). A thick lvol lives in a run of base clusters (one extent of the drive file) when one fits;
 // everything else, and a thick lvol no run fits, gets a sparse container of its own (a file under
 // the emulator's data directory, or RAM on a RAM base). A snapshot gets its own container holding a
-// copy of the origin's bytes at snapshot time, and the origin keeps its home: a loop device over
-// the origin goes on working and its writes never reach the snapshot. A clone starts as a copy of
+// copy of the origin's bytes at snapshot time, and the origin keeps its home: its later writes
+// never reach the snapshot. A clone starts as a copy of
 // its snapshot. SPDK's copy-on-write sharing is thus accounting only, never a byte dependency.
 import type { Lvol } from "./blobstore.ts";
-import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** Base clusters start..start+count-1. */
 export interface ClusterRun {
@@ -102,15 +101,12 @@ export class PhysicalMap {
   /**
    * Follows a size change of `lvol` from `oldN` to `newN` clusters. An own container just changes
    * length. A run grows in place when the base clusters after it are free, else moves to the first
-   * run that fits, else to an own container; it shrinks in place. `pinned` means a loop device maps
-   * the lvol's current extent: then it may only grow in place (an own container may grow), and
-   * anything else (a move, a shrink under the mapping) is EBUSY.
+   * run that fits, else to an own container; it shrinks in place.
    */
-  resize(lvol: Lvol, oldN: number, newN: number, pinned: boolean): HomeResize {
+  resize(lvol: Lvol, oldN: number, newN: number): HomeResize {
     const before = this.home(lvol);
     const same = { before, after: before, zero: undefined, released: undefined };
     if (newN === oldN) return same;
-    if (newN < oldN && pinned) throw new ErrnoError(Errno.EBUSY, `${lvol.name} is mapped; it cannot shrink`);
     if (before.kind === "own") return same;
     if (newN < oldN) {
       const released = { start: before.start + newN, count: oldN - newN };
@@ -123,12 +119,6 @@ export class PhysicalMap {
       this.#used.fill(1, end, before.start + newN);
       const after = this.#set(lvol, { kind: "run", start: before.start, count: newN });
       return { before, after, zero: { start: end, count: newN - oldN }, released: undefined };
-    }
-    if (pinned) {
-      throw new ErrnoError(
-        Errno.EBUSY,
-        `${lvol.name} is mapped and can only grow in place, but the clusters after it are taken`,
-      );
     }
     // The new run is looked for while the old one is still held, so they never overlap and the
     // old bytes stay intact until the new home is persisted.

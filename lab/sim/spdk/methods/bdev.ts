@@ -4,7 +4,7 @@ import { randomUUID } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import * as v from "valibot";
 import type { App } from "../app.ts";
-import { Bdev, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS, simExtentJson } from "../bdev.ts";
+import { Bdev, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS } from "../bdev.ts";
 import { FileExtentIo, MemoryIo } from "../block-io.ts";
 import { type MethodSpec, RUNTIME } from "../method-table.ts";
 import {
@@ -188,7 +188,6 @@ export function bdevMethods(app: App): MethodSpec[] {
               readonly: p.readonly === true,
               fallocate: p.fallocate === true,
             },
-            ...simExtentJson(io.fileExtent()),
           }),
           onRemoved: () => io.close(),
         });
