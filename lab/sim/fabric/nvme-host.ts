@@ -445,7 +445,11 @@ export class NvmeHost implements NvmeInitiator {
             `${this.#files.mountpoint}/${ns.file}`,
           ]),
         );
+        // A new NVMe namespace is a new, writable disk. A loop device is reused, and BLKROSET
+        // (blockdev --setro, which a reader-only stage sets) outlives its detach.
+        await this.#losetup(["blockdev", "--setrw", ns.device]);
       } catch (err) {
+        if (ns.device) await this.#losetup(detachArgv(ns.device)).catch(() => {});
         this.#files.remove(ns.file);
         throw err;
       }
