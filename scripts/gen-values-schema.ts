@@ -256,6 +256,7 @@ export const ValuesSchema = v.strictObject({
     }),
     // Bounds of agent/config.ts.
     reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
+    metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
     verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
     healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
     stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
