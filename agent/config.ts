@@ -56,6 +56,8 @@ const EnvSchema = v.object({
   DISTORT_PORTAL_PORT: v.optional(wholeNumber(1, 65535), "4420"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
+  /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */
+  DISTORT_METRICS_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "15000"),
   DISTORT_HEALTH_PORT: v.optional(wholeNumber(0, 65535), "9810"),
   DISTORT_LOG_LEVEL: v.optional(v.picklist(["debug", "info", "warn", "error"]), "info"),
   DISTORT_THIN_LVOLS: v.optional(bool, "false"),
@@ -92,6 +94,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     portalPort: c.DISTORT_PORTAL_PORT,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,
+    metricsPeriodMs: c.DISTORT_METRICS_PERIOD_MS,
     healthPort: c.DISTORT_HEALTH_PORT,
     logLevel: c.DISTORT_LOG_LEVEL,
     thinLvols: c.DISTORT_THIN_LVOLS,

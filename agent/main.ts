@@ -33,6 +33,8 @@ import { type AgentConfig, parseAgentConfig } from "./config.ts";
 import { discoverDevices } from "./discovery/discover.ts";
 import { hostNetworkSource } from "./discovery/network-source.ts";
 import { type EndpointResult, findRdmaEndpoint } from "./discovery/rdma-endpoint.ts";
+import { registerAgentMetrics, runNodeMetrics } from "./metrics/node-metrics.ts";
+import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { SnapshotController } from "./snapshots/controller.ts";
@@ -64,6 +66,7 @@ export async function runAgent(
 ): Promise<RunningAgent> {
   const clock = realClock;
   const registry = new Registry();
+  const agentMetrics = registerAgentMetrics(registry);
   const conn = connect(cfg.kubeconfig);
   const fs = hooks.hostFs ?? hostFs(cfg.hostRoot);
   const exec = hooks.exec ?? hostExec;
@@ -165,7 +168,7 @@ export async function runAgent(
     afterStep: crash,
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
   });
-  new AttachmentController({
+  const attachmentController = new AttachmentController({
     conn,
     manager: controllers,
     nodeName: cfg.nodeName,
@@ -245,6 +248,32 @@ export async function runAgent(
   await controllers.start();
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
+  const metricsLoop = runNodeMetrics(
+    {
+      metrics: agentMetrics,
+      spdk: spdk
+        ? new SpdkStatsCollector({
+            rpc: spdk,
+            metrics: agentMetrics.spdk,
+            volumes: () =>
+              partitions.partitions.list().map((p) => ({
+                namespace: p.metadata.namespace ?? "",
+                partition: p.metadata.name,
+                state: p.status?.state ?? "Pending",
+                bdev: p.spec.backend === "spdk" ? p.status?.backendPath : undefined,
+                nqn: p.status?.nqn,
+              })),
+            logger: logger.with({ component: "metrics" }),
+            now: () => clock.now(),
+          })
+        : undefined,
+      attachments: () => attachmentController.attachments.list(),
+      partitions: () => partitions.partitions.list(),
+      clock,
+      periodMs: cfg.metricsPeriodMs,
+    },
+    stopReporter.signal,
+  );
   const health = await serveHealth({
     host: "0.0.0.0",
     port: cfg.healthPort,
@@ -260,6 +289,7 @@ export async function runAgent(
     async stop() {
       stopReporter.abort();
       await reporting.catch(() => {});
+      await metricsLoop.catch(() => {});
       await controllers.stop();
       // A managed target runs under the agent's parent-death signal, so it ends with the agent
       // in any case; stopping it here makes that orderly.

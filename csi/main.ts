@@ -9,7 +9,6 @@ import { formatNodeId } from "../lib/csi-node-id.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
 import { type Exec, hostExec } from "../lib/exec.ts";
 import { hostFs } from "../lib/fs.ts";
-import { callMetrics } from "../lib/grpc/call-metrics.ts";
 import { register, type ServiceRegistration, serveGrpc } from "../lib/grpc/server.ts";
 import { serveHealth } from "../lib/health-server.ts";
 import { readHostNqn } from "../lib/host-nqn.ts";
@@ -28,6 +27,8 @@ import { CsiController } from "./controller.ts";
 import { HostMounter } from "./host/mounter.ts";
 import { NvmeCli } from "./host/nvme-cli.ts";
 import { createIdentityService, hostToolsCheck, notReadyReasons, type ReadinessCheck } from "./identity.ts";
+import { NODE_PATH_PERIOD_MS, registerCsiMetrics } from "./metrics.ts";
+import { meteredInitiator, PathObserver } from "./node/metrics.ts";
 import { fileStateStore } from "./node/state-store.ts";
 import { createNodeService, type NodeDeps } from "./node.ts";
 import { sidecarModeOf } from "./sidecar/config.ts";
@@ -60,7 +61,9 @@ export interface RunOptions {
  */
 export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = {}): Promise<RunningCsi> {
   const registry = new Registry();
-  const measure = callMetrics(registry, "distort_csi", "CSI");
+  const { measure, node: nodeMetrics } = registerCsiMetrics(registry);
+  const stopObserver = new AbortController();
+  let observing: Promise<void> | undefined;
   const readiness: ReadinessCheck[] = [];
   const services: ServiceRegistration[] = [];
   const serveController = cfg.mode === "controller" || cfg.mode === "all";
@@ -82,14 +85,22 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     const topology = Object.fromEntries(
       cfg.topologyKeys.flatMap((k) => (labels[k] === undefined ? [] : [[k, labels[k] as string]])),
     );
+    const initiator = meteredInitiator(
+      opts.node?.initiator ??
+        new NvmeCli({ exec, fs: hostRootFs, logger: nodeLog, secretFiles: dirKeyFiles(cfg.keyDir) }),
+      nodeMetrics,
+    );
+    observing = new PathObserver(initiator, nodeMetrics, nodeLog).run(
+      NODE_PATH_PERIOD_MS,
+      realClock,
+      stopObserver.signal,
+    );
     const node = createNodeService({
       nodeId,
       hostNqn,
       topology,
       maxVolumesPerNode: cfg.maxVolumesPerNode,
-      initiator:
-        opts.node?.initiator ??
-        new NvmeCli({ exec, fs: hostRootFs, logger: nodeLog, secretFiles: dirKeyFiles(cfg.keyDir) }),
+      initiator,
       mounter: opts.node?.mounter ?? new HostMounter({ exec, fs }),
       fs,
       state: opts.node?.state ?? fileStateStore(cfg.stateDir),
@@ -167,6 +178,8 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       throw err;
     }
   } catch (err) {
+    stopObserver.abort();
+    await observing;
     await controller?.stop();
     throw err;
   }
@@ -184,6 +197,8 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     ...(controller ? { controller } : {}),
     stop() {
       stopping ??= (async () => {
+        stopObserver.abort();
+        await observing;
         await server.close();
         await controller?.stop();
         await health.close();

@@ -41,6 +41,16 @@ export function profiles(): Profile[] {
     { name: "snapshots", files: [], set: ["snapshots.enabled=true"] },
     // DISTORT's own node-driver-registrar and livenessprobe (csi/sidecar/) in place of upstream's.
     { name: "distort-sidecars", files: [], set: DISTORT_SIDECARS },
+    // The PrometheusRule, the dashboard ConfigMap and the ServiceMonitor are off by default.
+    {
+      name: "monitoring",
+      files: [],
+      set: [
+        "metrics.prometheusRule.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+        "metrics.serviceMonitor.enabled=true",
+      ],
+    },
   ];
 }
 

@@ -72,6 +72,42 @@ const FOREIGN_CRDS = [
     },
   },
   {
+    group: "monitoring.coreos.com",
+    kind: "PrometheusRule",
+    plural: "prometheusrules",
+    scope: "Namespaced",
+    spec: {
+      type: "object",
+      required: ["groups"],
+      properties: {
+        groups: {
+          type: "array",
+          items: {
+            type: "object",
+            required: ["name", "rules"],
+            properties: {
+              name: { type: "string" },
+              rules: {
+                type: "array",
+                items: {
+                  type: "object",
+                  required: ["expr"],
+                  properties: {
+                    alert: { type: "string" },
+                    expr: { type: "string" },
+                    for: { type: "string" },
+                    labels: { type: "object", additionalProperties: { type: "string" } },
+                    annotations: { type: "object", additionalProperties: { type: "string" } },
+                  },
+                },
+              },
+            },
+          },
+        },
+      },
+    },
+  },
+  {
     group: "snapshot.storage.k8s.io",
     kind: "VolumeSnapshotClass",
     plural: "volumesnapshotclasses",

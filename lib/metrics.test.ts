@@ -215,3 +215,57 @@ describe("validation", () => {
     expect(reg.render()).not.toContain("l_total{");
   });
 });
+
+describe("snapshot families and the family list", () => {
+  test("replace swaps the whole series set; absent series disappear", () => {
+    const reg = new Registry();
+    const ops = reg.snapshot<"volume">({
+      kind: "counter",
+      name: "x_ops_total",
+      help: "ops",
+      labelNames: ["volume"],
+    });
+    ops.replace([
+      [{ volume: "a" }, 3],
+      [{ volume: "b" }, 5],
+    ]);
+    expect(reg.render()).toContain('x_ops_total{volume="b"} 5');
+    ops.replace([[{ volume: "a" }, 4]]);
+    const text = reg.render();
+    expect(text).toContain("# TYPE x_ops_total counter");
+    expect(text).toContain('x_ops_total{volume="a"} 4');
+    expect(text).not.toContain('volume="b"');
+    expect(ops.get({ volume: "a" })).toBe(4);
+  });
+
+  test("a bad row leaves the family unchanged", () => {
+    const reg = new Registry();
+    const g = reg.snapshot<"v">({ kind: "counter", name: "y_total", help: "y", labelNames: ["v"] });
+    g.replace([[{ v: "a" }, 1]]);
+    expect(() => g.replace([[{ v: "a" }, -1]])).toThrow(/>= 0/);
+    expect(() =>
+      g.replace([
+        [{ v: "a" }, 1],
+        [{ v: "a" }, 2],
+      ]),
+    ).toThrow(/two rows/);
+    expect(() => g.replace([[{ w: "a" } as never, 1]])).toThrow(/wrong labels/);
+    expect(g.get({ v: "a" })).toBe(1);
+  });
+
+  test("a snapshot family never reuses a plain one of the same definition", () => {
+    const reg = new Registry();
+    reg.gauge({ name: "z", help: "z", reuse: true });
+    expect(() => reg.snapshot({ kind: "gauge", name: "z", help: "z", reuse: true })).toThrow(/different/);
+  });
+
+  test("families lists names, kinds and the series names a scrape shows", () => {
+    const reg = new Registry();
+    reg.histogram({ name: "h_seconds", help: "h" });
+    reg.counter({ name: "c_total", help: "c", labelNames: ["k"] });
+    expect(reg.families().map((f) => [f.name, f.kind, f.seriesNames])).toEqual([
+      ["c_total", "counter", ["c_total"]],
+      ["h_seconds", "histogram", ["h_seconds_bucket", "h_seconds_sum", "h_seconds_count"]],
+    ]);
+  });
+});

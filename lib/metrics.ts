@@ -61,6 +61,35 @@ export interface Histogram<L extends string = string> {
   get(labels?: Labels<L>): HistogramSnapshot;
 }
 
+/**
+ * A family whose whole series set is replaced at once: the mirror of counters or gauges kept by
+ * another process (SPDK's bdev statistics, a reactor's ticks), read in one round. Series absent
+ * from the latest `replace` disappear, so a deleted volume leaves no stale series behind.
+ */
+export interface SnapshotFamily<L extends string = string> {
+  /**
+   * Replaces every series by `rows`. Throws StorageError("invalid") on wrong labels, a NaN value,
+   * a negative counter value, or two rows with the same labels; the family is unchanged then.
+   */
+  replace(rows: Iterable<readonly [Labels<L>, number]>): void;
+  get(labels?: Labels<L>): number;
+}
+
+export interface SnapshotOptions<L extends string> extends BaseOptions<L> {
+  /** The TYPE line: "counter" for a source's monotonic totals, "gauge" for current values. */
+  kind: "counter" | "gauge";
+}
+
+/** One registered family, as `Registry.families` lists it. */
+export interface FamilyInfo {
+  name: string;
+  kind: "counter" | "gauge" | "histogram";
+  help: string;
+  labelNames: readonly string[];
+  /** The series names a scrape shows: the name itself, or its _bucket, _sum and _count. */
+  seriesNames: readonly string[];
+}
+
 const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
 const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*$/;
 
@@ -72,6 +101,8 @@ interface Family {
   help: string;
   labelNames: readonly string[];
   buckets: readonly number[];
+  /** Filled by SnapshotFamily.replace rather than by inc/set/observe. */
+  snapshot: boolean;
   /** Series keyed by the JSON of their label values: unambiguous whatever the values contain. */
   series: Map<string, { values: readonly string[]; data: number[] }>;
   api: unknown;
@@ -193,6 +224,47 @@ export class Registry {
   }
 
   /**
+   * Registers a family filled by `replace` (see SnapshotFamily). Throws StorageError("invalid") on
+   * a bad or duplicate name (see `reuse`).
+   */
+  snapshot<L extends string = never>(opts: SnapshotOptions<L>): SnapshotFamily<L> {
+    const fam = this.#register(opts.kind, opts, [], true);
+    if (fam.api) return fam.api as SnapshotFamily<L>;
+    const api: SnapshotFamily<L> = {
+      replace: (rows) => {
+        const next = new Map<string, { values: readonly string[]; data: number[] }>();
+        for (const [labels, value] of rows) {
+          if (Number.isNaN(value)) throw invalid(`metric ${fam.name}: value must not be NaN`);
+          if (fam.kind === "counter" && value < 0) {
+            throw invalid(`counter ${fam.name}: value must be >= 0, got ${value}`);
+          }
+          const { key, values } = this.#key(fam, labels);
+          if (next.has(key)) throw invalid(`metric ${fam.name}: two rows with labels ${key}`);
+          next.set(key, { values, data: [value] });
+        }
+        fam.series = next;
+      },
+      get: (labels) => this.#peek(fam, labels)?.[0] ?? 0,
+    };
+    fam.api = api;
+    return api;
+  }
+
+  /** Every registered family, sorted by name (what a scrape of this registry can show). */
+  families(): FamilyInfo[] {
+    return [...this.#families.values()]
+      .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+      .map((f) => ({
+        name: f.name,
+        kind: f.kind,
+        help: f.help,
+        labelNames: f.labelNames,
+        seriesNames:
+          f.kind === "histogram" ? [`${f.name}_bucket`, `${f.name}_sum`, `${f.name}_count`] : [f.name],
+      }));
+  }
+
+  /**
    * The whole registry in text exposition format 0.0.4: families sorted by name, series sorted by
    * label values, so two renders of equal state are byte-identical. Ends with a newline.
    */
@@ -225,7 +297,12 @@ export class Registry {
     return out.length === 0 ? "" : `${out.join("\n")}\n`;
   }
 
-  #register<L extends string>(kind: Kind, opts: BaseOptions<L>, buckets: readonly number[]): Family {
+  #register<L extends string>(
+    kind: Kind,
+    opts: BaseOptions<L>,
+    buckets: readonly number[],
+    snapshot = false,
+  ): Family {
     const { name, help } = opts;
     const labelNames: readonly string[] = opts.labelNames ?? [];
     if (!METRIC_NAME.test(name)) throw invalid(`invalid metric name ${JSON.stringify(name)}`);
@@ -241,6 +318,7 @@ export class Registry {
     if (existing) {
       const same =
         existing.kind === kind &&
+        existing.snapshot === snapshot &&
         existing.help === help &&
         existing.labelNames.join(",") === labelNames.join(",") &&
         existing.buckets.join(",") === buckets.join(",");
@@ -253,8 +331,17 @@ export class Registry {
     }
     // Without labels there is exactly one series; expose it at 0 from the start, as client_golang
     // does, so rate() has a baseline before the first event.
-    const fam: Family = { kind, name, help, labelNames, buckets, series: new Map(), api: undefined };
-    if (labelNames.length === 0) fam.series.set("[]", { values: [], data: [] });
+    const fam: Family = {
+      kind,
+      name,
+      help,
+      labelNames,
+      buckets,
+      snapshot,
+      series: new Map(),
+      api: undefined,
+    };
+    if (labelNames.length === 0 && !snapshot) fam.series.set("[]", { values: [], data: [] });
     this.#families.set(name, fam);
     return fam;
   }

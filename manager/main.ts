@@ -9,12 +9,11 @@ import { serveHealth } from "../lib/health-server.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
 import { type LeaderTerms, runLeaderTerms } from "../lib/kube/leader-terms.ts";
-import { kubeRequestCounter } from "../lib/kube/request-metrics.ts";
 import { createLogger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { type ManagerConfig, parseConfig } from "./config.ts";
 import { startManager } from "./manager.ts";
-import { managerMetrics } from "./metrics.ts";
+import { registerManagerMetrics } from "./metrics.ts";
 import { EVENT_CONTROLLER } from "./vocabulary.ts";
 
 let config: ManagerConfig;
@@ -30,8 +29,8 @@ const logger = createLogger({
   fields: { component: "manager", identity: config.identity },
 });
 const registry = new Registry();
-const conn = connect(config.kubeconfig, { onRequest: kubeRequestCounter(registry) });
-const metrics = managerMetrics(registry);
+const { metrics, onRequest } = registerManagerMetrics(registry);
+const conn = connect(config.kubeconfig, { onRequest });
 metrics.leader.set({}, 0);
 const recorder = new EventRecorder(conn, {
   controller: EVENT_CONTROLLER,

@@ -1,5 +1,8 @@
 // The manager's own Prometheus metrics (the work queues and reconcile loops have theirs in
 // lib/kube/runner.ts). Registered with reuse so a process that regains leadership re-attaches.
+import type { RequestObserver } from "../lib/kube/request-metrics.ts";
+import { kubeRequestCounter } from "../lib/kube/request-metrics.ts";
+import { controllerMetrics } from "../lib/kube/runner.ts";
 import type { Counter, Gauge, Histogram, Registry } from "../lib/metrics.ts";
 
 export interface ManagerMetrics {
@@ -55,4 +58,17 @@ export function managerMetrics(registry: Registry): ManagerMetrics {
       reuse: true,
     }),
   };
+}
+
+/**
+ * Every family the manager binary exports, registered at start (main.ts) and by the
+ * metric-coverage test: its own, the controllers' work queues and reconciles, and the API
+ * requests it sends. Returns the manager's metrics and the request observer for its connection.
+ */
+export function registerManagerMetrics(registry: Registry): {
+  metrics: ManagerMetrics;
+  onRequest: RequestObserver;
+} {
+  controllerMetrics(registry);
+  return { metrics: managerMetrics(registry), onRequest: kubeRequestCounter(registry) };
 }

@@ -271,6 +271,7 @@ export const ValuesSchema = v.strictObject({
     }),
     // Bounds of agent/config.ts.
     reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
+    metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
     verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
     healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
     stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
@@ -386,6 +387,35 @@ export const ValuesSchema = v.strictObject({
       enabled: v.boolean(),
       interval: duration("scrape interval"),
       labels: stringMap("labels a Prometheus operator selects ServiceMonitors by"),
+    }),
+    prometheusRule: v.strictObject({
+      enabled: v.boolean(),
+      labels: stringMap("labels a Prometheus operator selects PrometheusRules by"),
+      thresholds: v.strictObject({
+        lvstoreFullPercent: v.pipe(
+          v.number(),
+          v.minValue(1),
+          v.maxValue(100),
+          v.description("lvstore fullness alert (%)"),
+        ),
+        ioLatencySeconds: v.pipe(
+          v.number(),
+          v.minValue(0.0001),
+          v.description("mean volume I/O latency alert (s)"),
+        ),
+        attachmentStuckSeconds: v.pipe(int(1), v.description("attachment not ready alert (s)")),
+        targetFailures15m: v.pipe(int(1), v.description("nvmf_tgt losses in 15 minutes that alert")),
+        statsStaleSeconds: v.pipe(int(1), v.description("SPDK statistics age that alerts (s)")),
+      }),
+    }),
+    grafanaDashboard: v.strictObject({
+      enabled: v.boolean(),
+      namespace: v.pipe(
+        v.string(),
+        v.regex(/^$|^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/),
+        v.description("ConfigMap namespace; empty: the release's"),
+      ),
+      labels: stringMap("extra labels of the dashboard ConfigMap"),
     }),
   }),
   networkPolicy: v.strictObject({

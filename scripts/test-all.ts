@@ -2,6 +2,7 @@
 // against one shared real control plane, csi-sanity, then the e2e suites in the lab. Ends with one
 // summary line "N passed, N failed" across all tiers; exits non-zero if anything failed.
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
+import { ensurePromtool } from "../lab/cluster/promtool-tool.ts";
 import { ensureTools } from "../lab/cluster/tools.ts";
 
 const root = `${import.meta.dir}/..`;
@@ -57,6 +58,9 @@ await step("host packages", ["bash", "scripts/host-deps.sh"]);
 say("\n== control plane for integration tests");
 const t0 = performance.now();
 await ensureTools();
+// promtool checks the chart's alert rules in helm/monitoring.int.test.ts; a cold build takes
+// minutes, so it happens here rather than inside a test's timeout.
+await ensurePromtool();
 const cp = await startControlPlane({ controllerManager: true, progress: (l) => say(`  ${l}`) });
 say(`  started in ${Math.round(performance.now() - t0)} ms`);
 try {

@@ -67,7 +67,8 @@ const RESULTS: readonly Result[] = ["success", "requeue", "error", "terminal"];
 /** Reconciles span sub-millisecond cache hits to minute-long SPDK operations. */
 const DURATION_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 
-function controllerMetrics(registry: Registry) {
+/** The work-queue and reconcile families every controller runner shares (registered with reuse). */
+export function controllerMetrics(registry: Registry) {
   const c = ["controller"] as const;
   return {
     depth: registry.gauge({

@@ -264,3 +264,34 @@ export const KeyringKeySchema = v.looseObject({
 });
 export type KeyringKey = v.InferOutput<typeof KeyringKeySchema>;
 export const KeyringKeyListSchema = v.array(KeyringKeySchema);
+
+/** One bdev of bdev_get_iostat (by name or all): totals since registration, latencies in ticks. */
+export const BdevIostatSchema = v.looseObject({
+  name: Name,
+  bytes_read: Count,
+  num_read_ops: Count,
+  bytes_written: Count,
+  num_write_ops: Count,
+  bytes_unmapped: v.optional(Count),
+  num_unmap_ops: v.optional(Count),
+  read_latency_ticks: Count,
+  write_latency_ticks: Count,
+  unmap_latency_ticks: v.optional(Count),
+});
+export type BdevIostat = v.InferOutput<typeof BdevIostatSchema>;
+/** bdev_get_iostat without per_channel: the tick rate that converts latency ticks to seconds. */
+export const IostatSchema = v.looseObject({
+  tick_rate: v.pipe(v.number(), v.minValue(1)),
+  ticks: Count,
+  bdevs: v.array(BdevIostatSchema),
+});
+export type Iostat = v.InferOutput<typeof IostatSchema>;
+
+/** thread_get_stats: busy and idle ticks per SPDK thread. */
+export const ThreadStatsSchema = v.looseObject({
+  tick_rate: v.pipe(v.number(), v.minValue(1)),
+  threads: v.array(
+    v.looseObject({ name: v.string(), id: Count, cpumask: v.string(), busy: Count, idle: Count }),
+  ),
+});
+export type ThreadStats = v.InferOutput<typeof ThreadStatsSchema>;

@@ -162,7 +162,7 @@ interface Target {
   readonly tail: string[];
 }
 
-interface SupervisorMetrics {
+export interface SupervisorMetrics {
   up: Gauge;
   starts: Counter<"outcome">;
   losses: Counter<"reason">;
@@ -170,7 +170,8 @@ interface SupervisorMetrics {
   startupSeconds: Histogram;
 }
 
-function registerMetrics(r: Registry): SupervisorMetrics {
+/** The supervisor's families on `r` (registered with reuse, so the agent may pre-register them). */
+export function nvmfTgtMetrics(r: Registry): SupervisorMetrics {
   return {
     up: r.gauge({
       name: "distort_nvmf_tgt_up",
@@ -328,7 +329,7 @@ export class NvmfTgtSupervisor {
       socket: o.socketPath,
       coreMask: this.#mask.hex,
     });
-    this.#metrics = opts.metrics ? registerMetrics(opts.metrics) : undefined;
+    this.#metrics = opts.metrics ? nvmfTgtMetrics(opts.metrics) : undefined;
   }
 
   /** Current state; see SupervisorState. */

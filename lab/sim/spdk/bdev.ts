@@ -2,6 +2,7 @@
 // name space per app (a name or alias is unique across both), examined on registration and
 // hot-removed with their consumers, and rendered the way bdev_get_bdevs prints them.
 import type { BlockIo } from "./block-io.ts";
+import { IoStat } from "./io-stat.ts";
 import type { JsonValue } from "./json-stream.ts";
 import type { QosThrottle } from "./qos.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
@@ -167,6 +168,8 @@ export class Bdev {
   };
   /** Enforces rateLimits on fabric I/O once a limit was set; undefined while none ever was. */
   qos: QosThrottle | undefined;
+  /** What bdev_get_iostat reports: I/O completed through the fabric since registration. */
+  readonly stat = new IoStat();
 
   constructor(init: BdevInit) {
     this.init = init;

@@ -4,9 +4,11 @@
 import type { Logger } from "../../../lib/log.ts";
 import type { Bdev, BdevRegistry } from "./bdev.ts";
 import { zeroRange } from "./block-io.ts";
+import { TICK_RATE } from "./core-mask.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "./fabric.ts";
 import { authGate, serveAuthFrame, type TargetAuthSession, type TargetKeys } from "./fabric-auth.ts";
 import type { AnaState, Message, NamespaceInfo } from "./fabric-protocol.ts";
+import type { IoStat } from "./io-stat.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
 import { Errno, ErrnoError, errnoOf } from "./rpc-error.ts";
@@ -602,6 +604,7 @@ export class NvmfTarget {
       pg.currentIoQpairs++;
       ctrl.ioQpairs = 1;
     }
+    let stat: IoStat | undefined;
     try {
       const ns = s.namespaces.get(msg.nsid);
       if (!ns) {
@@ -609,14 +612,23 @@ export class NvmfTarget {
         return send({ op: "error", tag: msg.tag, errno: Errno.EIO });
       }
       const bdev = ns.bdev;
+      // Latency runs from submission (before QoS queueing) to completion, as the bdev layer's
+      // submit_tsc does; only completed reads, writes and unmaps are counted, as bdev_io_stat_add.
+      const submitted = performance.now();
+      const ticks = () => ((performance.now() - submitted) / 1000) * TICK_RATE;
+      stat = bdev.stat;
       switch (msg.op) {
-        case "read":
+        case "read": {
           await bdev.qos?.admit("read", msg.length);
-          send({ op: "data", tag: msg.tag }, await bdev.io.read(msg.offset, msg.length));
+          const data = await bdev.io.read(msg.offset, msg.length);
+          bdev.stat.complete("read", msg.length, ticks());
+          send({ op: "data", tag: msg.tag }, data);
           break;
+        }
         case "write":
           await bdev.qos?.admit("write", payload.length);
           await bdev.io.write(msg.offset, payload);
+          bdev.stat.complete("write", payload.length, ticks());
           send({ op: "ok", tag: msg.tag });
           break;
         case "flush":
@@ -624,7 +636,10 @@ export class NvmfTarget {
           break;
         case "discard":
           if (!bdev.init.ioTypes.write) throw new ErrnoError(Errno.EIO, "read-only bdev");
-          if (bdev.init.ioTypes.unmap) await zeroRange(bdev.io, msg.offset, msg.length);
+          if (bdev.init.ioTypes.unmap) {
+            await zeroRange(bdev.io, msg.offset, msg.length);
+            bdev.stat.complete("unmap", msg.length, ticks());
+          }
           send({ op: "ok", tag: msg.tag });
           break;
         case "write_zeroes":
@@ -637,6 +652,7 @@ export class NvmfTarget {
       }
       pg.completedNvmeIo++;
     } catch (err) {
+      stat?.fail();
       send({ op: "error", tag: msg.tag, errno: errnoOf(err) });
     } finally {
       if (--ctrl.inflight === 0 && s.controllers.includes(ctrl)) pg.currentIoQpairs--;

@@ -37,7 +37,7 @@ const RECORDS: TranscriptRecord[] = readFileSync(
 const SKIPPED: Readonly<Record<number, string>> = {
   18: "iobuf_get_stats is not emulated (its per-module buffer counters have nothing to count in a simulation)",
   109: "perform_tests is bdevperf's own RPC; its effect (a verify job writing every block of Nvme0n1) is reproduced through the emulator's bdev I/O instead",
-  110: "bdev_get_iostat is not emulated; the counters come from the bdevperf run",
+  110: "bdev_get_iostat counters come from the bdevperf run (its reply shapes are pinned in io-stat.test.ts)",
 };
 
 /**

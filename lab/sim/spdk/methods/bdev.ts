@@ -6,6 +6,8 @@ import * as v from "valibot";
 import type { App } from "../app.ts";
 import { Bdev, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS } from "../bdev.ts";
 import { FileExtentIo, MemoryIo } from "../block-io.ts";
+import { TICK_RATE } from "../core-mask.ts";
+import type { JsonValue } from "../json-stream.ts";
 import { type MethodSpec, RUNTIME } from "../method-table.ts";
 import {
   bool,
@@ -28,6 +30,19 @@ const QOS_KEYS = ["rw_ios_per_sec", "rw_mbytes_per_sec", "r_mbytes_per_sec", "w_
 /** SPDK_BDEV_QOS_MIN_IOS_PER_SEC. */
 const QOS_IOPS_STEP = 1000;
 
+/** spdk_get_ticks() of the app: ticks since it started, at the emulator's tick rate. */
+function appTicks(app: App): number {
+  return Math.max(0, Math.round(((app.config.clock.now() - app.startedAt) / 1000) * TICK_RATE));
+}
+
+/**
+ * driver_specific of bdev_get_iostat: only modules with dump_device_stat_json print it, and of
+ * ours only the NVMe bdev module does (empty unless its error statistics are enabled).
+ */
+function deviceStat(b: Bdev): { driver_specific?: JsonValue } {
+  return b.module === "nvme" ? { driver_specific: {} } : {};
+}
+
 /** The bdev layer methods of `app`. */
 export function bdevMethods(app: App): MethodSpec[] {
   const { registry } = app;
@@ -46,6 +61,43 @@ export function bdevMethods(app: App): MethodSpec[] {
         if (found) return [found.toJson()];
         if (!p.timeout) throw RpcError.errno(Errno.ENODEV);
         return waitForBdev(app, p.name, p.timeout);
+      },
+    },
+    {
+      // lib/bdev/bdev_rpc.c rpc_bdev_get_iostat: one bdev by name or alias, or all of them; with
+      // per_channel, that bdev's channels (one per poll group thread that opened it).
+      name: "bdev_get_iostat",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decodeOptional(
+          req,
+          v.strictObject({
+            name: v.optional(str),
+            per_channel: v.optional(bool),
+            reset_mode: v.optional(v.picklist(["all", "maxmin", "none"])),
+          }),
+          DECODE_FAILED_INTERNAL,
+        );
+        if (p.per_channel && p.name === undefined) throw RpcError.errno(Errno.EINVAL);
+        const one = p.name === undefined ? undefined : registry.get(p.name);
+        if (p.name !== undefined && !one) throw RpcError.errno(Errno.ENODEV);
+        const head = { tick_rate: TICK_RATE, ticks: appTicks(app) };
+        const reset = (b: Bdev) => {
+          if (p.reset_mode === "all" || p.reset_mode === "maxmin") b.stat.reset(p.reset_mode);
+        };
+        if (one && p.per_channel) {
+          // The emulator serves every namespace's I/O from the first poll group's thread (id 2,
+          // after app_thread): one channel once the bdev has seen I/O, none before.
+          const channels = one.stat.touched ? [{ thread_id: 2, ...one.stat.toJson(false) }] : [];
+          reset(one);
+          return { ...head, name: one.name, channels };
+        }
+        const bdevs = (one ? [one] : registry.list()).map((b) => {
+          const entry = { name: b.name, ...b.stat.toJson(true), ...deviceStat(b) };
+          reset(b);
+          return entry;
+        });
+        return { ...head, bdevs };
       },
     },
     {

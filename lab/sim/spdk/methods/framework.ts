@@ -95,6 +95,15 @@ export function frameworkMethods(app: App, implemented: () => ReadonlyMap<string
       },
     },
     {
+      // lib/event/app_rpc.c rpc_thread_get_stats: every SPDK thread with its busy and idle ticks.
+      name: "thread_get_stats",
+      states: RUNTIME,
+      handler: (req) => {
+        noParams(req, "'thread_get_stats' requires no arguments");
+        return threadStats(app);
+      },
+    },
+    {
       name: "framework_get_subsystems",
       states: RUNTIME,
       handler: (req) => {
@@ -189,4 +198,34 @@ function reactors(app: App): JsonValue {
       };
     }),
   };
+}
+
+/**
+ * thread_get_stats: the threads framework_get_reactors lists (app_thread, then one poll group per
+ * reactor), with the busy/idle split of the reactor each runs on; the pollers an idle nvmf_tgt
+ * has (app_thread: 2 timed; a poll group: 3 active, 8 timed in the v25.05.1 transcript).
+ */
+function threadStats(app: App): JsonValue {
+  const r = reactors(app) as {
+    tick_rate: number;
+    reactors: { busy: number; idle: number; lw_threads: { name: string; id: number; cpumask: string }[] }[];
+  };
+  const threads: JsonValue[] = [];
+  for (const reactor of r.reactors) {
+    const n = reactor.lw_threads.length;
+    for (const t of reactor.lw_threads) {
+      const app_thread = t.name === "app_thread";
+      threads.push({
+        name: t.name,
+        id: t.id,
+        cpumask: t.cpumask,
+        busy: Math.round(reactor.busy / n),
+        idle: Math.round(reactor.idle / n),
+        active_pollers_count: app_thread ? 0 : 3,
+        timed_pollers_count: app_thread ? 2 : 8,
+        paused_pollers_count: 0,
+      });
+    }
+  }
+  return { tick_rate: r.tick_rate, threads };
 }
