@@ -195,6 +195,11 @@ export async function runAgent(
       findEndpoint: endpoint,
       exportCount: async () =>
         partitions.partitions.list().filter((p) => p.status?.state === "Exported").length,
+      servedTransports: async () =>
+        partitions.partitions
+          .list()
+          .filter((p) => p.status?.state === "Exported" && p.status.transport !== undefined)
+          .map((p) => p.status?.transport as string),
       events,
       clock,
       logger: logger.with({ component: "reporter" }),
