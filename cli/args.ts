@@ -26,7 +26,10 @@ export function parseCommand<O extends Options>(argv: readonly string[], options
     const unknown = /^Unknown option '([^']+)'/.exec(message);
     if (unknown) throw new UsageError(`unknown option ${unknown[1]}`);
     const missing = /^Option '([^']+)' argument missing/.exec(message);
-    if (missing) throw new UsageError(`${missing[1]?.split(",").at(-1)?.trim()} needs a value`);
+    if (missing) {
+      const flag = (missing[1] ?? "").split(",").at(-1)?.trim().split(" ")[0];
+      throw new UsageError(`${flag} needs a value`);
+    }
     throw new UsageError(message.split("\n")[0] ?? message);
   }
 }

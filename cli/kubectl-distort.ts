@@ -85,6 +85,7 @@ async function describe(
   if (!["volume", "volumes", "pvc"].includes(what))
     throw new UsageError(`cannot describe ${JSON.stringify(what)}: only "volume PVC"`);
   const output = parseOutput(values.output);
+  if (values.namespace !== undefined) namespaceOf(values.namespace, "");
   const conn = openCluster(values.kubeconfig, env);
   const ns = namespaceOf(values.namespace, contextNamespace(conn));
   const chain = buildVolumeChain(await fetchVolumeChain(conn, ns, name));
