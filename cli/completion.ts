@@ -1,7 +1,6 @@
-// `kubectl distort completion bash|zsh`: shell completion for the plugin, both as
-// `kubectl-distort` and, through kubectl's plugin completion (kubectl 1.26+ runs an executable
-// named kubectl_complete-distort), as `kubectl distort`. Completes subcommands, their flags, and
-// names from the cluster (PVCs for describe volume, nodes for fence/unfence) through kubectl.
+// `kubectl distort completion bash|zsh`: shell completion for the `kubectl-distort` command:
+// subcommands, their flags, and names from the cluster (PVCs for describe volume, nodes for
+// fence/unfence) read through kubectl.
 import { UsageError } from "./exit-codes.ts";
 
 /** Subcommands and the flags each takes, the single table both shells are generated from. */

@@ -467,3 +467,73 @@ test("kubectl get distort prints quantities and the transports a node serves", a
     new RegExp(`${nodeA}\\s+${nodeA}\\s+192\\.168\\.100\\.10\\s+tcp\\s+True\\s+31Gi\\s+1`),
   );
 }, 30_000);
+
+test("preflight in the compiled binary reads a storage node's /sys and /proc under --host-root", async () => {
+  const hostRoot = join(scratch, "host");
+  const files: Record<string, string> = {
+    "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages": "512\n",
+    "sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages": "512\n",
+    "proc/mounts":
+      "hugetlbfs /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\nconfigfs /sys/kernel/config configfs rw 0 0\n",
+    "sys/devices/system/cpu/online": "0-7\n",
+    "sys/kernel/config/nvmet/ports/.keep": "",
+    "sys/module/nvmet/refcnt": "0\n",
+    "sys/module/nvmet_tcp/refcnt": "0\n",
+    "sys/module/vfio_pci/refcnt": "0\n",
+    "sys/kernel/iommu_groups/0/type": "DMA\n",
+  };
+  for (const [p, text] of Object.entries(files)) {
+    mkdirSync(join(hostRoot, p, ".."), { recursive: true });
+    await Bun.write(join(hostRoot, p), text);
+  }
+  const r = await run(
+    [
+      "preflight",
+      "--role",
+      "spdk,kernel-target",
+      "--host-root",
+      hostRoot,
+      "--mem-size-mb",
+      "1024",
+      "--volumes",
+      "100",
+      "--core-mask",
+      "0x3",
+      "--spdk-drives",
+    ],
+    { viaKubectl: true },
+  );
+  process.stderr.write(
+    `--- kubectl distort preflight --role spdk,kernel-target --mem-size-mb 1024 --volumes 100 --core-mask 0x3 --spdk-drives\n${r.stdout}`,
+  );
+  expect(r.code).toBe(0);
+  expect(r.stdout).toContain(
+    "WARN  hugepages         nvmf_tgt -s 1024 MiB is below DISTORT's estimate of 1212 MiB for 100 volumes",
+  );
+  expect(r.stdout).toContain("PASS  cpu-cores         core mask 0x3: 2 of 8 online cores");
+  expect(r.stdout).toContain("PASS  iommu             IOMMU enabled (1 groups)");
+  expect(r.stdout).toContain(
+    "PASS  configfs          configfs mounted with nvmet at /sys/kernel/config/nvmet",
+  );
+  expect(
+    (
+      await run([
+        "preflight",
+        "--role",
+        "spdk,kernel-target",
+        "--host-root",
+        hostRoot,
+        "--mem-size-mb",
+        "1024",
+        "--volumes",
+        "100",
+        "--strict",
+      ])
+    ).code,
+  ).toBe(3);
+  const short = await run(["preflight", "--role", "spdk", "--host-root", hostRoot, "--mem-size-mb", "2048"]);
+  expect(short.code).toBe(1);
+  expect(short.stdout).toContain(
+    "FAIL  hugepages         1024 MiB reserved (512 x 2M (512 free)); nvmf_tgt -s needs 2048 MiB",
+  );
+}, 60_000);
