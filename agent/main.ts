@@ -3,7 +3,7 @@
 // reconcilers (one ControllerManager over one cache per kind), and serves /healthz, /readyz and
 // /metrics. Stops cleanly on SIGTERM.
 import { hostname } from "node:os";
-import { kinds } from "../api/index.ts";
+import { kinds, type NVMePartition } from "../api/index.ts";
 import { realClock } from "../lib/clock.ts";
 import { errorMessage } from "../lib/errors.ts";
 import { type Exec, hostExec, runChecked } from "../lib/exec.ts";
@@ -18,6 +18,8 @@ import { ResourceClient } from "../lib/kube/resource.ts";
 import { kubeSecretReader } from "../lib/kube/secrets.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
+import { logPreflight } from "../lib/preflight/log-report.ts";
+import { runPreflight } from "../lib/preflight/preflight.ts";
 import { stopOnSignals } from "../lib/signals.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
@@ -38,6 +40,7 @@ import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { SnapshotController } from "./snapshots/controller.ts";
+import { agentPreflightPlan, assertUsable, fatalChecks } from "./startup-preflight.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
 
@@ -75,6 +78,17 @@ export async function runAgent(
     instance: `${cfg.nodeName}/${hostname()}`,
     logger,
   });
+
+  // Preflight before anything is started: its plan counts the partitions placed on this node.
+  const placed = await listPlaced(conn, cfg).catch((err: unknown) => {
+    logger.warn("preflight: cannot list this node's partitions; hugepage estimate for 0 volumes", {
+      err: errorMessage(err),
+    });
+    return [];
+  });
+  const preflight = await runPreflight(agentPreflightPlan(cfg, placed), { fs, exec: hostExec });
+  logPreflight(preflight, logger.with({ component: "preflight" }));
+  assertUsable(fatalChecks(preflight, cfg));
 
   const backends: Partial<Record<BackendName, TargetBackend>> = {};
   const volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>> = {};
@@ -206,6 +220,11 @@ export async function runAgent(
       findEndpoint: endpoint,
       exportCount: async () =>
         partitions.partitions.list().filter((p) => p.status?.state === "Exported").length,
+      servedTransports: async () =>
+        partitions.partitions
+          .list()
+          .filter((p) => p.status?.state === "Exported" && p.status.transport !== undefined)
+          .map((p) => p.status?.transport as string),
       events,
       clock,
       logger: logger.with({ component: "reporter" }),
@@ -300,6 +319,15 @@ export async function runAgent(
   };
 }
 
+/** NVMePartitions placed on this node (field selector spec.nodeName), for the preflight plan. */
+async function listPlaced(conn: ReturnType<typeof connect>, cfg: AgentConfig): Promise<NVMePartition[]> {
+  const k = kinds.NVMePartition;
+  const path = `/apis/${k.group}/${k.version}/namespaces/${encodeURIComponent(cfg.namespace)}/${k.plural}?fieldSelector=${encodeURIComponent(`spec.nodeName=${cfg.nodeName}`)}`;
+  const res = await conn.request(path);
+  if (!res.ok) throw new Error(`list partitions of ${cfg.nodeName}: HTTP ${res.status}`);
+  return ((await res.json()) as { items?: NVMePartition[] }).items ?? [];
+}
+
 if (import.meta.main) {
   const cfg = (() => {
     try {
@@ -310,6 +338,10 @@ if (import.meta.main) {
     }
   })();
   const logger = createLogger({ level: cfg.logLevel, fields: { component: "agent", node: cfg.nodeName } });
-  const agent = await runAgent(cfg, logger);
+  const agent = await runAgent(cfg, logger).catch((err: unknown) => {
+    // A fatal preflight finding (or another start-up failure): one clear line, then exit 1.
+    logger.error("agent failed to start", { err: errorMessage(err) });
+    process.exit(1);
+  });
   stopOnSignals(logger, "agent", () => agent.stop());
 }

@@ -68,6 +68,19 @@ export function str(description: string, maxLength: number, minLength = 0) {
   return v.pipe(v.string(), v.minLength(minLength), v.maxLength(maxLength), v.description(description));
 }
 
+/**
+ * A size for people, as lib/units.ts formatQuantity writes it ("31.7Gi"): what `kubectl get`
+ * prints. Written by the same component that writes the exact *Bytes field beside it.
+ */
+export function quantity(description: string) {
+  return v.pipe(
+    v.string(),
+    v.maxLength(16),
+    v.regex(/^[0-9]+(\.[0-9])?(Ki|Mi|Gi|Ti|Pi|Ei)?$/, "must be a binary quantity like 31.7Gi"),
+    v.description(description),
+  );
+}
+
 /** Kubernetes object names (DNS subdomain length); the apiserver validates real names, we only bound them. */
 export function name(description: string) {
   return str(description, 253, 1);

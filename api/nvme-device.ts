@@ -15,6 +15,7 @@ import {
   openapi,
   type PrinterColumn,
   positiveBytes,
+  quantity,
   type SelectableField,
   str,
 } from "./common.ts";
@@ -90,6 +91,10 @@ export const NVMeDeviceStatusSchema = v.pipe(
     freeBytes: v.optional(
       int64("allocatableBytes minus the rounded sizes of partitions placed on this device (manager)."),
     ),
+    allocatable: v.optional(
+      quantity("spec.allocatableBytes as a quantity, e.g. 31.7Gi (manager, with freeBytes)."),
+    ),
+    free: v.optional(quantity("freeBytes as a quantity, e.g. 30.7Gi (manager, with freeBytes).")),
     activeBackend: v.optional(
       v.pipe(
         BackendSchema,
@@ -140,8 +145,8 @@ export type NVMeDevice = v.InferOutput<typeof NVMeDeviceSchema>;
 export const NVMeDevicePrinterColumns: readonly PrinterColumn[] = [
   { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
   { name: "Serial", type: "string", jsonPath: ".spec.serial" },
-  { name: "Allocatable", type: "integer", jsonPath: ".spec.allocatableBytes", description: "bytes" },
-  { name: "Free", type: "integer", jsonPath: ".status.freeBytes", description: "bytes" },
+  { name: "Allocatable", type: "string", jsonPath: ".status.allocatable" },
+  { name: "Free", type: "string", jsonPath: ".status.free" },
   { name: "Phase", type: "string", jsonPath: ".status.phase" },
   { name: "Backend", type: "string", jsonPath: ".status.activeBackend" },
   { name: "Claim", type: "string", jsonPath: ".status.claimRef.name", priority: 1 },

@@ -18,6 +18,7 @@ import {
   PortSchema,
   type PrinterColumn,
   positiveBytes,
+  quantity,
   type SelectableField,
   str,
   TransportSchema,
@@ -331,6 +332,7 @@ export const NVMePartitionStatusSchema = v.pipe(
       v.pipe(TransportSchema, v.description("Transport the listener serves (what nvme connect must use).")),
     ),
     allocatedBytes: v.optional(int64("Bytes actually allocated by the volume manager (after rounding).")),
+    capacity: v.optional(quantity("allocatedBytes as a quantity, e.g. 1Gi (agent, with allocatedBytes).")),
     qos: v.optional(AppliedQosSchema),
     conditions: conditions("Observations, including claim-authorization and export failures."),
     observedGeneration: ObservedGenerationSchema,
@@ -351,7 +353,8 @@ export const NVMePartitionSchema = v.object({
 export type NVMePartition = v.InferOutput<typeof NVMePartitionSchema>;
 
 export const NVMePartitionPrinterColumns: readonly PrinterColumn[] = [
-  { name: "Size", type: "integer", jsonPath: ".spec.sizeBytes", description: "bytes" },
+  { name: "Size", type: "string", jsonPath: ".status.capacity", description: "allocated size" },
+  { name: "Requested", type: "integer", jsonPath: ".spec.sizeBytes", description: "bytes", priority: 1 },
   { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
   { name: "Backend", type: "string", jsonPath: ".spec.backend" },
   { name: "State", type: "string", jsonPath: ".status.state" },

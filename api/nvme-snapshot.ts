@@ -11,6 +11,7 @@ import {
   ObjectMetaSchema,
   ObservedGenerationSchema,
   type PrinterColumn,
+  quantity,
   type SelectableField,
   str,
 } from "./common.ts";
@@ -71,6 +72,7 @@ export const NVMeSnapshotStatusSchema = v.pipe(
   v.object({
     readyToUse: v.optional(v.pipe(v.boolean(), v.description("The snapshot can be cloned from."))),
     sizeBytes: v.optional(int64("Size of the source volume when the snapshot was taken.")),
+    size: v.optional(quantity("sizeBytes as a quantity (agent, with sizeBytes).")),
     externalId: v.optional(str("Snapshot lvol name in the source's lvstore (snap-<hash of uid>).", 128, 1)),
     nodeName: v.optional(name("Storage node holding the snapshot (the source's node when taken).")),
     deviceSerial: v.optional(
@@ -96,7 +98,7 @@ export type NVMeSnapshot = v.InferOutput<typeof NVMeSnapshotSchema>;
 export const NVMeSnapshotPrinterColumns: readonly PrinterColumn[] = [
   { name: "Source", type: "string", jsonPath: ".spec.sourcePartitionName" },
   { name: "Ready", type: "boolean", jsonPath: ".status.readyToUse" },
-  { name: "Size", type: "integer", jsonPath: ".status.sizeBytes", description: "bytes" },
+  { name: "Size", type: "string", jsonPath: ".status.size" },
   { name: "Node", type: "string", jsonPath: ".status.nodeName", priority: 1 },
   { name: "ExternalID", type: "string", jsonPath: ".status.externalId", priority: 1 },
   { name: "Age", type: "date", jsonPath: ".metadata.creationTimestamp" },

@@ -12,7 +12,9 @@ import {
   ObjectMetaSchema,
   ObservedGenerationSchema,
   type PrinterColumn,
+  quantity,
   type SelectableField,
+  str,
   TransportSchema,
 } from "./common.ts";
 
@@ -45,6 +47,14 @@ export const RDMAStorageNodeStatusSchema = v.pipe(
     linkSpeedMbps: v.optional(int64("Link speed of the active port in Mb/s.")),
     totalBytes: v.optional(int64("Sum of allocatable bytes of devices claimed on this node.")),
     freeBytes: v.optional(int64("Sum of free bytes of devices claimed on this node.")),
+    total: v.optional(quantity("totalBytes as a quantity (reporter, with totalBytes).")),
+    free: v.optional(quantity("freeBytes as a quantity (reporter, with freeBytes).")),
+    servedTransports: v.optional(
+      str(
+        "Transports of the partitions this node exports now, sorted and comma-separated (e.g. tcp or rdma,tcp); empty when it exports none. status.transport is only what discovery found for the listener.",
+        32,
+      ),
+    ),
     exportCount: v.optional(int64("Partitions currently exported by this node.")),
     spdkVersion: v.optional(
       v.pipe(
@@ -75,7 +85,13 @@ export type RDMAStorageNode = v.InferOutput<typeof RDMAStorageNodeSchema>;
 export const RDMAStorageNodePrinterColumns: readonly PrinterColumn[] = [
   { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
   { name: "RDMA-IP", type: "string", jsonPath: ".status.rdmaIP" },
-  { name: "Transport", type: "string", jsonPath: ".status.transport" },
+  {
+    name: "Serves",
+    type: "string",
+    jsonPath: ".status.servedTransports",
+    description: "transports of exported volumes",
+  },
+  { name: "Listener", type: "string", jsonPath: ".status.transport", priority: 1 },
   { name: "Ready", type: "string", jsonPath: '.status.conditions[?(@.type=="Ready")].status' },
   {
     name: "Inventory",
@@ -83,7 +99,8 @@ export const RDMAStorageNodePrinterColumns: readonly PrinterColumn[] = [
     jsonPath: '.status.conditions[?(@.type=="NVMeInventoryReady")].status',
     priority: 1,
   },
-  { name: "Free", type: "integer", jsonPath: ".status.freeBytes", description: "bytes" },
+  { name: "Free", type: "string", jsonPath: ".status.free" },
+  { name: "Total", type: "string", jsonPath: ".status.total", priority: 1 },
   { name: "Exports", type: "integer", jsonPath: ".status.exportCount" },
   { name: "Heartbeat", type: "date", jsonPath: ".status.lastHeartbeatTime", priority: 1 },
   { name: "Age", type: "date", jsonPath: ".metadata.creationTimestamp" },

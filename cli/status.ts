@@ -5,6 +5,7 @@ import { existsSync } from "node:fs";
 import { homedir } from "node:os";
 import { delimiter, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
+import { stringify } from "yaml";
 import { type KindName, type KindObject, kinds } from "../api/kinds.ts";
 import { StorageError } from "../lib/errors.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
@@ -38,7 +39,7 @@ with an unhealthy condition.
                         cluster-scoped and shown when they involve NS
   -A, --all-namespaces  list every namespace and every device
   --wide, -o wide       more columns (addresses, NQNs, ids) and full condition messages
-  -o json               one JSON document instead of tables
+  -o json, -o yaml      one JSON or YAML document instead of tables
   -h, --help            this text
 
 Exit status: 0 everything healthy, 1 something is unhealthy (see the UNHEALTHY table),
@@ -55,7 +56,7 @@ export interface StatusArgs {
   /** null: all namespaces. */
   readonly namespace: string | null;
   readonly wide: boolean;
-  readonly output: "table" | "json";
+  readonly output: "table" | "json" | "yaml";
 }
 
 /** Parses argv (without the runtime and script); "help" for -h. Throws UsageError. */
@@ -79,15 +80,16 @@ export function parseStatusArgs(argv: readonly string[]): StatusArgs | "help" {
   }
   if (values.namespace === "") throw new UsageError("--namespace needs a value");
   const o = values.output;
-  if (o !== undefined && o !== "json" && o !== "wide" && o !== "table") {
-    throw new UsageError(`unknown output format ${JSON.stringify(o)} (use -o json or -o wide)`);
+  if (o !== undefined && o !== "json" && o !== "yaml" && o !== "wide" && o !== "table") {
+    throw new UsageError(`unknown output format ${JSON.stringify(o)} (use -o json, -o yaml or -o wide)`);
   }
-  if (o === "json" && values.wide) throw new UsageError("--wide applies to tables, not to -o json");
+  if ((o === "json" || o === "yaml") && values.wide)
+    throw new UsageError(`--wide applies to tables, not to -o ${o}`);
   return {
     ...(values.kubeconfig === undefined ? {} : { kubeconfig: values.kubeconfig }),
     namespace: values["all-namespaces"] ? null : (values.namespace ?? DEFAULT_NAMESPACE),
     wide: values.wide === true || o === "wide",
-    output: o === "json" ? "json" : "table",
+    output: o === "json" || o === "yaml" ? o : "table",
   };
 }
 
@@ -262,11 +264,14 @@ export async function main(
   argv: readonly string[],
   io: { out: (s: string) => Promise<unknown>; err: (s: string) => Promise<unknown> },
   env: Readonly<Record<string, string | undefined>> = process.env,
+  prog = "distort status",
 ): Promise<number> {
   try {
     const args = parseStatusArgs(argv);
     if (args === "help") {
-      await io.out(`${USAGE}\n`);
+      await io.out(
+        `${prog === "distort status" ? USAGE : USAGE.replace(/^usage: .*$/m, `usage: ${prog} [OPTIONS]`)}\n`,
+      );
       return 0;
     }
     const path = resolveKubeconfig({
@@ -285,17 +290,23 @@ export async function main(
     }
     const input = await withTimeout(fetchStatusInput(conn, args.namespace), REQUEST_TIMEOUT_MS, conn.server);
     const report = buildReport(input, { now: new Date(), namespace: args.namespace });
-    await io.out(args.output === "json" ? renderJson(report) : renderTables(report, { wide: args.wide }));
+    await io.out(
+      args.output === "json"
+        ? renderJson(report)
+        : args.output === "yaml"
+          ? stringify(report, { lineWidth: 0 })
+          : renderTables(report, { wide: args.wide }),
+    );
     return exitCodeFor(report);
   } catch (err) {
     if (err instanceof UsageError) {
-      await io.err(`distort status: ${err.message}\n`);
+      await io.err(`${prog}: ${err.message}\n`);
       if (/^(unexpected|unknown option)/.test(err.message)) {
         await io.err("run with --help for the options\n");
       }
       return 2;
     }
-    await io.err(`distort status: ${err instanceof Error ? err.message : String(err)}\n`);
+    await io.err(`${prog}: ${err instanceof Error ? err.message : String(err)}\n`);
     return 2;
   }
 }

@@ -19,6 +19,8 @@ import { EventRecorder } from "../lib/kube/events.ts";
 import { nodeLabels } from "../lib/kube/host-nqn-annotation.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
+import { logPreflight } from "../lib/preflight/log-report.ts";
+import { runPreflight } from "../lib/preflight/preflight.ts";
 import { stopOnSignals } from "../lib/signals.ts";
 import pkg from "../package.json" with { type: "json" };
 import { csiTransform } from "./caches.ts";
@@ -109,6 +111,12 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       ...(cfg.kubeletDir === undefined ? {} : { kubeletDir: cfg.kubeletDir }),
     });
     services.push(register(Node, measure(node)));
+    // Preflight of the initiator side, logged only: the node plugin never exits on it, since it
+    // cannot know which transport or authentication a volume will need before NodeStage, and
+    // NodeStage reports a missing module or nvme-cli for exactly the volume that needs it.
+    void runPreflight({ roles: ["initiator"], transports: ["tcp", "rdma"] }, { fs: hostRootFs, exec })
+      .then((report) => logPreflight(report, nodeLog.with({ component: "preflight" })))
+      .catch((err: unknown) => nodeLog.warn("preflight could not run", { err: errorMessage(err) }));
     if (cfg.nodeTools.length > 0) readiness.push(hostToolsCheck(cfg.nodeTools, opts.which ?? Bun.which));
     logger.info("node plugin identity", { node: nodeName, nodeId, hostNQN: hostNqn, topology });
   }

@@ -24,3 +24,25 @@ export function formatBytes(bytes: number): string {
   const text = Number.isInteger(v) ? String(v) : v.toFixed(1).replace(/\.0$/, "");
   return `${text} ${units[i]}`;
 }
+
+/**
+ * "31.7Gi", "512Mi", "1Ti", "0": a size as a Kubernetes-style binary quantity with at most one
+ * decimal, for status fields that `kubectl get` prints. Rounded to nearest, so it is for reading;
+ * the exact figure stays in the *Bytes field beside it.
+ */
+export function formatQuantity(bytes: number): string {
+  const units = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+  let v = bytes;
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  // 1023.96Mi would print as "1024.0Mi": carry into the next unit instead.
+  if (Math.round(v * 10) / 10 >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  const text = Number.isInteger(v) ? String(v) : v.toFixed(1).replace(/\.0$/, "");
+  return `${text}${units[i]}`;
+}

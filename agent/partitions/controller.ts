@@ -16,6 +16,7 @@ import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resou
 import { TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
+import { formatQuantity } from "../../lib/units.ts";
 import { isPartitionRecord } from "../attachments/partition-record.ts";
 import {
   type BackendName,
@@ -522,6 +523,7 @@ export class PartitionController {
         s.portalPort = port;
         s.transport = transport;
         s.allocatedBytes = volume.sizeBytes;
+        s.capacity = formatQuantity(volume.sizeBytes);
         if (applied) s.qos = applied;
         else delete s.qos;
       },

@@ -242,3 +242,14 @@ test("an SPDK target below the minimum makes SpdkInventoryReady False with the r
   });
   expect(s.conditions.find((c) => c.type === "NVMeInventoryReady")?.status).toBe("False");
 });
+
+test("quantities for kubectl get, and the transports the node's exports really use", () => {
+  const s = nextNodeStatus(undefined, 1, obs({ servedTransports: ["tcp", "tcp", "rdma"] }), now);
+  expect(s).toMatchObject({ total: "10Gi", free: "4Gi", transport: "rdma", servedTransports: "rdma,tcp" });
+  // A listener found over RDMA while every volume is served over TCP: Serves says tcp.
+  const tcpOnly = nextNodeStatus(s, 1, obs({ servedTransports: ["tcp"] }), now);
+  expect(tcpOnly.servedTransports).toBe("tcp");
+  // Unread this pass: the previous value stays; no exports: empty.
+  expect(nextNodeStatus(tcpOnly, 1, obs(), now).servedTransports).toBe("tcp");
+  expect(nextNodeStatus(tcpOnly, 1, obs({ servedTransports: [] }), now).servedTransports).toBe("");
+});

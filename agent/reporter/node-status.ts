@@ -7,6 +7,7 @@ import {
   type RDMAStorageNodeStatus,
 } from "../../api/rdma-storage-node.ts";
 import { type Condition, setCondition } from "../../lib/kube/conditions.ts";
+import { formatQuantity } from "../../lib/units.ts";
 import type { DiscoveryResult, SourceHealth } from "../discovery/inventory.ts";
 import type { EndpointResult } from "../discovery/rdma-endpoint.ts";
 
@@ -39,6 +40,8 @@ export interface NodeObservation {
   readonly capacity: ClaimedCapacity;
   /** undefined when the count could not be read this pass: the previous value is kept. */
   readonly exportCount: number | undefined;
+  /** Transports of the partitions exported now; undefined when unread this pass (previous kept). */
+  readonly servedTransports?: readonly string[] | undefined;
 }
 
 type CondInput = Omit<Condition, "lastTransitionTime">;
@@ -109,6 +112,10 @@ export function nextNodeStatus(
     conditions = setCondition(conditions, { ...c, ...gen }, now);
   }
   const exportCount = obs.exportCount ?? prev?.exportCount;
+  const served =
+    obs.servedTransports === undefined
+      ? prev?.servedTransports
+      : [...new Set(obs.servedTransports)].sort().join(",");
   // A pass that could not read the version keeps the last one read.
   const spdkVersion = obs.inventory.spdkVersion ?? prev?.spdkVersion;
   const e = obs.endpoint;
@@ -122,6 +129,9 @@ export function nextNodeStatus(
       : {}),
     totalBytes: obs.capacity.totalBytes,
     freeBytes: obs.capacity.freeBytes,
+    total: formatQuantity(obs.capacity.totalBytes),
+    free: formatQuantity(obs.capacity.freeBytes),
+    ...(served === undefined ? {} : { servedTransports: served }),
     ...(exportCount === undefined ? {} : { exportCount }),
     ...(spdkVersion === undefined ? {} : { spdkVersion }),
     lastHeartbeatTime: new Date(now).toISOString(),

@@ -62,6 +62,8 @@ export interface ReporterDeps {
   readonly findEndpoint: () => Promise<EndpointResult>;
   /** Partitions this node exports now; owned by the partition manager. */
   readonly exportCount: () => Promise<number>;
+  /** Transports of the partitions this node exports now (status.servedTransports); optional. */
+  readonly servedTransports?: () => Promise<readonly string[]>;
   readonly events: EventSink;
   readonly clock: Clock;
   readonly logger: Logger;
@@ -123,7 +125,9 @@ export class Reporter {
     );
   }
 
-  async #observe(): Promise<[DiscoveryResult, EndpointResult, number | undefined]> {
+  async #observe(): Promise<
+    [DiscoveryResult, EndpointResult, number | undefined, readonly string[] | undefined]
+  > {
     const { deps } = this;
     return Promise.all([
       deps.discover().catch((err): DiscoveryResult => {
@@ -141,6 +145,12 @@ export class Reporter {
         deps.logger.warn("export count unavailable; keeping the previous value", { err: errorMessage(err) });
         return undefined;
       }),
+      (deps.servedTransports?.() ?? Promise.resolve(undefined)).catch((err) => {
+        deps.logger.warn("served transports unavailable; keeping the previous value", {
+          err: errorMessage(err),
+        });
+        return undefined;
+      }),
     ]);
   }
 
@@ -148,7 +158,7 @@ export class Reporter {
     const { deps, config } = this;
     const node = config.nodeName;
     const log = deps.logger.with({ node });
-    const [scan, endpoint, exportCount] = await this.#observe();
+    const [scan, endpoint, exportCount, servedTransports] = await this.#observe();
     const now = new Date(deps.clock.now());
     const summary = {
       complete: scan.complete,
@@ -204,7 +214,13 @@ export class Reporter {
     }
 
     const storageNode = await this.#storageNode(
-      { endpoint, inventory: scan, capacity: claimedCapacity(latest.values(), node), exportCount },
+      {
+        endpoint,
+        inventory: scan,
+        capacity: claimedCapacity(latest.values(), node),
+        exportCount,
+        servedTransports,
+      },
       now,
     );
     log.info("reported", {

@@ -14,6 +14,7 @@ import { WorkQueue } from "../../lib/kube/queue.ts";
 import { objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
+import { formatQuantity } from "../../lib/units.ts";
 import type { DeviceRef } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
 import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotPlace, type SnapshotWhy } from "./decide.ts";
@@ -214,6 +215,7 @@ export class SnapshotController {
           (st) => {
             st.readyToUse = true;
             st.sizeBytes = sizeBytes;
+            st.size = formatQuantity(sizeBytes);
             st.creationTime ??= now;
           },
           {

@@ -11,7 +11,7 @@ import {
   partitionPlacementKey,
 } from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
-import { formatBytes } from "../../lib/units.ts";
+import { formatBytes, formatQuantity } from "../../lib/units.ts";
 import { applyStatusPatch, type ConditionInput } from "../status-patch.ts";
 import { ConditionTypes } from "../vocabulary.ts";
 
@@ -108,7 +108,15 @@ export function capacityStatus(
   return applyStatusPatch(
     base,
     INITIAL_DEVICE_STATUS,
-    { set: { reservations: ledger, freeBytes: Math.max(0, usage.freeBytes) }, conditions },
+    {
+      set: {
+        reservations: ledger,
+        freeBytes: Math.max(0, usage.freeBytes),
+        allocatable: formatQuantity(device.spec.allocatableBytes),
+        free: formatQuantity(Math.max(0, usage.freeBytes)),
+      },
+      conditions,
+    },
     now,
   );
 }

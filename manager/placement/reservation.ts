@@ -9,7 +9,7 @@ import type {
   RDMAStorageNode,
 } from "../../api/index.ts";
 import { deviceUsage, ledgerOf, type PartitionUse } from "../../lib/device-ledger.ts";
-import { formatBytes } from "../../lib/units.ts";
+import { formatBytes, formatQuantity } from "../../lib/units.ts";
 import { nodeHealth } from "../node-health.ts";
 import { verifyOwner } from "../ownership.ts";
 import type { Reserve } from "./placement-core.ts";
@@ -87,6 +87,8 @@ export function reserveVerdict(input: ReserveInput): ReserveVerdict {
       reservations: [...ledger, { uid: use.uid, namespace: use.namespace, name: use.name, bytes: r.bytes }],
       // What the capacity reconciler would compute next, so it need not write the device again.
       freeBytes: Math.max(0, usage.freeBytes - r.bytes),
+      allocatable: formatQuantity(d.spec.allocatableBytes),
+      free: formatQuantity(Math.max(0, usage.freeBytes - r.bytes)),
     },
   };
 }
