@@ -128,6 +128,9 @@ export async function claimDevice(
       claimRef: ref,
       freeBytes: latest.spec.allocatableBytes,
     }),
+    // The agent's reporter writes this status too while it starts; on a loaded machine five
+    // back-to-back conflicts happen.
+    20,
   );
   return claim;
 }
