@@ -11,7 +11,7 @@ import type { Subprocess } from "bun";
 import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
 import { type ControlPlane, startControlPlane } from "../lab/cluster/control-plane.ts";
 import { installCrds } from "../lab/cluster/crds.ts";
-import { claimDevice, createPlaced, placedPartition } from "../lab/harness/storage-node.ts";
+import { claimDevice, createPlacedMany, placedPartition } from "../lab/harness/storage-node.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
@@ -230,9 +230,12 @@ async function runSize(cp: ControlPlane, conn: KubeConnection, n: number): Promi
     say(`[${n}] agent up, drive reported and claimed; creating ${n} placed partitions of 4 MiB`);
 
     const t0 = performance.now();
-    await pool([...Array(n).keys()], 32, async (i) => {
-      await createPlaced(conn, placedPartition(`p${i}`, ns, device, claim, 4 * MiB), device);
-    });
+    await createPlacedMany(
+      conn,
+      [...Array(n).keys()].map((i) => placedPartition(`p${i}`, ns, device, claim, 4 * MiB)),
+      device,
+      32,
+    );
     let lastPrint = 0;
     const exported = await until(`${n} partitions Exported`, 30 * 60_000, 1000, async () => {
       alive();

@@ -128,6 +128,9 @@ export async function claimDevice(
       claimRef: ref,
       freeBytes: latest.spec.allocatableBytes,
     }),
+    // The agent's reporter writes this status too while it starts; on a loaded machine five
+    // back-to-back conflicts happen.
+    20,
   );
   return claim;
 }
@@ -161,20 +164,26 @@ export function placedPartition(
 }
 
 /**
- * Creates `p` (built by placedPartition) the way the manager places one: the partition without
- * placement first, then its ledger entry on `device` (status.reservations), then nodeName,
- * deviceSerial and claimRef in one merge patch. The agent provisions only placements its drive's
- * ledger holds. Returns the placed partition.
+ * Creates partitions already placed on `device` the way the manager places them: each created
+ * unplaced, their ledger entries written into the device status in one write, then the placement
+ * patched on. One ledger write for the lot, so a bench creating hundreds does not race itself.
  */
-export async function createPlaced(
+export async function createPlacedMany(
   conn: KubeConnection,
-  p: NVMePartition,
+  ps: readonly NVMePartition[],
   device: NVMeDevice,
-): Promise<NVMePartition> {
+  inFlight = 16,
+): Promise<NVMePartition[]> {
   const parts = new ResourceClient(conn, kinds.NVMePartition);
-  const { nodeName, deviceSerial, claimRef, ...unplaced } = p.spec;
-  const created = await parts.create({ ...p, spec: unplaced } as NVMePartition);
-  const uid = created.metadata.uid as string;
+  const created: NVMePartition[] = new Array(ps.length);
+  const run = async (from: number, step: number) => {
+    for (let i = from; i < ps.length; i += step) {
+      const { nodeName, deviceSerial, claimRef, ...unplaced } = (ps[i] as NVMePartition).spec;
+      created[i] = await parts.create({ ...(ps[i] as NVMePartition), spec: unplaced } as NVMePartition);
+    }
+  };
+  await Promise.all([...Array(Math.min(inFlight, ps.length)).keys()].map((k) => run(k, inFlight)));
+  const uids = new Set(created.map((c) => c.metadata.uid as string));
   await updateStatus(
     new ResourceClient(conn, kinds.NVMeDevice),
     device.metadata.name,
@@ -185,19 +194,40 @@ export async function createPlaced(
         reservations: [],
         conditions: [],
       };
-      const reservations = (status.reservations ?? []).filter((r) => r.uid !== uid);
-      const namespace = created.metadata.namespace as string;
-      reservations.push({
-        uid,
-        namespace,
-        name: created.metadata.name,
-        bytes: roundUpToUnit(p.spec.sizeBytes),
+      const reservations = (status.reservations ?? []).filter((r) => !uids.has(r.uid));
+      created.forEach((c, i) => {
+        reservations.push({
+          uid: c.metadata.uid as string,
+          namespace: c.metadata.namespace as string,
+          name: c.metadata.name,
+          bytes: roundUpToUnit((ps[i] as NVMePartition).spec.sizeBytes),
+        });
       });
       return { ...status, reservations };
     },
+    20,
   );
-  return parts.mergePatch(created.metadata.name, created.metadata.namespace, {
-    metadata: { uid },
-    spec: { nodeName, deviceSerial, claimRef },
-  });
+  const placed: NVMePartition[] = new Array(ps.length);
+  const patch = async (from: number, step: number) => {
+    for (let i = from; i < ps.length; i += step) {
+      const c = created[i] as NVMePartition;
+      const { nodeName, deviceSerial, claimRef } = (ps[i] as NVMePartition).spec;
+      placed[i] = await parts.mergePatch(c.metadata.name, c.metadata.namespace, {
+        metadata: { uid: c.metadata.uid },
+        spec: { nodeName, deviceSerial, claimRef },
+      });
+    }
+  };
+  await Promise.all([...Array(Math.min(inFlight, ps.length)).keys()].map((k) => patch(k, inFlight)));
+  return placed;
+}
+
+/** createPlacedMany of one partition. */
+export async function createPlaced(
+  conn: KubeConnection,
+  p: NVMePartition,
+  device: NVMeDevice,
+): Promise<NVMePartition> {
+  const [placed] = await createPlacedMany(conn, [p], device);
+  return placed as NVMePartition;
 }
