@@ -127,6 +127,8 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g(D, "nvmepartitions", ["get", "list", "watch", "create", "update", "patch", "delete"], "namespace"),
       g(D, "nvmevolumeattachments", ["get", "list", "watch", "create", "update", "delete"], "namespace"),
       g(D, "nvmesnapshots", ["get", "list", "watch", "create", "delete"], "namespace"),
+      // DH-HMAC-CHAP: each volume's key Secret, written at ControllerPublish.
+      g("", "secrets", ["get", "create", "update"], "namespace"),
       g("events.k8s.io", "events", ["create", "patch"], "namespace"),
       g("coordination.k8s.io", "leases", ["get", "create", "update"], "namespace"),
     ],
