@@ -477,7 +477,10 @@ export class PartitionController {
       throw new StorageError("unavailable", why.message);
     }
     const port = p.spec.targetOptions?.portalPort ?? portal.port;
-    const more = (this.o.morePortalAddresses ?? []).filter((a) => a !== portal.address);
+    // Only a backend that reports its listeners serves further portals (the kernel's does not).
+    const more = backend.listening
+      ? (this.o.morePortalAddresses ?? []).filter((a) => a !== portal.address)
+      : [];
     const repaired = await backend.ensureExport({
       nqn: t.nqn,
       volume,
