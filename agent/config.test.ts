@@ -30,6 +30,16 @@ describe("parseAgentConfig", () => {
     expect(c.spdkMemSizeMb).toBe(2048);
   });
 
+  test("portal addresses: one, or several comma-separated (the primary first)", () => {
+    expect(parseAgentConfig({ ...base, DISTORT_PORTAL_ADDRESS: "10.0.0.5" }).portalAddresses).toEqual([
+      "10.0.0.5",
+    ]);
+    expect(
+      parseAgentConfig({ ...base, DISTORT_PORTAL_ADDRESS: "10.0.0.5, 10.0.1.5,fd00::5" }).portalAddresses,
+    ).toEqual(["10.0.0.5", "10.0.1.5", "fd00::5"]);
+    expect(parseAgentConfig(base).portalAddresses).toBeUndefined();
+  });
+
   const bad: [string, Record<string, string>, string][] = [
     ["missing node name", {}, "NODE_NAME"],
     ["too little DPDK memory", { ...base, DISTORT_SPDK_MEM_SIZE_MB: "100" }, "DISTORT_SPDK_MEM_SIZE_MB"],
@@ -37,6 +47,19 @@ describe("parseAgentConfig", () => {
     ["core mask not hex", { ...base, DISTORT_SPDK_CORE_MASK: "3" }, "DISTORT_SPDK_CORE_MASK"],
     ["unknown backend", { ...base, DISTORT_BACKENDS: "spdk,ceph" }, "DISTORT_BACKENDS"],
     ["portal not an IP", { ...base, DISTORT_PORTAL_ADDRESS: "storage-a" }, "DISTORT_PORTAL_ADDRESS"],
+    [
+      "second portal not an IP",
+      { ...base, DISTORT_PORTAL_ADDRESS: "10.0.0.5,storage-a" },
+      "entries must be IP addresses",
+    ],
+    ["empty entry", { ...base, DISTORT_PORTAL_ADDRESS: "10.0.0.5,," }, "entries must be IP addresses"],
+    ["wildcard portal", { ...base, DISTORT_PORTAL_ADDRESS: "0.0.0.0" }, "not a wildcard"],
+    ["portal twice", { ...base, DISTORT_PORTAL_ADDRESS: "10.0.0.5,10.0.0.5" }, "an address twice"],
+    [
+      "too many portals",
+      { ...base, DISTORT_PORTAL_ADDRESS: Array.from({ length: 9 }, (_, i) => `10.0.0.${i + 1}`).join(",") },
+      "more than 8 portals",
+    ],
     ["relative key directory", { ...base, DISTORT_KEY_DIR: "keys" }, "DISTORT_KEY_DIR"],
   ];
   for (const [name, env, variable] of bad) {

@@ -1,6 +1,7 @@
 // The agent's configuration: environment variables (as the DaemonSet sets them) parsed and
 // validated in one place. Nothing else in the agent reads process.env.
 import * as v from "valibot";
+import { MAX_PORTALS } from "../api/nvme-partition.ts";
 import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { parseDeviceList } from "./discovery/device-filter.ts";
@@ -13,6 +14,24 @@ const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
 
 /** DPDK memory nvmf_tgt may take (its -s), in MiB: the hugepages the agent Pod is granted. */
 export const SPDK_MEM_SIZE_MB = { min: 256, max: 1_048_576 } as const;
+
+/** Addresses a host can never connect to, so never a portal. */
+const WILDCARDS = new Set(["0.0.0.0", "::"]);
+
+const PortalAddresses = v.pipe(
+  v.string(),
+  v.transform((s) => s.split(",").map((x) => x.trim())),
+  v.array(
+    v.pipe(
+      v.string(),
+      v.ip("DISTORT_PORTAL_ADDRESS entries must be IP addresses, comma-separated"),
+      v.check((a) => !WILDCARDS.has(a), "DISTORT_PORTAL_ADDRESS must name addresses, not a wildcard"),
+    ),
+  ),
+  v.minLength(1),
+  v.maxLength(MAX_PORTALS, `DISTORT_PORTAL_ADDRESS lists more than ${MAX_PORTALS} portals`),
+  v.check((l) => new Set(l).size === l.length, "DISTORT_PORTAL_ADDRESS lists an address twice"),
+);
 
 const EnvSchema = v.object({
   NODE_NAME: v.pipe(v.string(), v.minLength(1, "NODE_NAME is required (downward API spec.nodeName)")),
@@ -50,9 +69,11 @@ const EnvSchema = v.object({
   DISTORT_HOST_ROOT: v.optional(absPath, "/"),
   /** Where DH-HMAC-CHAP secrets are written for SPDK's file keyring (0700 directory, 0600 files). */
   DISTORT_KEY_DIR: v.optional(absPath, "/var/lib/distort/keys"),
-  DISTORT_PORTAL_ADDRESS: v.optional(
-    v.pipe(v.string(), v.ip("DISTORT_PORTAL_ADDRESS must be an IP address")),
-  ),
+  /**
+   * The node's portal address, or several comma-separated (multipath: every export listens on each,
+   * the first is the primary). Unset: the RDMA endpoint discovery finds.
+   */
+  DISTORT_PORTAL_ADDRESS: v.optional(PortalAddresses),
   DISTORT_PORTAL_PORT: v.optional(wholeNumber(1, 65535), "4420"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
@@ -90,7 +111,8 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     spdkSetup: c.DISTORT_SPDK_SETUP,
     hostRoot: c.DISTORT_HOST_ROOT,
     keyDir: c.DISTORT_KEY_DIR,
-    portalAddress: c.DISTORT_PORTAL_ADDRESS,
+    /** Configured portal addresses, the primary first; undefined: discovery picks one. */
+    portalAddresses: c.DISTORT_PORTAL_ADDRESS,
     portalPort: c.DISTORT_PORTAL_PORT,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,

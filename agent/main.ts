@@ -130,11 +130,12 @@ export async function runAgent(
   const secrets = kubeSecretReader(conn);
   const network = hostNetworkSource(fs, exec);
   const endpoint = async (): Promise<EndpointResult> => {
-    if (cfg.portalAddress) {
+    const configured = cfg.portalAddresses?.[0];
+    if (configured) {
       return {
         ok: true,
         endpoint: {
-          ip: cfg.portalAddress,
+          ip: configured,
           transport: "rdma",
           device: "configured",
           port: 1,
@@ -174,6 +175,7 @@ export async function runAgent(
       const r = await endpoint();
       return r.ok ? { address: r.endpoint.ip, port: cfg.portalPort } : undefined;
     },
+    morePortalAddresses: cfg.portalAddresses?.slice(1) ?? [],
     logger: logger.with({ controller: "partitions" }),
     clock,
     events,

@@ -418,6 +418,12 @@ describe("CEL rules required by the design", () => {
     ["NVMePartition", ".status.portalIP", "isIP(self)", "status.portalIP must be an IPv4 or IPv6 address"],
     [
       "NVMePartition",
+      ".status.portals[].address",
+      "isIP(self)",
+      "status.portals[].address must be an IPv4 or IPv6 address",
+    ],
+    [
+      "NVMePartition",
       ".spec",
       "!has(oldSelf.contentSource) || (has(self.contentSource) && self.contentSource == oldSelf.contentSource)",
       "spec.contentSource is immutable once set",

@@ -67,6 +67,24 @@ export const DhchapOptionsSchema = v.pipe(
   ),
 );
 export type DhchapOptions = v.InferOutput<typeof DhchapOptionsSchema>;
+/** Most portals (listeners) one export may have: the agent refuses a longer configured list. */
+export const MAX_PORTALS = 8;
+
+/** One listener of an export, as the agent read it back from the target. */
+export const PortalStatusSchema = v.pipe(
+  v.object({
+    address: ipAddress("status.portals[].address", "Listener address."),
+    port: v.pipe(PortSchema, v.description("Listener service port.")),
+    anaState: v.optional(
+      v.pipe(
+        v.picklist(["optimized", "non_optimized", "inaccessible", "persistent_loss", "change"]),
+        v.description("ANA state of the volume's namespace on this listener, when the target reports ANA."),
+      ),
+    ),
+  }),
+  v.description("A path to the export."),
+);
+export type PortalStatus = v.InferOutput<typeof PortalStatusSchema>;
 
 export const TargetOptionsSchema = v.pipe(
   v.object({
@@ -330,6 +348,15 @@ export const NVMePartitionStatusSchema = v.pipe(
     portalPort: v.optional(v.pipe(PortSchema, v.description("Listener service port."))),
     transport: v.optional(
       v.pipe(TransportSchema, v.description("Transport the listener serves (what nvme connect must use).")),
+    ),
+    portals: v.optional(
+      v.pipe(
+        v.array(PortalStatusSchema),
+        v.maxLength(MAX_PORTALS),
+        v.description(
+          "Every listener the export really has (read back from the target), the primary portal first: the paths an initiator connects for multipath.",
+        ),
+      ),
     ),
     allocatedBytes: v.optional(int64("Bytes actually allocated by the volume manager (after rounding).")),
     capacity: v.optional(quantity("allocatedBytes as a quantity, e.g. 1Gi (agent, with allocatedBytes).")),

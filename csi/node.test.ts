@@ -504,6 +504,21 @@ async function stage(over: StageInit = {}) {
 }
 
 describe("NodeStageVolume", () => {
+  test("several portals: each is a path; one that fails is tried once more, and the stage stands on the others", async () => {
+    initiator.failAt.set("10.0.1.7", 1);
+    initiator.failAt.set("10.0.2.7", 2);
+    await stage({
+      volumeContext: volumeContext({
+        [VolumeContextKeys.portals]: "192.168.100.7:4420,10.0.1.7:4420,10.0.2.7:4420",
+      }),
+    });
+    const tried = log.calls
+      .filter((c) => c[1] === "connect")
+      .map((c) => (c[2] as { address: string }).address);
+    expect(tried).toEqual(["192.168.100.7", "10.0.1.7", "10.0.2.7", "10.0.1.7", "10.0.2.7"]);
+    expect(state.records.has(VOL)).toBe(true);
+  });
+
   test("connects as the node, waits for the device, formats a blank device and mounts it", async () => {
     initiator.lookupsBeforeDevice = 3;
     await stage({

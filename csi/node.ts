@@ -242,29 +242,37 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
 
   /**
    * Connects the volume's subsystem through its primary portal and every further one (native
-   * multipath: one device, several paths). Succeeds when at least one path connected; a portal
-   * that failed is logged and left to the next stage, since the others carry the I/O.
+   * multipath: one device, several paths). A portal that failed is tried once more after the
+   * others (a connect can time out on a loaded host, and nothing retries a path that never
+   * connected). Succeeds when at least one path connected; a portal that failed twice is logged
+   * and left to the next stage, since the others carry the I/O.
    */
   async function connectPaths(
     target: ReturnType<typeof parseStageContexts>,
     dhchap: ConnectSecrets | undefined,
   ): Promise<void> {
-    const all = [target.connect, ...target.morePortals.map((p) => ({ ...target.connect, ...p }))];
+    let pending = [target.connect, ...target.morePortals.map((p) => ({ ...target.connect, ...p }))];
     let first: unknown;
     let ok = 0;
-    for (const c of all) {
-      try {
-        await initiator.connect({ ...c, hostNqn: deps.hostNqn, ...(dhchap ? { dhchap } : {}) });
-        ok++;
-      } catch (err) {
-        first ??= err;
-        deps.logger.warn("a portal of the volume did not connect", {
-          nqn: c.nqn,
-          address: c.address,
-          port: c.port,
-          error: (err as Error).message,
-        });
+    for (let attempt = 1; attempt <= 2 && pending.length > 0; attempt++) {
+      const failed: typeof pending = [];
+      for (const c of pending) {
+        try {
+          await initiator.connect({ ...c, hostNqn: deps.hostNqn, ...(dhchap ? { dhchap } : {}) });
+          ok++;
+        } catch (err) {
+          first ??= err;
+          failed.push(c);
+          deps.logger.warn("a portal of the volume did not connect", {
+            nqn: c.nqn,
+            address: c.address,
+            port: c.port,
+            attempt,
+            error: (err as Error).message,
+          });
+        }
       }
+      pending = failed;
     }
     if (ok === 0) throw first;
   }

@@ -261,10 +261,14 @@ test("a CSI volume reaches SNAP through the DPU plugin as the DPU's host NQN; it
   const src = pv.spec?.csi as k8s.V1CSIPersistentVolumeSource;
   const volumeId = src.volumeHandle;
   const nqn = src.volumeAttributes?.[VolumeContextKeys.nqn] as string;
-  const portal = {
-    traddr: src.volumeAttributes?.[VolumeContextKeys.portalIP],
-    trsvcid: src.volumeAttributes?.[VolumeContextKeys.portalPort],
-  };
+  // Every path the volume context lists (the lab's storage nodes have two portals), else the one.
+  const attrs = src.volumeAttributes ?? {};
+  const portals = (
+    attrs[VolumeContextKeys.portals] ??
+    `${attrs[VolumeContextKeys.portalIP]}:${attrs[VolumeContextKeys.portalPort]}`
+  )
+    .split(",")
+    .map((p) => ({ traddr: p.slice(0, p.lastIndexOf(":")), trsvcid: p.slice(p.lastIndexOf(":") + 1) }));
   expect(nqn).toBeString();
   // Provisioned, but nobody is admitted yet.
   expect(await aclOf(nqn)).toEqual([]);
@@ -285,14 +289,18 @@ test("a CSI volume reaches SNAP through the DPU plugin as the DPU's host NQN; it
   expect(got.volumeMode).toBe("Block");
   expect(got.publishContext).toEqual(published.publishContext);
 
-  // SNAP: one NVMe-oF controller to the volume's subsystem at its portal, connected as the DPU...
+  // SNAP: one NVMe-oF controller to the volume's subsystem, a path per portal, connected as the DPU...
   const ctrlr = await ourController(volumeId);
-  expect(ctrlr?.ctrlrs.map((c) => ({ trid: c.trid, hostnqn: c.host?.nqn }))).toEqual([
-    {
-      trid: expect.objectContaining({ trtype: "TCP", subnqn: nqn, ...portal }),
-      hostnqn: dpu.hostNqn,
-    },
-  ]);
+  const byAddress = (a: { trid: { traddr?: string } }, b: { trid: { traddr?: string } }) =>
+    String(a.trid.traddr).localeCompare(String(b.trid.traddr));
+  expect(ctrlr?.ctrlrs.map((c) => ({ trid: c.trid, hostnqn: c.host?.nqn })).sort(byAddress)).toEqual(
+    [...portals]
+      .sort((a, b) => a.traddr.localeCompare(b.traddr))
+      .map((p) => ({
+        trid: expect.objectContaining({ trtype: "TCP", subnqn: nqn, ...p }),
+        hostnqn: dpu.hostNqn,
+      })),
+  );
   // ...whose namespace is the bdev SNAP hands out, the volume's full size...
   const [bdev] = await snap.bdevGetBdevs({ name: deviceName });
   expect(bdev?.driver_specific?.nvme?.[0]?.trid.subnqn).toBe(nqn);
@@ -301,7 +309,9 @@ test("a CSI volume reaches SNAP through the DPU plugin as the DPU's host NQN; it
   );
   // ...and the storage node's target sees that connection from the DPU's host NQN.
   const target = await targetOf(nqn);
-  expect((await target.m.nvmfSubsystemGetControllers(nqn)).map((c) => c.hostnqn)).toEqual([dpu.hostNqn]);
+  expect((await target.m.nvmfSubsystemGetControllers(nqn)).map((c) => c.hostnqn)).toEqual(
+    portals.map(() => dpu.hostNqn),
+  );
 
   // Bytes through SNAP: the host writes the pattern on SNAP's device and reads it back.
   const seed = `dpu-e2e-${randomBytes(4).toString("hex")}`;

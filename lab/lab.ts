@@ -69,6 +69,8 @@ export interface LabStorageNode {
   /** Process names: the emulated nvmf_tgt and the agent. */
   target: string;
   agent: string;
+  /** The node's portal addresses, the primary first: every export listens on each (multipath). */
+  portals: string[];
 }
 
 /**
@@ -319,8 +321,9 @@ export async function startLab(o: LabOptions): Promise<Lab> {
     kernelStarting.catch(() => {});
     const storage: LabStorageNode[] = [];
     for (const [i, n] of (o.storageNodes ?? DEFAULT_STORAGE_NODES).entries()) {
-      // One portal address per node: on a shared fabric an address has exactly one listener.
-      const portal = `127.0.0.${i + 1}`;
+      // Two portal addresses per node (two paths to every volume, as with two NICs), none shared:
+      // on a shared fabric an address has exactly one listener.
+      const portals = [`127.0.0.${i + 1}`, `127.0.1.${i + 1}`];
       await ensureObject(
         core.createNode({
           body: {
@@ -340,10 +343,10 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       const target = `nvmf_tgt/${n.name}`;
       await procs.start({
         name: target,
-        // The node has its portal address only: a listener anywhere else fails as on a real node.
+        // The node has its portal addresses only: a listener anywhere else fails as on a real node.
         argv: emulatorCommand(spdkSocket, join(nd, "drives"), fabricDir, [
           `--sim-drives=${drivesFile}`,
-          `--sim-host-addresses=${portal}`,
+          `--sim-host-addresses=${portals.join(",")}`,
         ]),
         ready: () => spdkAnswers(spdkSocket),
       });
@@ -361,7 +364,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
           DISTORT_SPDK_CORE_MASK: "0x1",
           DISTORT_HOST_ROOT: hostRoot,
           DISTORT_KEY_DIR: join(nd, "keys"),
-          DISTORT_PORTAL_ADDRESS: portal,
+          DISTORT_PORTAL_ADDRESS: portals.join(","),
           DISTORT_PORTAL_PORT: "4420",
           DISTORT_HEALTH_PORT: String(agentPort),
           DISTORT_REPORT_PERIOD_MS: "2000",
@@ -370,7 +373,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
         },
         ready: () => httpOk(`http://127.0.0.1:${agentPort}/healthz`),
       });
-      storage.push({ name: n.name, dir: nd, spdkSocket, drives: n.drives, target, agent });
+      storage.push({ name: n.name, dir: nd, spdkSocket, drives: n.drives, target, agent, portals });
     }
     const kernelStorage = await kernelStarting;
     say(`storage nodes up: ${[...storage, ...kernelStorage].map((s) => s.name).join(", ")} (${ms()})`);

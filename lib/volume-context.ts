@@ -26,6 +26,11 @@ export const VolumeContextKeys = {
   mkfsOptions: "storage.distort.io/mkfsOptions",
 } as const;
 
+/** The portals value: "ip:port" comma-separated, IPv6 in brackets (what the schema below parses). */
+export function formatPortals(portals: readonly { address: string; port: number }[]): string {
+  return portals.map((p) => `${p.address.includes(":") ? `[${p.address}]` : p.address}:${p.port}`).join(",");
+}
+
 /** publish_context keys, set by ControllerPublishVolume once AccessReady is True. */
 export const PublishContextKeys = {
   /** The host NQN the target ACL allows; NodeStage connects with exactly this one. */

@@ -89,11 +89,29 @@ export interface ExportSpec {
   nqn: string;
   volume: Volume;
   transport: Transport;
-  /** Portal address (IPv4 or IPv6) and service port. */
+  /** Portal address (IPv4 or IPv6) and service port: the primary portal, which must listen. */
   address: string;
   port: number;
+  /**
+   * Further addresses of this node the export also listens on, with the same transport and port
+   * (several paths to one subsystem, for NVMe multipath). Best effort: one that cannot listen is
+   * left out, and `listening` says which did. A backend without multipath serves the primary only.
+   */
+  moreAddresses?: readonly string[];
   /** Subsystem serial number shown to initiators; derived from externalId. */
   serialNumber: string;
+}
+
+/** ANA state of a listener as NVMe defines it (SPDK reports it per ANA group). */
+export type AnaState = "optimized" | "non_optimized" | "inaccessible" | "persistent_loss" | "change";
+
+/** A listener an export really has, as the target reported it. */
+export interface ListenerState {
+  transport: Transport;
+  address: string;
+  port: number;
+  /** The state of the export's ANA group (namespace 1's) on this listener, when the target reports ANA. */
+  anaState?: AnaState;
 }
 
 /** What the target currently has for one NQN, component by component. */
@@ -144,6 +162,13 @@ export interface TargetBackend {
    * changed is revoked and re-admitted with the new ones.
    */
   setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void>;
+  /**
+   * The listeners the last successful ensureExport(nqn) of this process found or made, read back
+   * from the target (primary first, then the further portals in the order asked), or undefined when
+   * none has run. No target call. Absent on a backend that serves the primary portal only, for
+   * which a successful ensureExport means exactly that portal listens.
+   */
+  listening?(nqn: string): readonly ListenerState[] | undefined;
   /**
    * Makes the volume's rate limits exactly `limits` and returns what the target reports enforcing
    * afterwards, with `changed` when it had to set them (a fresh bdev after a target restart is

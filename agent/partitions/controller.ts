@@ -2,7 +2,13 @@
 // shared caches of this node's partitions and drives and of the attachments, and drives the
 // backend and volume-manager ports through provisioning (13 steps) and deletion (reverse).
 // Every step is idempotent; `afterStep` lets tests crash the process between any two of them.
-import type { NVMeDevice, NVMePartition, NVMeSnapshot, NVMeVolumeAttachment } from "../../api/index.ts";
+import type {
+  NVMeDevice,
+  NVMePartition,
+  NVMeSnapshot,
+  NVMeVolumeAttachment,
+  PortalStatus,
+} from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
@@ -64,6 +70,12 @@ export const PROVISION_STEPS = [
 export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-removed"] as const;
 export type Step = (typeof PROVISION_STEPS)[number] | (typeof DEPROVISION_STEPS)[number];
 
+/** Same paths in the same order (ANA states included); key order does not matter. */
+function sameList(a: readonly PortalStatus[] | undefined, b: readonly PortalStatus[]): boolean {
+  const key = (l: PortalStatus) => `${l.address}|${l.port}|${l.anaState ?? ""}`;
+  return (a ?? []).map(key).join(",") === b.map(key).join(",");
+}
+
 export interface Portal {
   address: string;
   port: number;
@@ -83,6 +95,11 @@ export interface PartitionControllerOptions {
   volumeManagers: Partial<Record<VolumeManagerName, VolumeManager>>;
   /** This node's NVMe-oF endpoint for a transport; undefined while none is usable. */
   portal(transport: Transport): Promise<Portal | undefined>;
+  /**
+   * Further addresses of this node every export also listens on (same transport and port as the
+   * primary portal), for multipath; none by default.
+   */
+  morePortalAddresses?: readonly string[];
   logger: Logger;
   clock: Clock;
   events?: EventRecorder;
@@ -466,14 +483,24 @@ export class PartitionController {
       throw new StorageError("unavailable", why.message);
     }
     const port = p.spec.targetOptions?.portalPort ?? portal.port;
+    // Only a backend that reports its listeners serves further portals (the kernel's does not).
+    const more = backend.listening
+      ? (this.o.morePortalAddresses ?? []).filter((a) => a !== portal.address)
+      : [];
     const repaired = await backend.ensureExport({
       nqn: t.nqn,
       volume,
       transport,
       address: portal.address,
       port,
+      ...(more.length > 0 ? { moreAddresses: more } : {}),
       serialNumber: serialNumberFor(t.volume.externalId),
     });
+    // What really listens, not what was asked: a backend without multipath serves the primary only.
+    const listening: PortalStatus[] = (
+      backend.listening?.(t.nqn) ?? [{ transport, address: portal.address, port }]
+    ).map((l) => ({ address: l.address, port: l.port, ...(l.anaState ? { anaState: l.anaState } : {}) }));
+    const missing = more.filter((a) => !listening.some((l) => l.address === a));
     await this.step("export", key);
     // Limits before the ACL: after a target restart no host is back before its limits are.
     let applied: QosLimits | undefined;
@@ -521,6 +548,7 @@ export class PartitionController {
         s.nqn = t.nqn;
         s.portalIP = portal.address;
         s.portalPort = port;
+        s.portals = listening;
         s.transport = transport;
         s.allocatedBytes = volume.sizeBytes;
         s.capacity = formatQuantity(volume.sizeBytes);
@@ -531,9 +559,21 @@ export class PartitionController {
         type: "Ready",
         status: "True",
         reason: "Exported",
-        message: `${t.nqn} on ${transport}://${portal.address}:${port}`,
+        message:
+          `${t.nqn} on ${listening.map((l) => `${transport}://${l.address}:${l.port}`).join(", ")}` +
+          (missing.length > 0 ? `; not listening on ${missing.map((a) => `${a}:${port}`).join(", ")}` : ""),
       },
     );
+    if (missing.length > 0 && !sameList(p.status?.portals, listening)) {
+      // Once per change of the listening set, not on every verify pass.
+      await this.o.events?.record(
+        p,
+        "Warning",
+        "PortalUnavailable",
+        "Export",
+        `${t.nqn} does not listen on ${missing.map((a) => `${a}:${port}`).join(", ")}: the address is in use or not configured on ${this.o.nodeName}`,
+      );
+    }
     await this.step("status", key);
     if (!wasExported) {
       log.info("partition exported", { nqn: t.nqn, bytes: volume.sizeBytes });

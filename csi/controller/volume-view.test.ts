@@ -1,8 +1,9 @@
 // Partition -> CSI: volume context, health, and CreateVolume's verdict on each partition state.
 import { expect, test } from "bun:test";
+import * as v from "valibot";
 import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { VolumeContextKeys } from "../../lib/volume-context.ts";
+import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import type { VolumeRecord } from "./fingerprint.ts";
 import { capacityOf, createVerdict, volumeContextOf, volumeHealth } from "./volume-view.ts";
 
@@ -142,4 +143,37 @@ test("health: exported and Ready is healthy; everything else inaccessible with a
   expect(
     volumeHealth({ ...exported, metadata: { ...exported.metadata, deletionTimestamp: T } })[0]?.reason,
   ).toBe("Deleting");
+});
+
+test("volume context lists every listener the agent read back once there are several, IPv6 in brackets", () => {
+  const two = part(
+    {
+      ...(exported.status as NonNullable<NVMePartition["status"]>),
+      portals: [
+        { address: "10.0.0.1", port: 4420, anaState: "optimized" },
+        { address: "fd00:100::7", port: 4420, anaState: "optimized" },
+      ],
+    },
+    {},
+    "n1",
+  );
+  const ctx = volumeContextOf(two, undefined);
+  expect(ctx?.[VolumeContextKeys.portals]).toBe("10.0.0.1:4420,[fd00:100::7]:4420");
+  // The node reads back the same two paths: the primary and one more.
+  const parsed = v.parse(VolumeContextSchema, ctx);
+  expect(parsed[VolumeContextKeys.portals]).toEqual([
+    { address: "10.0.0.1", port: 4420 },
+    { address: "fd00:100::7", port: 4420 },
+  ]);
+  // One listener (or none reported, from an older agent): no list, the primary portal alone.
+  const one = part(
+    {
+      ...(exported.status as NonNullable<NVMePartition["status"]>),
+      portals: [{ address: "10.0.0.1", port: 4420 }],
+    },
+    {},
+    "n1",
+  );
+  expect(volumeContextOf(one, undefined)?.[VolumeContextKeys.portals]).toBeUndefined();
+  expect(volumeContextOf(exported, undefined)?.[VolumeContextKeys.portals]).toBeUndefined();
 });

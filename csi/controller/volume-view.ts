@@ -5,7 +5,7 @@ import * as v from "valibot";
 import type { NVMePartition } from "../../api/index.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import { roundUpToUnit as roundUp } from "../../lib/units.ts";
-import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
+import { formatPortals, VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import { aborted, csiError } from "../errors.ts";
 import type { VolumeRecord } from "./fingerprint.ts";
 
@@ -29,6 +29,9 @@ export function volumeContextOf(
     [VolumeContextKeys.portalPort]: String(s.portalPort),
     [VolumeContextKeys.transport]: s.transport ?? p.spec.targetOptions?.transport ?? "rdma",
   };
+  // Several listeners: every one is a path the node connects (multipath). Only what the agent
+  // read back from the target is listed, the primary included, so the list stands on its own.
+  if (s.portals && s.portals.length > 1) ctx[VolumeContextKeys.portals] = formatPortals(s.portals);
   const r = record?.params;
   if (r?.ctrlLossTmo !== undefined) ctx[VolumeContextKeys.ctrlLossTmo] = String(r.ctrlLossTmo);
   if (r?.reconnectDelay !== undefined) ctx[VolumeContextKeys.reconnectDelay] = String(r.reconnectDelay);

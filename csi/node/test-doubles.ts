@@ -31,6 +31,8 @@ export class FakeInitiator implements NvmeInitiator {
   readonly connected = new Map<string, ConnectedSubsystem>();
   /** Makes the next connect fail like a refused host. */
   refuse = false;
+  /** Portal address -> how many more connects to it fail (a timed-out connect). */
+  readonly failAt = new Map<string, number>();
   failDisconnect = false;
   /** Device appears only after this many lookups (udev lag). */
   lookupsBeforeDevice = 0;
@@ -40,6 +42,11 @@ export class FakeInitiator implements NvmeInitiator {
   async connect(p: ConnectParams): Promise<void> {
     this.log.record("initiator", "connect", p);
     if (this.refuse) throw new StorageError("unavailable", `host ${p.hostNqn} not allowed`);
+    const left = this.failAt.get(p.address) ?? 0;
+    if (left > 0) {
+      this.failAt.set(p.address, left - 1);
+      throw new StorageError("unavailable", `connect to ${p.address} timed out`);
+    }
     this.connected.set(p.nqn, {
       nqn: p.nqn,
       hostNqn: p.hostNqn,

@@ -242,6 +242,17 @@ describe("parseCreateDevice accepts", () => {
     expect(s.storageParameters).toEqual({ policy: "p1", "csi.storage.k8s.io/fstype": "ext4" });
   });
 
+  test("the CSI controller's portals list: every listener is a path, the primary once", () => {
+    const s = parseCreateDevice(
+      req({ volumeContext: { ...CTX, [K.portals]: "192.168.1.10:4420,192.168.2.10:4420,[fd00::10]:4420" } }),
+    );
+    expect(s.target.portals).toEqual([
+      { address: "192.168.1.10", port: 4420, adrfam: "ipv4" },
+      { address: "192.168.2.10", port: 4420, adrfam: "ipv4" },
+      { address: "fd00::10", port: 4420, adrfam: "ipv6" },
+    ]);
+  });
+
   test("an empty volume mode is Filesystem; modes are sorted and deduplicated; ROX alone is read-only", () => {
     const s = parseCreateDevice(req({ volumeMode: "", accessModes: [AccessMode.ROX, AccessMode.ROX] }));
     expect(s.volumeMode).toBe("Filesystem");

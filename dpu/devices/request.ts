@@ -262,6 +262,15 @@ function parseVolumeContext(ctx: Readonly<Record<string, string>>) {
       portals.push(p);
     }
   }
+  // The CSI controller's own list (every listener the storage node reported, the primary
+  // included): each one not yet listed is one more path.
+  for (const q of c[VolumeContextKeys.portals] ?? []) {
+    const p = parsePortal(
+      q.address.includes(":") ? `[${q.address}]:${q.port}` : `${q.address}:${q.port}`,
+      port,
+    );
+    if (!portals.some((x) => portalKey(x) === portalKey(p))) portals.push(p);
+  }
   if (portals.length > MAX_PORTALS)
     throw invalid(`at most ${MAX_PORTALS} portals per volume, got ${portals.length}`);
   let namespaceId: string | undefined;

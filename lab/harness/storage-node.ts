@@ -53,6 +53,8 @@ export async function startSimStorageNode(opts: {
   drives: SimNodeDrive[];
   /** The fabric its listeners join, so initiators (the lab's nodes, SNAP) can reach its exports. */
   fabric?: SimFabric;
+  /** The IP addresses the node has: a listener elsewhere fails (-32602); any address when absent. */
+  hostAddresses?: readonly string[];
 }): Promise<SimStorageNode> {
   const dir = mkdtempSync(join(tmpdir(), `distort-node-${opts.nodeName}-`));
   const hostRoot = join(dir, "host");
@@ -68,6 +70,7 @@ export async function startSimStorageNode(opts: {
       sizeBytes: d.sizeBytes,
     })),
     fabric: opts.fabric,
+    ...(opts.hostAddresses ? { hostAddresses: opts.hostAddresses } : {}),
   });
   return {
     nodeName: opts.nodeName,

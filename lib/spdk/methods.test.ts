@@ -11,7 +11,7 @@ import { silentLogger } from "../log.ts";
 import { type CallOptions, SpdkClient, type SpdkRpc } from "./client.ts";
 import { SpdkError } from "./errors.ts";
 import { JsonObjectStream } from "./json-stream.ts";
-import { SpdkMethods, subsystemLockKey } from "./methods.ts";
+import { type ListenerSetAnaStateParams, SpdkMethods, subsystemLockKey } from "./methods.ts";
 import { FakeSpdkServer, loadTranscript, type TranscriptRecord, type WireRequest } from "./testing.ts";
 
 const root = await mkdtemp(join(tmpdir(), "distort-spdk-methods-"));
@@ -593,5 +593,49 @@ describe("bdev_set_qos_limit against the QoS capture (testdata/spdk-v25.05.1-qos
       r_mbytes_per_sec: 50,
       w_mbytes_per_sec: 20,
     });
+  });
+});
+
+describe("multipath listeners and ANA against the capture (testdata/spdk-v25.05.1-ana.jsonl)", () => {
+  const ana = loadTranscript("spdk-v25.05.1-ana.jsonl").filter((r) => r.app.startsWith("nvmf_tgt(T)"));
+  /** States SPDK refuses with only "Invalid parameters": refused here before sending. */
+  const LOCAL = new Set(["bogus", "persistent_loss", "change"]);
+  for (const rec of ana.filter((r) => r.method === "nvmf_subsystem_listener_set_ana_state")) {
+    const params = (rec.request as { params: Params }).params as ListenerSetAnaStateParams;
+    const response = rec.response as { error?: { code: number; message: string } };
+    if (LOCAL.has(String(params.ana_state))) {
+      test(`seq ${rec.seq}: ana_state ${params.ana_state} is refused as invalid with nothing sent`, async () => {
+        answer = undefined;
+        const before = server.requests.length;
+        const err = await m.nvmfSubsystemListenerSetAnaState(params).then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        expect((err as StorageError).kind).toBe("invalid");
+        expect(server.requests.length).toBe(before);
+      });
+      continue;
+    }
+    test(`seq ${rec.seq}: same request; ${response.error ? `error ${response.error.code}` : "true"}`, async () => {
+      answerWith(rec);
+      const before = server.requests.length;
+      const outcome = await m.nvmfSubsystemListenerSetAnaState(params).then(
+        () => ({ ok: true }),
+        (error: unknown) => ({ error }),
+      );
+      expect(withoutId(server.requests[before] as WireRequest)).toEqual(withoutId(rec.request));
+      if (response.error) expect((outcome as { error: SpdkError }).error.code).toBe(response.error.code);
+      else expect(outcome).toEqual({ ok: true });
+    });
+  }
+  test("get_listeners replies: ana_states per group with ana_reporting, none without", async () => {
+    answerWith(ana.find((r) => r.seq === 122) as TranscriptRecord);
+    const withAna = await m.nvmfSubsystemGetListeners("nqn.2016-06.io.spdk:mp");
+    expect(withAna.map((l) => l.address.traddr)).toEqual(["127.0.0.211", "127.0.0.210"]);
+    expect(withAna[0]?.ana_states?.length).toBe(32);
+    expect(withAna[0]?.ana_states?.[0]).toEqual({ ana_group: 1, ana_state: "non_optimized" });
+    answerWith(ana.find((r) => r.seq === 135) as TranscriptRecord);
+    const [plain] = await m.nvmfSubsystemGetListeners("nqn.2016-06.io.spdk:no-ana");
+    expect(plain?.ana_states).toBeUndefined();
   });
 });

@@ -253,6 +253,14 @@ export const ListenerAddParams = v.strictObject({
   ana_state: v.optional(v.picklist(["optimized", "non_optimized", "inaccessible"])),
 });
 
+export const ListenerSetAnaStateParams = v.strictObject({
+  nqn: NqnSchema,
+  listen_address: ListenAddressParams,
+  ana_state: v.picklist(["optimized", "non_optimized", "inaccessible"]),
+  /** 0 or absent: every ANA group of the listener. */
+  anagrpid: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0))),
+});
+
 export const ListenerRemoveParams = v.strictObject({
   nqn: NqnSchema,
   listen_address: ListenAddressParams,

@@ -237,9 +237,27 @@ export const NvmfSubsystemSchema = v.looseObject({
 export type NvmfSubsystem = v.InferOutput<typeof NvmfSubsystemSchema>;
 export const NvmfSubsystemListSchema = v.array(NvmfSubsystemSchema);
 
+/** ANA states a listener can report (SPDK's set_ana_state accepts the first three only). */
+export const AnaStateSchema = v.picklist([
+  "optimized",
+  "non_optimized",
+  "inaccessible",
+  "persistent_loss",
+  "change",
+]);
+export type AnaState = v.InferOutput<typeof AnaStateSchema>;
+
+/**
+ * One listener of nvmf_subsystem_get_listeners. `ana_states` (one entry per ANA group 1..max_namespaces)
+ * is present only on a subsystem created with ana_reporting (v25.05.1).
+ */
 export const NvmfListenerSchema = v.looseObject({
   address: ListenAddressSchema,
-  ana_state: v.optional(v.string()),
+  ana_states: v.optional(
+    v.array(
+      v.looseObject({ ana_group: v.pipe(v.number(), v.integer(), v.minValue(1)), ana_state: AnaStateSchema }),
+    ),
+  ),
 });
 export type NvmfListener = v.InferOutput<typeof NvmfListenerSchema>;
 export const NvmfListenerListSchema = v.array(NvmfListenerSchema);

@@ -17,6 +17,7 @@ import {
   type ExportState,
   type HostKeys,
   hostKeyOf,
+  type ListenerState,
   type QosLimits,
   type TargetBackend,
   type Transport,
@@ -57,6 +58,9 @@ const KEYS_LOCK = "dhchap-keys";
  * target or after the TTL; collection runs only while it is not known.
  */
 const KEYS_COLLECTED = "dhchap-keys-collected";
+
+/** details.reason of the StorageError when SPDK refused to listen on a portal's address. */
+export const NOT_LISTENING = "NotListening";
 
 function exportLockKey(nqn: string): string {
   return `export:${nqn}`;
@@ -101,6 +105,8 @@ function isKind(err: unknown, ...kinds: string[]): boolean {
 export class SpdkTarget implements TargetBackend {
   readonly name = "spdk" as const;
   private readonly m: SpdkMethods;
+  /** What the last successful ensureExport of each NQN found listening (listening()). */
+  private readonly listened = new Map<string, ListenerState[]>();
   private readonly facts: TargetFacts;
 
   constructor(private readonly opts: SpdkTargetOptions) {
@@ -293,6 +299,8 @@ export class SpdkTarget implements TargetBackend {
             model_number: this.opts.modelNumber ?? "DISTORT",
             allow_any_host: false,
             max_namespaces: 1,
+            // Only settable at creation (v25.05.1): per-listener ANA states for multipath.
+            ana_reporting: true,
           });
         } catch (err) {
           if (!isKind(err, "already-exists")) throw err;
@@ -322,17 +330,13 @@ export class SpdkTarget implements TargetBackend {
         });
         repaired.push("namespace");
       }
-      // Exactly the one listener; a stale portal is withdrawn.
-      const want = {
-        trtype: TRTYPE[spec.transport],
-        adrfam: adrfamOf(spec.address),
-        traddr: spec.address,
-        trsvcid: String(spec.port),
-      };
-      let hasListener = false;
+      // Exactly the asked-for listeners; a stale portal is withdrawn.
+      const wanted = [...new Set([spec.address, ...(spec.moreAddresses ?? [])])];
+      const have = new Set<string>();
       for (const a of s.listen_addresses) {
-        if (sameAddress(a, spec.transport, spec.address, spec.port)) {
-          hasListener = true;
+        const w = wanted.find((x) => sameAddress(a, spec.transport, x, spec.port));
+        if (w !== undefined) {
+          have.add(w);
           continue;
         }
         await this.m.nvmfSubsystemRemoveListener({
@@ -346,30 +350,103 @@ export class SpdkTarget implements TargetBackend {
         });
         repaired.push("stale-listener");
       }
-      if (!hasListener) {
+      for (const address of wanted) {
+        if (have.has(address)) continue;
+        const primary = address === spec.address;
         try {
-          await this.m.nvmfSubsystemAddListener({ nqn: spec.nqn, listen_address: want });
+          await this.addListener(spec, address);
+          have.add(address);
+          repaired.push(primary ? "listener" : `listener:${address}`);
         } catch (err) {
-          if (!isKind(err, "already-exists")) throw err;
-          // SPDK answers a failed listen (address taken or not on this host) like a duplicate.
-          // Under the export lock a duplicate cannot have appeared since the listing, so only
-          // the listener itself tells whether initiators can reach the export.
-          const now = await this.subsystem(spec.nqn);
-          if (!now?.listen_addresses.some((a) => sameAddress(a, spec.transport, spec.address, spec.port))) {
-            throw new StorageError(
-              "unavailable",
-              `SPDK did not listen on ${want.trtype} ${spec.address}:${spec.port} for ${spec.nqn}: the address is in use or not configured on this host`,
-              { cause: err },
-            );
-          }
+          // A further portal that cannot listen (its address gone from this host, taken) leaves
+          // the export on the others; the caller sees it missing from listening().
+          if (primary || !(err instanceof StorageError && err.details.reason === NOT_LISTENING)) throw err;
+          // Debug: the partition reports it (condition message, one Event per change), and every
+          // verify pass tries again.
+          this.opts.logger.debug("a further portal of the export does not listen", {
+            nqn: spec.nqn,
+            address,
+            port: spec.port,
+            error: err.message,
+          });
         }
-        repaired.push("listener");
       }
+      const listening: ListenerState[] = wanted
+        .filter((a) => have.has(a))
+        .map((address) => ({ transport: spec.transport, address, port: spec.port }));
+      // ANA matters once there is more than one path: every portal of this node serves the
+      // volume, so each is kept optimized (an ANA state set by hand is put back). A subsystem
+      // created without ana_reporting (before it was set at creation) reports none.
+      if (listening.length > 1) {
+        if (await this.keepOptimized(spec, listening)) repaired.push("ana-state");
+      }
+      this.listened.set(spec.nqn, listening);
     });
     // Debug only: the caller knows whether a repair was expected (a target restart replays every
     // export) and reports it, once per restart or per drifted export.
     if (repaired.length) this.opts.logger.debug("export repaired", { nqn: spec.nqn, repaired });
     return repaired;
+  }
+
+  /**
+   * Adds the listener on `address`; StorageError with details.reason NOT_LISTENING when SPDK
+   * refused to listen there (v25.05.1 answers an address this host does not have, or one in use,
+   * with -32602 "Invalid parameters", the reply it gives a duplicate listener).
+   */
+  private async addListener(spec: ExportSpec, address: string): Promise<void> {
+    const want = {
+      trtype: TRTYPE[spec.transport],
+      adrfam: adrfamOf(address),
+      traddr: address,
+      trsvcid: String(spec.port),
+    };
+    try {
+      await this.m.nvmfSubsystemAddListener({ nqn: spec.nqn, listen_address: want });
+    } catch (err) {
+      if (!isKind(err, "already-exists")) throw err;
+      // Under the export lock a duplicate cannot have appeared since the listing, so only the
+      // listener itself tells whether initiators can reach the export there.
+      const now = await this.subsystem(spec.nqn);
+      if (!now?.listen_addresses.some((a) => sameAddress(a, spec.transport, address, spec.port))) {
+        throw new StorageError(
+          "unavailable",
+          `SPDK did not listen on ${want.trtype} ${address}:${spec.port} for ${spec.nqn}: the address is in use or not configured on this host`,
+          { cause: err, details: { reason: NOT_LISTENING, address, port: spec.port } },
+        );
+      }
+    }
+  }
+
+  /**
+   * Reads the listeners' ANA states into `listening` and sets optimized on any of them whose
+   * group 1 (namespace 1's, SPDK's default anagrpid) is in another state. True when it set one.
+   */
+  private async keepOptimized(spec: ExportSpec, listening: ListenerState[]): Promise<boolean> {
+    let changed = false;
+    for (const l of await this.m.nvmfSubsystemGetListeners(spec.nqn)) {
+      const mine = listening.find((x) => sameAddress(l.address, spec.transport, x.address, x.port));
+      const state = l.ana_states?.find((g) => g.ana_group === 1)?.ana_state;
+      if (!mine || state === undefined) continue;
+      mine.anaState = state;
+      if (state === "optimized") continue;
+      await this.m.nvmfSubsystemListenerSetAnaState({
+        nqn: spec.nqn,
+        listen_address: {
+          trtype: TRTYPE[spec.transport],
+          adrfam: adrfamOf(mine.address),
+          traddr: mine.address,
+          trsvcid: String(mine.port),
+        },
+        ana_state: "optimized",
+      });
+      mine.anaState = "optimized";
+      changed = true;
+    }
+    return changed;
+  }
+
+  listening(nqn: string): readonly ListenerState[] | undefined {
+    return this.listened.get(nqn);
   }
 
   async setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void> {
@@ -491,6 +568,7 @@ export class SpdkTarget implements TargetBackend {
   }
 
   async removeExport(nqn: string): Promise<void> {
+    this.listened.delete(nqn);
     await this.opts.rpc.serialize(exportLockKey(nqn), async () => {
       const s = await this.subsystem(nqn);
       if (!s) return;
