@@ -5,7 +5,10 @@ import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
 /** Suites run on the real cluster, in order (paths relative to the repository root). */
-export const CLUSTER_SUITES: readonly string[] = ["e2e/provisioning.e2e.test.ts"];
+export const CLUSTER_SUITES: readonly string[] = [
+  "e2e/provisioning.e2e.test.ts",
+  "e2e/snapshots.e2e.test.ts",
+];
 
 /** Every e2e/*.e2e.test.ts not in CLUSTER_SUITES, sorted (paths relative to the repository root). */
 export function processLabSuites(root: string): string[] {
