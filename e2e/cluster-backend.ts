@@ -10,15 +10,24 @@ import { REAL_LAB_VALUES, type RealLab, startRealLab } from "../lab/cluster/real
 import type { LabInfo } from "./support.ts";
 
 let shared: RealLab | undefined;
+/** Set once the preload tried to start the lab: from then on the run has no other lab. */
+let wanted = false;
 
-/** The real-cluster lab of this `bun test` run, when e2e/cluster-preload.ts started one. */
+/**
+ * The real-cluster lab of this `bun test` run, when e2e/cluster-preload.ts started one. Throws
+ * when the preload tried and failed (or the lab is stopped): suites must not fall back to a lab
+ * of their own then.
+ */
 export function sharedRealLab(): RealLab | undefined {
+  if (wanted && !shared)
+    throw new Error("the run's real-cluster lab did not start (see the preload's error above)");
   return shared;
 }
 
 /** Starts the run's shared real-cluster lab in a temporary directory; resolves with it once installed. */
 export async function startSharedRealLab(progress: (line: string) => void): Promise<RealLab> {
   if (shared) return shared;
+  wanted = true;
   const dir = mkdtempSync(join(tmpdir(), "distort-cluster-"));
   try {
     shared = await startRealLab({ dir, progress });
