@@ -11,6 +11,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/expansion.e2e.test.ts",
   "e2e/cleanup.e2e.test.ts",
   "e2e/placement.e2e.test.ts",
+  "e2e/bad-input.e2e.test.ts",
 ];
 
 /** Every e2e/*.e2e.test.ts not in CLUSTER_SUITES, sorted (paths relative to the repository root). */
