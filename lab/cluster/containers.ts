@@ -62,3 +62,21 @@ export function containerProcess(command: RegExp, where: ContainerPlace): number
   const roots = inPlace.filter((p) => !pids.has(p.ppid)).map((p) => p.pid);
   return roots.length > 0 ? Math.min(...roots) : undefined;
 }
+
+/**
+ * Pids of the processes of one container, by its CRI container ID (a Pod status's containerID
+ * without the `containerd://` prefix): the cgroup path kubelet gives it ends in that ID.
+ */
+export function containerPids(containerId: string): number[] {
+  const id = containerId.replace(/^[a-z]+:\/\//, "");
+  const out: number[] = [];
+  for (const e of readdirSync("/proc")) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      if (readFileSync(`/proc/${e}/cgroup`, "utf8").includes(`/${id}\n`)) out.push(Number(e));
+    } catch {
+      // The process ended while being read.
+    }
+  }
+  return out.sort((a, b) => a - b);
+}
