@@ -4,11 +4,13 @@
 // fabric; a kubelet restart reconstructs a staged volume without staging it again; kill -9 of the
 // emulated nvmf_tgt container stalls and resumes I/O; `helm uninstall` leaves nothing of DISTORT.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
+import { sharedRealLab } from "../e2e/cluster-backend.ts";
 import { chartParity } from "../lab/cluster/chart-parity.ts";
+import { distortProcesses } from "../lab/cluster/containers.ts";
 import { type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
 import { type DemoNode, runDemo, type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
 
@@ -17,34 +19,25 @@ let lab: RealLab;
 let dir: string;
 let core: k8s.CoreV1Api;
 
+// The run's shared lab (e2e/cluster-preload.ts; this file runs last, it uninstalls) or one of its own.
+let own = false;
+
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), "distort-cluster-"));
-  lab = await startRealLab({ dir, progress: say });
+  const shared = sharedRealLab();
+  if (shared) lab = shared;
+  else {
+    own = true;
+    dir = mkdtempSync(join(tmpdir(), "distort-cluster-"));
+    lab = await startRealLab({ dir, progress: say });
+  }
   core = lab.conn.api(k8s.CoreV1Api);
 }, 1_800_000);
 
 afterAll(async () => {
+  if (!own) return;
   await lab?.stop();
   rmSync(dir, { recursive: true, force: true });
 }, 300_000);
-
-/** Host processes whose command line names a DISTORT binary or a DISTORT entry point. */
-function distortProcesses(): { pid: number; cmd: string; cgroup: string }[] {
-  const out: { pid: number; cmd: string; cgroup: string }[] = [];
-  const pattern =
-    /(^|\/)(distort-(agent|csi|csi-lab|manager|dpu))(\s|$)|(^|\/)nvmf_tgt(\s|$)|(agent|manager|csi|dpu)\/main\.ts|lab\/csi-node\.ts|sim\/spdk\/nvmf-tgt\.ts/;
-  for (const e of readdirSync("/proc")) {
-    if (!/^\d+$/.test(e)) continue;
-    try {
-      const cmd = readFileSync(`/proc/${e}/cmdline`, "utf8").split("\0").join(" ").trim();
-      if (!pattern.test(cmd)) continue;
-      out.push({ pid: Number(e), cmd, cgroup: readFileSync(`/proc/${e}/cgroup`, "utf8") });
-    } catch {
-      // The process ended while being read.
-    }
-  }
-  return out;
-}
 
 function demoNode(name: string): DemoNode {
   const node = lab.nodes.find((n) => n.name === name);

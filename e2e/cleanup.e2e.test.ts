@@ -21,6 +21,13 @@ beforeAll(async () => {
 
 afterAll(() => lab.stop());
 
+/** The lab's i-th consumer node. */
+function consumer(i: number): string {
+  const c = lab.consumers[i];
+  if (!c) throw new Error(`the lab has no consumer node #${i}`);
+  return c.name;
+}
+
 interface Use {
   claim: string;
   pod: string;
@@ -58,7 +65,7 @@ test("deleting a Pod and its PVC leaves nothing of the volume anywhere", async (
   const ns = await lab.newNamespace("cleanup");
   try {
     const before = await ledgerView(lab);
-    const [t] = await useVolumes(ns, [{ claim: "data", pod: "writer", node: "worker-a" }]);
+    const [t] = await useVolumes(ns, [{ claim: "data", pod: "writer", node: consumer(0) }]);
     if (!t) throw new Error("no trace");
     expectComplete(t);
     // While in use, the volume is visible in every place the final check looks.
@@ -96,7 +103,7 @@ test("five volumes on two nodes deleted at once leave nothing behind", async () 
     const uses: Use[] = [0, 1, 2, 3, 4].map((i) => ({
       claim: `data-${i}`,
       pod: `writer-${i}`,
-      node: i % 2 === 0 ? "worker-a" : "worker-b",
+      node: consumer(i % 2),
       // One raw block volume: its staging and publication take other paths on the node.
       block: i === 4,
     }));

@@ -9,16 +9,8 @@ import { kinds } from "../api/index.ts";
 import { publishPath } from "../lab/kubelet/naming.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
 import { bdevBytes, targetRpc, type VolumeTarget, volumeTarget } from "./storage-target.ts";
-import {
-  createPvc,
-  deletePod,
-  type E2eLab,
-  e2eLab,
-  runWorkload,
-  until,
-  type WorkloadReport,
-  workloadPod,
-} from "./support.ts";
+import { createPvc, deletePod, type E2eLab, e2eLab, runWorkload, until, workloadPod } from "./support.ts";
+import { waitHeld } from "./user-steps.ts";
 
 const GiB = 1024 ** 3;
 const BYTES = 16 * 1024 * 1024;
@@ -84,18 +76,8 @@ describe("online expansion", () => {
           "--then-hold",
         ]),
       });
-      const holder = await until(
-        "holder wrote and holds the volume",
-        async () => {
-          const p = await lab.core.readNamespacedPod({ name: "holder", namespace: ns });
-          if (p.status?.phase === "Failed" || p.status?.phase === "Succeeded")
-            throw new Error(`holder ended: ${JSON.stringify(p.status)}`);
-          if (p.status?.phase !== "Running" || !p.status.message?.startsWith("{")) return undefined;
-          return p;
-        },
-        180_000,
-      );
-      const written = JSON.parse(holder.status?.message as string) as WorkloadReport;
+      const written = await waitHeld(lab, ns, "holder", 180_000);
+      const holder = await lab.core.readNamespacedPod({ name: "holder", namespace: ns });
       expect(written).toMatchObject({ mode: "write", bytes: BYTES, ok: true });
       t = await volumeTarget(lab, ns, "data");
       const pvName = await pvOf(ns);

@@ -1,41 +1,25 @@
-// Proof for the chart's least-privilege RBAC: every DISTORT process of the lab (and the CSI
-// sidecars) authenticates with its own chart ServiceAccount, never as the admin, and the only
-// admin processes are the cluster's own pieces listed here, so a new component cannot slip in as one.
+// Proof for the chart's least-privilege RBAC on the real cluster: every container of every DISTORT
+// Pod (the DISTORT binaries and the CSI sidecars) authenticates with the projected token of its own
+// chart ServiceAccount, never as the admin and with no kubeconfig of the lab, and no two components
+// share an identity, so a new component cannot slip in on another one's rights.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { readdirSync, readFileSync } from "node:fs";
-import { basename } from "node:path";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type * as k8s from "@kubernetes/client-node";
 import { type KubeDoc, render } from "../helm/chart-support.ts";
+import { containerPids } from "../lab/cluster/containers.ts";
+import { renderKubeconfig } from "../lab/cluster/control-plane.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
-import { LAB_RELEASE, LAB_VALUES } from "../lab/lab.ts";
+import { clusterOf } from "../lab/harness/rbac.ts";
 import { connect } from "../lib/kube/connection.ts";
 import { type E2eLab, e2eLab } from "./support.ts";
 
 const COMPONENT_LABEL = "app.kubernetes.io/component";
-
-/** Lab process name -> the chart component (app.kubernetes.io/component) whose Pod it stands for. */
-const DISTORT_PROCESSES: readonly [RegExp, string][] = [
-  [/^manager-\d+$/, "manager"],
-  [/^agent\/.+$/, "agent"],
-  [/^csi-controller$/, "csi-controller"],
-  [/^csi-node\/.+$/, "csi-node"],
-  [/^dpu\/.+$/, "dpu"],
-];
+/** Where kubelet mounts a Pod's projected ServiceAccount token in every container (under /var/run or /run). */
+const TOKEN_DIR = "/secrets/kubernetes.io/serviceaccount";
 /** The CSI sidecars: containers of a chart workload, so they run with that workload's ServiceAccount. */
 const SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"];
-/**
- * Cluster pieces that hold admin credentials by design: the snapshot-controller is a cluster
- * add-on outside the chart, and the kubelet stand-in plays the kubelet, which has node
- * credentials in a real cluster. The control plane's clients are listed apart (they are not in
- * pids.json). Anything else on the admin identity fails the test.
- */
-const ADMIN_PROCESSES: readonly RegExp[] = [/^snapshot-controller$/, /^kubelet\/.+$/];
-const ADMIN_CONTROL_PLANE = ["kube-controller-manager", "kube-scheduler"];
-/**
- * Processes that are no Kubernetes client at all: the hardware stand-ins (targets, SNAP, each
- * node's NVMe host driver) and etcd/the API server itself.
- */
-const NON_CLIENTS: readonly RegExp[] = [/^nvmf_tgt\/.+$/, /^snap\/.+$/, /^nvme-host\/.+$/];
-const NON_CLIENT_CONTROL_PLANE = ["etcd", "kube-apiserver"];
 
 interface UserInfo {
   username: string;
@@ -45,6 +29,7 @@ interface UserInfo {
 let lab: E2eLab;
 let chart: KubeDoc[];
 let admin: UserInfo;
+let dir: string;
 
 function argvOf(pid: number): string[] {
   return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").filter(Boolean);
@@ -57,16 +42,6 @@ function environOf(pid: number): Map<string, string> {
     if (i > 0) out.set(kv.slice(0, i), kv.slice(i + 1));
   }
   return out;
-}
-
-/** The kubeconfig a process uses: its --kubeconfig flag wins over KUBECONFIG, as in client-go and our binaries. */
-function kubeconfigOf(pid: number): string | undefined {
-  const argv = argvOf(pid);
-  for (const [i, a] of argv.entries()) {
-    if (a.startsWith("--kubeconfig=")) return a.slice("--kubeconfig=".length);
-    if (a === "--kubeconfig") return argv[i + 1];
-  }
-  return environOf(pid).get("KUBECONFIG") || undefined;
 }
 
 /** Who the API server says the holder of `kubeconfig` is (SelfSubjectReview). */
@@ -113,16 +88,6 @@ const ESCALATIONS = [
   { verb: "impersonate", resource: "serviceaccounts" },
 ];
 
-function labPids(): Record<string, number> {
-  return JSON.parse(readFileSync(`${lab.dir}/pids.json`, "utf8")) as Record<string, number>;
-}
-
-function parentOf(pid: number): number {
-  // The command name in /proc/<pid>/stat may hold spaces and parentheses: fields follow the last ")".
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-}
-
 /** The chart workload (Deployment/DaemonSet) that has a container `name`, or the label `component`. */
 function workload(o: { component?: string; container?: string }): { name: string; serviceAccount: string } {
   for (const d of chart) {
@@ -144,14 +109,56 @@ function workload(o: { component?: string; container?: string }): { name: string
   throw new Error(`the chart renders no workload for ${JSON.stringify(o)}`);
 }
 
+/** One running container of a DISTORT Pod, with its main process. */
+interface Running {
+  pod: k8s.V1Pod;
+  component: string;
+  container: string;
+  pid: number;
+}
+
+/** Every running container of the release's Pods, each with its first process. */
+async function runningContainers(): Promise<Running[]> {
+  const pods = (await lab.core.listNamespacedPod({ namespace: lab.namespace })).items.filter(
+    (p) => p.metadata?.deletionTimestamp === undefined && p.status?.phase === "Running",
+  );
+  const out: Running[] = [];
+  for (const pod of pods)
+    for (const c of pod.status?.containerStatuses ?? []) {
+      if (!c.containerID || !c.state?.running) continue;
+      const [pid] = containerPids(c.containerID);
+      if (pid === undefined) throw new Error(`no process of container ${pod.metadata?.name}/${c.name}`);
+      out.push({ pod, component: pod.metadata?.labels?.[COMPONENT_LABEL] ?? "", container: c.name, pid });
+    }
+  return out;
+}
+
+/**
+ * A kubeconfig holding the token a container was given, as the container itself would use it.
+ * The token's mount point comes from the container's mount table: /var/run may be a symlink to
+ * /run in the image, and an absolute symlink under /proc/<pid>/root resolves on the host.
+ */
+function tokenKubeconfig(r: Running): string {
+  const point = readFileSync(`/proc/${r.pid}/mountinfo`, "utf8")
+    .split("\n")
+    .map((l) => l.split(" ")[4] ?? "")
+    .find((m) => m.endsWith(TOKEN_DIR));
+  if (!point) throw new Error(`${r.pod.metadata?.name}/${r.container} has no ServiceAccount token mounted`);
+  const token = readFileSync(`/proc/${r.pid}/root${point}/token`, "utf8").trim();
+  const { server, caPem } = clusterOf(lab.conn);
+  const path = join(dir, `${r.pod.metadata?.name}-${r.container}.kubeconfig`);
+  writeFileSync(path, renderKubeconfig(server, caPem, token, r.container), { mode: 0o600 });
+  return path;
+}
+
 beforeAll(async () => {
   lab = await e2eLab();
-  // The chart as the lab installs it (its DPU profile on, as lab.ts renders the RBAC).
+  dir = mkdtempSync(join(tmpdir(), "distort-e2e-identities-"));
   chart = (
     await render(
       await ensureHelm(),
-      { name: "lab", files: [LAB_VALUES], set: ["dpu.enabled=true"] },
-      LAB_RELEASE,
+      { name: "lab", files: [lab.values], set: [] },
+      lab.release,
       lab.namespace,
     )
   ).objects;
@@ -159,132 +166,80 @@ beforeAll(async () => {
 }, 600_000);
 
 afterAll(async () => {
+  if (dir) rmSync(dir, { recursive: true, force: true });
   await lab?.stop();
 }, 120_000);
 
-test("each DISTORT process and CSI sidecar authenticates as its own chart ServiceAccount", async () => {
-  const pids = labPids();
+test("each DISTORT container and CSI sidecar authenticates with its own chart ServiceAccount's token", async () => {
   const sas = await lab.core.listNamespacedServiceAccount({ namespace: lab.namespace });
-  const seen = new Map<string, string>();
-  let checked = 0;
-  for (const [name, pid] of Object.entries(pids)) {
-    const component = DISTORT_PROCESSES.find(([re]) => re.test(name))?.[1];
-    if (component === undefined && !SIDECARS.includes(name)) continue;
-    const w = component !== undefined ? workload({ component }) : workload({ container: name });
-    // The ServiceAccount exists in the release namespace, labelled as the component's.
+  const running = await runningContainers();
+  const perComponent = new Map<string, string>();
+  const seen: string[] = [];
+  for (const r of running) {
+    const w = workload({ component: r.component });
+    // The Pod runs as the chart's ServiceAccount for its component, which is labelled as its own.
+    expect({ pod: r.pod.metadata?.name, sa: r.pod.spec?.serviceAccountName }).toEqual({
+      pod: r.pod.metadata?.name,
+      sa: w.serviceAccount,
+    });
     const sa = sas.items.find((s) => s.metadata?.name === w.serviceAccount);
     expect(sa, `ServiceAccount ${w.serviceAccount} of ${w.name}`).toBeDefined();
-    if (component !== undefined) expect(sa?.metadata?.labels?.[COMPONENT_LABEL]).toBe(component);
-
-    expect(lab.pid(name), `${name} running`).toBe(pid);
-    const kubeconfig = kubeconfigOf(pid);
-    expect(kubeconfig, `${name} has a kubeconfig`).toBeDefined();
-    const user = await whoAmI(kubeconfig as string);
-    expect({ process: name, user: user.username }).toEqual({
-      process: name,
+    expect(sa?.metadata?.labels?.[COMPONENT_LABEL]).toBe(r.component);
+    const kubeconfig = tokenKubeconfig(r);
+    const user = await whoAmI(kubeconfig);
+    const who = `${r.pod.metadata?.name}/${r.container}`;
+    expect({ container: who, user: user.username }).toEqual({
+      container: who,
       user: `system:serviceaccount:${lab.namespace}:${w.serviceAccount}`,
     });
     expect(user.groups ?? []).not.toContain("system:masters");
     const granted: string[] = [];
     for (const e of ESCALATIONS)
-      if (await mayDo(kubeconfig as string, e)) granted.push(`${e.verb} ${e.group ?? ""}/${e.resource}`);
-    expect({ process: name, granted }).toEqual({ process: name, granted: [] });
-    seen.set(name, w.serviceAccount);
-    checked++;
+      if (await mayDo(kubeconfig, e)) granted.push(`${e.verb} ${e.group ?? ""}/${e.resource}`);
+    expect({ container: who, granted }).toEqual({ container: who, granted: [] });
+    perComponent.set(r.component, w.serviceAccount);
+    seen.push(SIDECARS.includes(r.container) ? r.container : r.component);
   }
-  // Every kind of DISTORT process was there to check: two managers, the agents, the controller
-  // with its four sidecars, the csi-node plugins and the DPU plugin.
-  const kinds = new Set([...seen.keys()].map((n) => DISTORT_PROCESSES.find(([re]) => re.test(n))?.[1] ?? n));
-  expect([...kinds].sort()).toEqual(
-    ["agent", "csi-controller", "csi-node", "dpu", "manager", ...SIDECARS].sort(),
-  );
-  expect(checked).toBe(
-    2 + lab.storage.length + 1 + SIDECARS.length + lab.consumers.length + (lab.dpu ? 1 : 0),
-  );
+  // Every kind was there to check: two managers, an agent per storage node, the controller with its
+  // four sidecars, a csi-node plugin per node.
+  const count = (k: string) => seen.filter((x) => x === k).length;
+  expect(count("manager")).toBeGreaterThanOrEqual(2);
+  expect(count("agent")).toBeGreaterThanOrEqual(lab.storage.length);
+  expect(count("csi-controller")).toBeGreaterThanOrEqual(1);
+  expect(count("csi-node")).toBeGreaterThanOrEqual(lab.consumers.length);
+  for (const s of SIDECARS) expect(count(s), s).toBe(1);
   // Least privilege needs separate identities: no two components share a ServiceAccount.
-  const perComponent = new Map<string, string>();
-  for (const [name, sa] of seen) {
-    const c = DISTORT_PROCESSES.find(([re]) => re.test(name))?.[1];
-    if (c) perComponent.set(c, sa);
-  }
   expect(new Set(perComponent.values()).size).toBe(perComponent.size);
-}, 120_000);
+}, 300_000);
 
-test("only the listed cluster pieces run as the admin; the hardware stand-ins hold no lab credentials", async () => {
+test("no DISTORT container holds a kubeconfig: each is an in-cluster client, never the admin", async () => {
   expect(admin.groups ?? []).toContain("system:masters");
-  const pids = labPids();
-  const unclassified: string[] = [];
-  for (const [name, pid] of Object.entries(pids)) {
-    const kubeconfig = kubeconfigOf(pid);
-    if (NON_CLIENTS.some((re) => re.test(name))) {
-      // An inherited KUBECONFIG from outside the lab would be harmless; a lab credential would not.
-      expect({ process: name, labCredential: kubeconfig?.startsWith(lab.dir) ?? false }).toEqual({
-        process: name,
-        labCredential: false,
+  const running = await runningContainers();
+  expect(running.length).toBeGreaterThan(0);
+  for (const r of running) {
+    const who = `${r.pod.metadata?.name}/${r.container}`;
+    for (const pid of containerPids(
+      r.pod.status?.containerStatuses?.find((c) => c.name === r.container)?.containerID ?? "",
+    )) {
+      let argv: string[];
+      let env: Map<string, string>;
+      try {
+        argv = argvOf(pid);
+        env = environOf(pid);
+      } catch {
+        continue; // Ended while we looked.
+      }
+      const flag = argv.find((a) => a.startsWith("--kubeconfig"));
+      expect({ container: who, pid, kubeconfig: flag ?? env.get("KUBECONFIG") }).toEqual({
+        container: who,
+        pid,
+        kubeconfig: undefined,
       });
-      continue;
     }
-    if (kubeconfig === undefined) {
-      unclassified.push(`${name} (no kubeconfig)`);
-      continue;
-    }
-    const user = await whoAmI(kubeconfig);
-    const isAdmin = user.username === admin.username || (user.groups ?? []).includes("system:masters");
-    const listedAdmin = ADMIN_PROCESSES.some((re) => re.test(name));
-    // Exactly the listed ones: an admin process not listed, or a listed one that is not admin,
-    // means this list and the lab have drifted apart.
-    expect({ process: name, admin: isAdmin }).toEqual({ process: name, admin: listedAdmin });
-    if (!isAdmin && !user.username.startsWith(`system:serviceaccount:${lab.namespace}:`))
-      unclassified.push(`${name} (${user.username})`);
+    // The API server is reached as an in-cluster client: through the kubernetes Service.
+    expect({ container: who, host: environOf(r.pid).get("KUBERNETES_SERVICE_HOST") !== undefined }).toEqual({
+      container: who,
+      host: true,
+    });
   }
-  expect(unclassified).toEqual([]);
-  // The lab's listed admin processes were all present (a rename would otherwise hide here).
-  for (const re of ADMIN_PROCESSES)
-    expect(
-      Object.keys(pids).some((n) => re.test(n)),
-      String(re),
-    ).toBe(true);
-  for (const re of NON_CLIENTS)
-    expect(
-      Object.keys(pids).some((n) => re.test(n)),
-      String(re),
-    ).toBe(true);
-}, 120_000);
-
-test("the lab runs no process beside pids.json but the control plane, whose clients are admin", async () => {
-  const pids = labPids();
-  const known = new Set(Object.values(pids));
-  const owners = new Set([...known].map(parentOf));
-  // All lab processes are children of the one process that started the lab.
-  expect(owners.size).toBe(1);
-  const owner = [...owners][0] as number;
-  const others: { pid: number; exe: string }[] = [];
-  for (const e of readdirSync("/proc")) {
-    const pid = Number(e);
-    if (!Number.isInteger(pid) || known.has(pid)) continue;
-    try {
-      if (parentOf(pid) !== owner) continue;
-      const argv = argvOf(pid);
-      // The suites' own bun test run is a child too, but carries no lab path in its argv.
-      if (!argv.some((a) => a.includes(lab.dir))) continue;
-      others.push({ pid, exe: basename(argv[0] ?? "") });
-    } catch {
-      // Ended while we looked.
-    }
-  }
-  expect(others.map((o) => o.exe).sort()).toEqual(
-    [...ADMIN_CONTROL_PLANE, ...NON_CLIENT_CONTROL_PLANE].sort(),
-  );
-  for (const o of others) {
-    const kubeconfig = kubeconfigOf(o.pid);
-    if (NON_CLIENT_CONTROL_PLANE.includes(o.exe)) {
-      expect({ exe: o.exe, labCredential: kubeconfig?.startsWith(lab.dir) ?? false }).toEqual({
-        exe: o.exe,
-        labCredential: false,
-      });
-      continue;
-    }
-    expect(kubeconfig, `${o.exe} kubeconfig`).toBeDefined();
-    expect((await whoAmI(kubeconfig as string)).username).toBe(admin.username);
-  }
-}, 120_000);
+}, 300_000);

@@ -13,7 +13,6 @@ import { Discovery, type KubeDoc, render } from "../helm/chart-support.ts";
 import { renderKubeconfig } from "../lab/cluster/control-plane.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { clusterOf, mintToken } from "../lab/harness/rbac.ts";
-import { LAB_RELEASE, LAB_VALUES } from "../lab/lab.ts";
 import { call } from "../lab/sim/spdk/raw-rpc-client.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
@@ -79,8 +78,8 @@ beforeAll(async () => {
   tenant = connect(kubeconfig);
   const chart = await render(
     await ensureHelm(),
-    { name: "lab", files: [LAB_VALUES], set: [] },
-    LAB_RELEASE,
+    { name: "lab", files: [lab.values], set: [] },
+    lab.release,
     lab.namespace,
   );
   binding = chart.objects.find((o) => o.kind === "ValidatingAdmissionPolicyBinding") as KubeDoc;

@@ -31,10 +31,14 @@ import { captureVolume } from "./volume-trace.ts";
 
 let lab: E2eLab;
 let partitions: ResourceClient<NVMePartition>;
+/** Two consumer nodes of the lab. */
+let nodeA: string;
+let nodeB: string;
 
 beforeAll(async () => {
   lab = await e2eLab();
   partitions = new ResourceClient(lab.conn, kinds.NVMePartition);
+  [nodeA, nodeB] = lab.consumers.map((c) => c.name) as [string, string];
 }, 120_000);
 
 afterAll(() => lab.stop());
@@ -120,10 +124,10 @@ test("Immediate: the PVC binds before any Pod, the volume is exported, and data 
     });
 
     const args = ["--bytes=16Mi", "--seed=immediate"];
-    const written = await runWorkload(lab, ns, "writer", "worker-a", "data", ["write", ...args]);
+    const written = await runWorkload(lab, ns, "writer", nodeA, "data", ["write", ...args]);
     expect(written.ok).toBe(true);
     await deletePod(lab, ns, "writer");
-    const read = await runWorkload(lab, ns, "reader", "worker-b", "data", ["verify", ...args]);
+    const read = await runWorkload(lab, ns, "reader", nodeB, "data", ["verify", ...args]);
     expect(read).toMatchObject({ ok: true, bytes: 16 * 1024 * 1024, sha256: written.sha256 });
   } finally {
     await teardownNamespace(lab, ns);
@@ -151,13 +155,13 @@ test("WaitForFirstConsumer: the PVC waits for a Pod, follows the scheduler's nod
     const args = ["--bytes=16Mi", "--seed=late-binding"];
     await lab.core.createNamespacedPod({
       namespace: ns,
-      body: workloadPod("writer", "worker-b", "data", ["write-verify", ...args]),
+      body: workloadPod("writer", nodeB, "data", ["write-verify", ...args]),
     });
     const selected = await until("the scheduler's selected-node annotation on the PVC", async () => {
       const c = await lab.core.readNamespacedPersistentVolumeClaim({ name: "data", namespace: ns });
       return c.metadata?.annotations?.[SELECTED_NODE];
     });
-    expect(selected).toBe("worker-b");
+    expect(selected).toBe(nodeB);
     const { pv, part } = await boundVolume(ns, "data");
     await expectVolumeDescribed(ns, "data", pv, part, {
       bytes: GiB,
@@ -167,7 +171,7 @@ test("WaitForFirstConsumer: the PVC waits for a Pod, follows the scheduler's nod
     const written = await waitWorkload(lab, ns, "writer");
     expect(written).toMatchObject({ ok: true, mode: "write-verify" });
     await deletePod(lab, ns, "writer");
-    const read = await runWorkload(lab, ns, "reader", "worker-a", "data", ["verify", ...args]);
+    const read = await runWorkload(lab, ns, "reader", nodeA, "data", ["verify", ...args]);
     expect(read).toMatchObject({ ok: true, sha256: written.sha256 });
   } finally {
     await teardownNamespace(lab, ns);
@@ -181,7 +185,7 @@ test("a Block-mode PVC is handed to the Pod as a raw device that keeps its bytes
     const args = ["--bytes=8Mi", "--seed=raw-block"];
     await lab.core.createNamespacedPod({
       namespace: ns,
-      body: blockWorkloadPod("writer", "worker-a", "raw", ["write", ...args]),
+      body: blockWorkloadPod("writer", nodeA, "raw", ["write", ...args]),
     });
     const written = await waitWorkload(lab, ns, "writer");
     expect(written.ok).toBe(true);
@@ -194,7 +198,7 @@ test("a Block-mode PVC is handed to the Pod as a raw device that keeps its bytes
     await deletePod(lab, ns, "writer");
     await lab.core.createNamespacedPod({
       namespace: ns,
-      body: blockWorkloadPod("reader", "worker-b", "raw", ["verify", ...args]),
+      body: blockWorkloadPod("reader", nodeB, "raw", ["verify", ...args]),
     });
     const read = await waitWorkload(lab, ns, "reader");
     expect(read).toMatchObject({ ok: true, sha256: written.sha256 });
@@ -207,12 +211,12 @@ test("one Pod with two PVCs gets both attached and mounted, and two Pods on two 
   const ns = await lab.newNamespace("prov");
   try {
     await Promise.all(["a", "b", "c", "d"].map((c) => createClaim(lab, ns, c, { size: "1Gi" })));
-    // Two claims in one Pod on worker-a, while other Pods use their own claims on both nodes.
+    // Two claims in one Pod on the first node, while other Pods use their own claims on both nodes.
     await lab.core.createNamespacedPod({
       namespace: ns,
       body: multiClaimWorkloadPod(
         "pair",
-        "worker-a",
+        nodeA,
         ["a", "b"],
         ["write-verify", "--bytes=8Mi", "--seed=pair", "--then-hold"],
       ),
@@ -220,11 +224,11 @@ test("one Pod with two PVCs gets both attached and mounted, and two Pods on two 
     await Promise.all([
       lab.core.createNamespacedPod({
         namespace: ns,
-        body: workloadPod("left", "worker-a", "c", ["write-verify", "--bytes=16Mi", "--seed=left"]),
+        body: workloadPod("left", nodeA, "c", ["write-verify", "--bytes=16Mi", "--seed=left"]),
       }),
       lab.core.createNamespacedPod({
         namespace: ns,
-        body: workloadPod("right", "worker-b", "d", ["write-verify", "--bytes=16Mi", "--seed=right"]),
+        body: workloadPod("right", nodeB, "d", ["write-verify", "--bytes=16Mi", "--seed=right"]),
       }),
     ]);
     const [pair, left, right] = await Promise.all([
@@ -235,10 +239,10 @@ test("one Pod with two PVCs gets both attached and mounted, and two Pods on two 
     expect(pair.ok).toBe(true);
     expect(left.ok).toBe(true);
     expect(right.ok).toBe(true);
-    // Both of the pair's volumes are attached to worker-a and mounted for the Pod, each its own export.
+    // Both of the pair's volumes are attached to the first node and mounted for the Pod, each its own export.
     const [ta, tb] = await Promise.all([
-      captureVolume(lab, ns, "a", "worker-a"),
-      captureVolume(lab, ns, "b", "worker-a"),
+      captureVolume(lab, ns, "a", nodeA),
+      captureVolume(lab, ns, "b", nodeA),
     ]);
     const pod = await lab.core.readNamespacedPod({ name: "pair", namespace: ns });
     for (const t of [ta, tb])

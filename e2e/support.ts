@@ -1,4 +1,5 @@
-// What every end-to-end suite needs: the running lab (the one scripts/e2e.ts started, named by
+// What every end-to-end suite needs: the running lab (the real-cluster lab of the run, which
+// e2e/cluster-preload.ts started; else the process lab scripts/e2e.ts started, named by
 // DISTORT_E2E_LAB, or one of the file's own), its processes by name for fault injection, and the
 // user-level steps (PVCs, workload Pods, waits) expressed through the real API.
 import { randomBytes } from "node:crypto";
@@ -6,8 +7,10 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
-import { type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
+import { workloadPod as demoWorkloadPod, type WorkloadReport, workloadReport } from "../lab/demo.ts";
 import {
+  LAB_RELEASE,
+  LAB_VALUES,
   type Lab,
   type LabConsumerNode,
   type LabKernelNode,
@@ -17,8 +20,25 @@ import {
 import { sweepLab } from "../lab/sweep.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { kubeError } from "../lib/kube/resource.ts";
+import { clusterBackend, sharedRealLab } from "./cluster-backend.ts";
 
-export { type WorkloadReport, workloadPod, workloadReport };
+export { type WorkloadReport, workloadReport };
+
+/** The workload image of the lab the suites run on; undefined: the kubelet stand-in's own workload. */
+let workloadImage: string | undefined;
+
+/**
+ * A Pod running the lab workload on `node` against PVC `claim`, in the image of the lab this run
+ * uses (the one e2eLab() returned): the real cluster's workload image, or the stand-in's.
+ */
+export function workloadPod(name: string, node: string, claim: string, args: string[]): k8s.V1Pod {
+  return demoWorkloadPod(name, node, claim, args, workloadImage);
+}
+
+/** True when workload Pods run in a real image (a real kubelet): the workload needs its target named. */
+export function realWorkloadImage(): boolean {
+  return workloadImage !== undefined;
+}
 
 /** What scripts/e2e.ts publishes in <dir>/e2e.json for the suites. */
 export type LabInfo = Pick<
@@ -26,6 +46,9 @@ export type LabInfo = Pick<
   "dir" | "namespace" | "managers" | "csiController" | "csiControllerSocket" | "fabricDir" | "dpu"
 > & {
   kubeconfig: string;
+  /** The chart release the lab installed (or renders, for the process lab) and its values file (relative to helm/distort). */
+  release: string;
+  values: string;
   consumers: Pick<LabConsumerNode, "name" | "kubeletRoot" | "csi" | "kubelet">[];
   storage: (Pick<LabStorageNode, "name" | "spdkSocket" | "target" | "agent"> & { serials: string[] })[];
   /** Kernel-backend storage nodes (nvmet on simulated configfs); [] where the lab has none. */
@@ -37,6 +60,8 @@ export function labInfo(lab: Lab): LabInfo {
   return {
     dir: lab.dir,
     kubeconfig: lab.kubeconfigPath,
+    release: LAB_RELEASE,
+    values: LAB_VALUES,
     namespace: lab.namespace,
     consumers: lab.consumers.map((c) => ({
       name: c.name,
@@ -76,6 +101,13 @@ export interface E2eLab extends LabInfo {
   kill(name: string, signal?: NodeJS.Signals): Promise<number>;
   /** Waits until `name` runs again with a pid other than `oldPid`. */
   waitRestarted(name: string, oldPid: number, timeoutMs?: number): Promise<number>;
+  /**
+   * A node's mount table (mountinfo text) with mount points as host paths, so that they compare
+   * with `kubeletRoot`: the host's own for the process lab, the node's mount namespace on the cluster.
+   */
+  mountinfo(node: string): string;
+  /** Mount points of a node's mount table (see mountinfo). */
+  mountPoints(node: string): string[];
   /** A fresh namespace for one test. */
   newNamespace(prefix?: string): Promise<string>;
   stop(): Promise<void>;
@@ -99,10 +131,19 @@ function alive(pid: number): boolean {
 }
 
 /**
- * The lab for a suite: the shared one named by DISTORT_E2E_LAB (a directory with e2e.json), or
- * else a lab of its own in a temporary directory that stop() takes down and sweeps.
+ * The lab for a suite: the run's real-cluster lab when e2e/cluster-preload.ts started one (its
+ * stop() leaves it to the preload), the shared process lab named by DISTORT_E2E_LAB (a directory
+ * with e2e.json), or else a process lab of its own in a temporary directory that stop() takes
+ * down and sweeps.
  */
 export async function e2eLab(): Promise<E2eLab> {
+  const real = sharedRealLab();
+  if (real) {
+    const backend = await clusterBackend(real);
+    workloadImage = backend.workloadImage;
+    return makeE2eLab(backend.info, backend.pid, backend.mountinfo);
+  }
+  workloadImage = undefined;
   const shared = process.env.DISTORT_E2E_LAB;
   let own: Lab | undefined;
   let info: LabInfo;
@@ -112,11 +153,29 @@ export async function e2eLab(): Promise<E2eLab> {
     own = await startLab({ dir, progress: (l) => process.stderr.write(`[lab] ${l}\n`) });
     info = labInfo(own);
   }
-  const conn = connect(info.kubeconfig);
   const pid = (name: string) => {
     const p = readPids(info.dir)[name];
     return p !== undefined && alive(p) ? p : undefined;
   };
+  const lab = makeE2eLab(info, pid, () => readFileSync("/proc/self/mountinfo", "utf8"));
+  return {
+    ...lab,
+    async stop() {
+      if (!own) return;
+      await own.stop();
+      await sweepLab(own.dir);
+      rmSync(own.dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The suites' lab over a backend's process ids and mount tables; stop() does nothing. */
+function makeE2eLab(
+  info: LabInfo,
+  pid: (name: string) => number | undefined,
+  mountinfo: (node: string) => string,
+): E2eLab {
+  const conn = connect(info.kubeconfig);
   return {
     ...info,
     conn,
@@ -130,6 +189,12 @@ export async function e2eLab(): Promise<E2eLab> {
       while (alive(p)) await Bun.sleep(20);
       return p;
     },
+    mountinfo,
+    mountPoints: (node) =>
+      mountinfo(node)
+        .split("\n")
+        .map((l) => l.split(" ")[4] ?? "")
+        .filter((m) => m !== ""),
     async waitRestarted(name, oldPid, timeoutMs = 60_000) {
       const until = Date.now() + timeoutMs;
       for (;;) {
@@ -144,12 +209,7 @@ export async function e2eLab(): Promise<E2eLab> {
       await conn.api(k8s.CoreV1Api).createNamespace({ body: { metadata: { name } } });
       return name;
     },
-    async stop() {
-      if (!own) return;
-      await own.stop();
-      await sweepLab(own.dir);
-      rmSync(own.dir, { recursive: true, force: true });
-    },
+    async stop() {},
   };
 }
 

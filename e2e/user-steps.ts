@@ -35,6 +35,8 @@ export function blockWorkloadPod(name: string, node: string, claim: string, args
   for (const c of pod.spec?.containers ?? []) {
     delete c.volumeMounts;
     c.volumeDevices = [{ name: "data", devicePath: "/dev/xvda" }];
+    // A real container names its target; the kubelet stand-in adds it from volumeDevices.
+    c.args = c.args?.map((a) => (a === "--dir=/data" ? "--device=/dev/xvda" : a));
   }
   return pod;
 }
@@ -49,14 +51,16 @@ export function multiClaimWorkloadPod(
   const pod = workloadPod(name, node, claims[0] ?? "", args);
   const spec = pod.spec as k8s.V1PodSpec;
   spec.volumes = claims.map((claimName, i) => ({ name: `data-${i}`, persistentVolumeClaim: { claimName } }));
-  for (const c of spec.containers)
+  for (const c of spec.containers) {
     c.volumeMounts = claims.map((_, i) => ({ name: `data-${i}`, mountPath: `/data-${i}` }));
+    c.args = c.args?.map((a) => (a === "--dir=/data" ? "--dir=/data-0" : a));
+  }
   return pod;
 }
 
 /**
  * The result line of a workload started with --then-hold: it stays Running after writing, with the
- * line in status.message. Fails at once if the Pod fails.
+ * line in its log (and, under the kubelet stand-in, in status.message). Fails at once if the Pod fails.
  */
 export async function waitHeld(
   lab: E2eLab,
@@ -73,8 +77,14 @@ export async function waitHeld(
         return {
           ended: `Pod ${pod} ended ${phase} instead of holding: ${p.status?.message ?? JSON.stringify(p.status?.containerStatuses)}`,
         };
-      if (phase !== "Running" || !p.status?.message?.startsWith("{")) return undefined;
-      return { report: JSON.parse(p.status.message) as WorkloadReport };
+      if (phase !== "Running") return undefined;
+      // The kubelet stand-in puts the line in status.message; a real kubelet has it in the log.
+      const line = p.status?.message?.startsWith("{")
+        ? p.status.message
+        : String(await lab.core.readNamespacedPodLog({ name: pod, namespace: ns }))
+            .split("\n")
+            .find((l) => l.startsWith("{"));
+      return line ? { report: JSON.parse(line) as WorkloadReport } : undefined;
     },
     timeoutMs,
   );

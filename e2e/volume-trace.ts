@@ -1,16 +1,14 @@
 // What one volume puts into the lab while a Pod uses it (API objects, the lvol and NVMe-oF subsystem
 // on its storage node's target, the consumer's loop device and mounts, its device-ledger entry),
 // read the way an operator would, and which of those are still there after the volume is deleted.
-import { readFileSync } from "node:fs";
-import { dirname } from "node:path";
 import { kinds, type NVMeDevice } from "../api/index.ts";
 import { sha256Hex } from "../lab/kubelet/naming.ts";
-import { mountPoints } from "../lab/sweep.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import type { Bdev, Lvol, NvmfSubsystem } from "../lib/spdk/schemas.ts";
+import { hostNqnOf } from "./storage-target.ts";
 import { type E2eLab, until } from "./support.ts";
 
 /** Everything a volume in use was seen to have, captured while its Pod ran. */
@@ -79,26 +77,27 @@ export function loopDevicesWithOffsets(): { name: string; backFile: string; offs
 }
 
 /** Mount points under the consumer's kubelet root that belong to this volume (staging or publish). */
-function volumeMounts(kubeletRoot: string, pv: string, volumeHandle: string): string[] {
+function volumeMounts(
+  lab: E2eLab,
+  node: string,
+  kubeletRoot: string,
+  pv: string,
+  volumeHandle: string,
+): string[] {
   const handleHash = sha256Hex(volumeHandle);
-  return mountPoints().filter(
-    (m) =>
-      m.startsWith(`${kubeletRoot}/`) &&
-      (m.includes(`/${pv}/`) || m.endsWith(`/${pv}`) || m.includes(`/${handleHash}/`)),
-  );
+  return lab
+    .mountPoints(node)
+    .filter(
+      (m) =>
+        m.startsWith(`${kubeletRoot}/`) &&
+        (m.includes(`/${pv}/`) || m.endsWith(`/${pv}`) || m.includes(`/${handleHash}/`)),
+    );
 }
 
 function consumerOf(lab: E2eLab, node: string) {
   const c = lab.consumers.find((x) => x.name === node);
   if (!c) throw new Error(`${node} is not a consumer node of the lab`);
   return c;
-}
-
-/** The host NQN the consumer node presents (its /etc/nvme/hostnqn). */
-export async function hostNqnOf(lab: E2eLab, node: string): Promise<string> {
-  // kubeletRoot is <node root>/var/lib/kubelet.
-  const root = dirname(dirname(dirname(consumerOf(lab, node).kubeletRoot)));
-  return (await Bun.file(`${root}/etc/nvme/hostnqn`).text()).trim();
 }
 
 /**
@@ -156,12 +155,13 @@ export async function captureVolume(
     const sub = target?.subsystems.find((s) => s.nqn === nqn);
     if (!sub?.hosts.some((h) => h.nqn === hostNqn))
       throw new Error(`subsystem ${nqn} does not admit ${hostNqn}`);
-    const mounts = volumeMounts(kubeletRoot, pvName, handle);
+    const mounts = volumeMounts(lab, node, kubeletRoot, pvName, handle);
     if (mounts.length === 0) throw new Error(`nothing of ${pvName} mounted under ${kubeletRoot}`);
     // The namespace's block device on the node: a loop device over the node's NVMe host's file.
-    const sources = new Set(mountSources(mounts));
+    const sources = new Set(mountSources(lab.mountinfo(node), mounts));
     const loop = loopDevicesWithOffsets().find(
-      (l) => sources.has(l.name) && l.backFile.includes("/nvme-host/fuse/"),
+      // Under the host driver's state: <..>/nvme-host/fuse/ (process lab), <..>/nvme-host/state-<node>/fuse/.
+      (l) => sources.has(l.name) && /\/nvme-host\/(state-[^/]+\/)?fuse\//.test(l.backFile),
     );
     if (!loop) throw new Error(`no namespace device of the node's NVMe host behind ${mounts.join(", ")}`);
     return {
@@ -233,7 +233,7 @@ export async function residueOf(lab: E2eLab, traces: readonly VolumeTrace[]): Pr
     }
     for (const l of loops.filter((x) => x.name === t.loopDevice && x.backFile === t.extent.filename))
       left.push(`${what}: loop device ${l.name} still maps ${l.backFile}`);
-    for (const m of volumeMounts(t.consumer.kubeletRoot, t.pv, t.volumeHandle))
+    for (const m of volumeMounts(lab, t.consumer.node, t.consumer.kubeletRoot, t.pv, t.volumeHandle))
       left.push(`${what}: ${m} still mounted`);
   }
   // No target may still admit a traced consumer except to volumes a live attachment authorizes.
@@ -322,11 +322,11 @@ export async function waitLedgerRestored(
   );
 }
 
-/** The mount sources (devices) of these mount points, from the kernel's mount table. */
-function mountSources(points: readonly string[]): string[] {
+/** The mount sources (devices) of these mount points, from a node's mount table. */
+function mountSources(mountinfo: string, points: readonly string[]): string[] {
   const want = new Set(points);
   const out: string[] = [];
-  for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
+  for (const line of mountinfo.split("\n")) {
     const f = line.split(" ");
     if (!want.has(f[4] ?? "")) continue;
     const dash = f.indexOf("-");

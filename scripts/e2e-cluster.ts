@@ -1,8 +1,10 @@
-// `bun scripts/e2e-cluster.ts`: the e2e suites of the real-cluster lab (e2e-cluster/). Each suite
-// file starts its own real-cluster lab and stops it; around them this script records the host's
-// footprint (processes, mounts, loop devices, netns, links, routes, iptables, cgroups, sysctls)
-// and fails when anything differs afterwards.
+// `bun scripts/e2e-cluster.ts`: the e2e suites on the real-cluster lab: the e2e/ suites moved
+// there (e2e/suite-tiers.ts), then e2e-cluster/ (last: it uninstalls), all in one `bun test` run
+// against one lab that e2e/cluster-preload.ts starts and stops; or the files named on the command
+// line. Around them this script records the host's footprint (processes, mounts, loop devices,
+// netns, links, routes, iptables, cgroups, sysctls) and fails when anything differs afterwards.
 import { join } from "node:path";
+import { CLUSTER_SUITES } from "../e2e/suite-tiers.ts";
 import {
   diffFootprints,
   isLabProcess,
@@ -21,9 +23,22 @@ const only = process.argv.slice(2);
 const CONTROL_PLANE = new Set(["etcd", "kube-apiserver", "kube-controller", "kube-scheduler"]);
 const labProcess = (p: ProcessInfo) =>
   isLabProcess(p) && (!CONTROL_PLANE.has(p.comm) || p.cmdline.includes("distort-cluster-"));
-const before = snapshotHost({ processFilter: labProcess });
+/** A process lab's directory (scripts/e2e.ts, a suite of its own): another helper's lab, not this one's. */
+const otherLab = (path: string) => /\/distort-e2e-[^/]+\//.test(path);
+const before = snapshotHost({ processFilter: labProcess, otherLab });
 const p = Bun.spawn(
-  [process.execPath, "test", "--timeout", "1800000", ...(only.length ? only : ["e2e-cluster/"])],
+  [
+    process.execPath,
+    "test",
+    "--timeout",
+    "1800000",
+    "--preload",
+    "./e2e/cluster-preload.ts",
+    // Paths ("./"), not filters: bun keeps their order, and e2e-cluster/ must come last.
+    ...(only.length ? only : [...CLUSTER_SUITES, "e2e-cluster/cluster.e2e.test.ts"]).map((f) =>
+      f.startsWith("./") ? f : `./${f}`,
+    ),
+  ],
   {
     cwd: root,
     stdout: "inherit",
@@ -31,7 +46,7 @@ const p = Bun.spawn(
   },
 );
 let code = await p.exited;
-const after = snapshotHost({ processFilter: labProcess });
+const after = snapshotHost({ processFilter: labProcess, otherLab });
 const diff = diffFootprints(before, after);
 if (diff.length > 0) {
   say("LEFT BEHIND by the real-cluster lab:");

@@ -1,9 +1,11 @@
-// `bun run e2e`: starts one lab in a temporary directory, runs every e2e/*.e2e.test.ts against it
-// (DISTORT_E2E_LAB names it), then stops the lab and checks it left no process, mount or loop
+// `bun run e2e`: starts one lab in a temporary directory, runs the e2e suites of the process lab
+// against it (every e2e/*.e2e.test.ts not moved to the real cluster, e2e/suite-tiers.ts; or the
+// files named on the command line; DISTORT_E2E_LAB names the lab), then stops the lab and checks it left no process, mount or loop
 // device behind. Prints bun test's counts; exits non-zero on any failure or leftover.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { processLabSuites } from "../e2e/suite-tiers.ts";
 import { labInfo } from "../e2e/support.ts";
 import { startLab } from "../lab/lab.ts";
 import { loopDevices, mountPoints, processesUnder, sweepLab } from "../lab/sweep.ts";
@@ -18,12 +20,21 @@ const lab = await startLab({ dir, progress: (l) => say(`  [lab] ${l}`) });
 try {
   writeFileSync(join(dir, "e2e.json"), JSON.stringify(labInfo(lab)));
   say(`lab ready in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
-  const p = Bun.spawn([process.execPath, "test", "--timeout", "600000", ...(only.length ? only : ["e2e/"])], {
-    cwd: root,
-    env: { ...process.env, DISTORT_E2E_LAB: dir },
-    stdout: "inherit",
-    stderr: "inherit",
-  });
+  const p = Bun.spawn(
+    [
+      process.execPath,
+      "test",
+      "--timeout",
+      "600000",
+      ...(only.length ? only : processLabSuites(root).map((f) => `./${f}`)),
+    ],
+    {
+      cwd: root,
+      env: { ...process.env, DISTORT_E2E_LAB: dir },
+      stdout: "inherit",
+      stderr: "inherit",
+    },
+  );
   code = await p.exited;
 } finally {
   await lab.stop();

@@ -99,3 +99,11 @@ test("a snapshot of this host lists its sections", () => {
   expect(s.sysctls["kernel.panic"]).toMatch(/^\d+$/);
   expect(s.processes).toEqual([]);
 });
+
+test("mounts and loop devices another lab claims are left out of the snapshot", () => {
+  const all = snapshotHost({ processFilter: () => false });
+  const withoutRoot = snapshotHost({ processFilter: () => false, otherLab: (p) => p === "/" });
+  expect(withoutRoot.mounts.some((m) => m.startsWith("/ "))).toBe(false);
+  expect(withoutRoot.mounts.length).toBeLessThan(all.mounts.length);
+  expect(snapshotHost({ processFilter: () => false, otherLab: () => true }).loops).toEqual([]);
+});

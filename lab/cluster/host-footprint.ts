@@ -62,9 +62,14 @@ export const FOOTPRINT_SYSCTLS = [
   "net.netfilter.nf_conntrack_tcp_timeout_close_wait",
 ];
 
-/** processFilter picks the processes listed (default isLabProcess). */
+/**
+ * processFilter picks the processes listed (default isLabProcess); loop devices whose backing file
+ * and mounts whose mount point `otherLab` claims belong to another lab on the machine (e.g. a
+ * process lab another test runs meanwhile) and are not listed.
+ */
 export interface SnapshotOptions {
   processFilter?: (p: ProcessInfo) => boolean;
+  otherLab?: (path: string) => boolean;
 }
 
 const read = (p: string) => {
@@ -124,12 +129,12 @@ export function mountLines(mountinfo: string): string[] {
     });
 }
 
-function loops(): string[] {
+function loops(otherLab: (path: string) => boolean): string[] {
   if (!existsSync("/sys/block")) return [];
   return readdirSync("/sys/block")
     .filter((d) => d.startsWith("loop"))
     .map((d) => ({ d, b: read(`/sys/block/${d}/loop/backing_file`).trim() }))
-    .filter((x) => x.b !== "")
+    .filter((x) => x.b !== "" && !otherLab(x.b))
     .map((x) => `${x.d} ${x.b}`);
 }
 
@@ -199,10 +204,11 @@ export function snapshotHost(opts: SnapshotOptions = {}): HostFootprint {
     ipt.push(...iptablesLines(tool, command([tool])));
   }
   const sorted = (xs: string[]) => [...xs].sort();
+  const otherLab = opts.otherLab ?? (() => false);
   return {
     processes: sorted(processes(opts.processFilter ?? isLabProcess)),
-    mounts: sorted(mountLines(read("/proc/self/mountinfo"))),
-    loops: sorted(loops()),
+    mounts: sorted(mountLines(read("/proc/self/mountinfo")).filter((m) => !otherLab(m.split(" ")[0] ?? ""))),
+    loops: sorted(loops(otherLab)),
     netns: sorted(
       command(["ip", "netns", "list"])
         .split("\n")
