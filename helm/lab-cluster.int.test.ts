@@ -127,7 +127,7 @@ describe("lab-cluster.yaml", () => {
     expect(cfg.nvmfTgtCommand).toEqual([]);
     expect(cfg.spdkMemSizeMb).toBeUndefined();
     expect(cfg.spdkSetup).toBe("");
-    expect(cfg.portalAddress).toBe(NODE_IP);
+    expect(cfg.portalAddresses).toEqual([NODE_IP]);
     expect(agent.env?.find((e) => e.name === "DISTORT_PORTAL_ADDRESS")?.valueFrom?.fieldRef?.fieldPath).toBe(
       "status.hostIP",
     );
@@ -264,7 +264,14 @@ describe("lab-cluster.yaml", () => {
     const bareLab = (
       await render(helm, { name: "lab", files: ["examples/lab.yaml"], set: [] }, "distort", "distort-system")
     ).objects;
-    const classes = (objs: KubeDoc[]) => objs.filter((o) => o.kind === "StorageClass");
+    // The process lab's kernel-backend class has no node behind it on the real cluster, whose
+    // storage nodes run the SPDK backend only; every other class is the same.
+    const classes = (objs: KubeDoc[]) =>
+      objs.filter(
+        (o) =>
+          o.kind === "StorageClass" &&
+          (o as { parameters?: Record<string, string> }).parameters?.backend !== "kernel",
+      );
     // The same classes but for fast_io_fail_tmo, which holds I/O across a target Pod's restart here.
     const fastIoFail = (objs: KubeDoc[]) =>
       classes(objs).map((c) => {
