@@ -59,6 +59,9 @@ beforeAll(async () => {
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     drives: [{ pciAddress: DRIVE.pciAddress, serial: DRIVE.serial, model: "SIM", sizeBytes: 2 ** 30 }],
+    // The backend's calls and their order, not the target's 8 ms per call: rpc-clock.test.ts
+    // covers the clock, and integration tests, the labs and the benches run on it.
+    rpcPollMs: 0,
   });
   client = new SpdkClient({ socketPath: emu.socketPath, logger: silentLogger });
   rpc = new RecordingRpc(client);

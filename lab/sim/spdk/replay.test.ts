@@ -212,6 +212,8 @@ test("replays the v25.05.1 transcripts: every reply matches exactly or by its li
       dataDir: join(root, name),
       fabric,
       transports: ["TCP"], // the captured build had no RDMA
+      // Replies, not timing: answered on arrival (rpc-clock.test.ts covers SPDK's poller).
+      rpcPollMs: 0,
       ...extra,
     }).then((e) => {
       emulators.push(e);
