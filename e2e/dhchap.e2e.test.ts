@@ -3,9 +3,8 @@
 // host presenting the right NQN with no key, a wrong key or a wrong controller key is refused by
 // the target (or refuses the target) when it connects through a lab host daemon's control socket,
 // as `nvme connect` would; and no key shows up in any process's argv or environment, any log
-// file, any Event or any object but its own Secret. DISTORT_E2E_DHCHAP_BACKEND selects the
-// backend (spdk by default; kernel once the lab has a kernel storage node and the CSI controller
-// generates per-host keys for it).
+// file, any Event or any object but its own Secret. On both backends (storage-k serves the kernel
+// one); DISTORT_E2E_DHCHAP_BACKEND=spdk|kernel runs only one.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -22,7 +21,10 @@ import { allowedHosts, hostNqnOf, targetRpc, volumeTarget } from "./storage-targ
 import { createPvc, deletePod, type E2eLab, e2eLab, runWorkload, until, workloadPod } from "./support.ts";
 
 const DRIVER = "storage.distort.io";
-const BACKEND = process.env.DISTORT_E2E_DHCHAP_BACKEND ?? "spdk";
+const BACKENDS: readonly ("spdk" | "kernel")[] =
+  process.env.DISTORT_E2E_DHCHAP_BACKEND === "spdk" || process.env.DISTORT_E2E_DHCHAP_BACKEND === "kernel"
+    ? [process.env.DISTORT_E2E_DHCHAP_BACKEND]
+    : ["spdk", "kernel"];
 const BYTES = 8 * 1024 * 1024;
 
 let lab: E2eLab;
@@ -116,7 +118,7 @@ async function leaks(needles: string[], ownSecret: { namespace: string; name: st
   return [...new Set(found)];
 }
 
-describe(`DH-HMAC-CHAP, bidirectional (${BACKEND} backend)`, () => {
+describe.each(BACKENDS)("DH-HMAC-CHAP, bidirectional (%s backend)", (BACKEND) => {
   test("the right host writes and reads; right NQN without key, wrong key, wrong controller key are refused; no key leaks", async () => {
     const [a, b] = lab.consumers;
     if (!a || !b) throw new Error("the lab needs two consumer nodes");
