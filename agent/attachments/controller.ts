@@ -17,6 +17,7 @@ import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { BackendName, TargetBackend } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
+import { aclLocks } from "../partitions/acl-lock.ts";
 import { desiredHosts } from "../partitions/controller.ts";
 import { keyedAclFor, type SecretReader } from "../partitions/host-keys.ts";
 import { isPartitionRecord } from "./partition-record.ts";
@@ -143,6 +144,12 @@ export class AttachmentController {
     const now = new Date(this.o.clock.now());
     await updateStatus(this.client, a.metadata.name, a.metadata.namespace, (latest) => {
       if (latest.metadata.uid !== a.metadata.uid) return undefined;
+      // The ACL was set for a's spec; a newer spec (another host, a takeover) is not what it grants.
+      if (
+        status === "True" &&
+        (latest.spec.attachmentId !== a.spec.attachmentId || latest.spec.hostNQN !== a.spec.hostNQN)
+      )
+        return undefined;
       const s = structuredClone(latest.status ?? { conditions: [] }) as NonNullable<
         NVMeVolumeAttachment["status"]
       >;
@@ -164,6 +171,14 @@ export class AttachmentController {
     return b;
   }
 
+  /** The decision for `key` from the caches as they are now (the attachment gone: revoke all but its siblings). */
+  private decideNow(key: string, p: NVMePartition | undefined): AttachmentDecision {
+    const a = this.attachments.get(key);
+    if (!a) return { action: "ignore" };
+    const siblings = this.attachments.list().filter((x) => x.spec.partitionUID === a.spec.partitionUID);
+    return decideAttachment(a, p, siblings, this.o.nodeName);
+  }
+
   async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
     const a = this.attachments.get(key);
     if (!a) return;
@@ -183,35 +198,55 @@ export class AttachmentController {
         await this.setAccess(a, "False", d.reason, d.message);
         throw new StorageError("unavailable", d.message);
       case "grant": {
-        // A host whose keys the Secret does not hold yet is left out; the read-back below then
-        // keeps the attachment waiting until a later pass admits it.
-        const acl = await keyedAclFor(p as NVMePartition, d.hosts, this.o.secrets);
-        await this.backend(d.backend).setHosts(d.nqn, acl.hosts, acl.keys);
-        // Read back: AccessReady means the target really holds exactly this ACL.
-        const state = await this.backend(d.backend).inspectExport(d.nqn);
-        const have = [...(state?.hosts ?? [])].sort();
-        if (!state || have.join(",") !== d.hosts.join(",")) {
-          throw new StorageError(
-            "unavailable",
-            `ACL of ${d.nqn} reads back as [${have.join(", ")}], expected [${d.hosts.join(", ")}]`,
+        await aclLocks.run(d.nqn, async () => {
+          // Decided again from the caches under the ACL lock: what the pass saw at its start may
+          // be older than an ACL another pass applied meanwhile.
+          const g = this.decideNow(key, p);
+          if (g.action !== "grant" || g.nqn !== d.nqn) {
+            throw new StorageError("unavailable", `attachment ${key} changed while its ACL was being set`);
+          }
+          // A host whose keys the Secret does not hold yet is left out; the read-back below then
+          // keeps the attachment waiting until a later pass admits it.
+          const acl = await keyedAclFor(p as NVMePartition, g.hosts, this.o.secrets);
+          await this.backend(g.backend).setHosts(g.nqn, acl.hosts, acl.keys);
+          // Read back: AccessReady means the target really holds exactly this ACL.
+          const state = await this.backend(g.backend).inspectExport(g.nqn);
+          const have = [...(state?.hosts ?? [])].sort();
+          if (!state || have.join(",") !== g.hosts.join(",")) {
+            throw new StorageError(
+              "unavailable",
+              `ACL of ${g.nqn} reads back as [${have.join(", ")}], expected [${g.hosts.join(", ")}]`,
+            );
+          }
+          // A revoked host that still holds a controller could still write: not ready until it is gone.
+          const lingering = (state.connectedHosts ?? []).filter((h) => !g.hosts.includes(h));
+          if (lingering.length > 0) {
+            throw new StorageError(
+              "unavailable",
+              `revoked host(s) ${lingering.join(", ")} still connected to ${g.nqn}; waiting for their controllers to end`,
+            );
+          }
+          const granted = this.attachments.get(key) ?? a;
+          await this.setAccess(
+            granted,
+            "True",
+            "HostAllowed",
+            `${granted.spec.hostNQN} may connect to ${g.nqn}`,
           );
-        }
-        // A revoked host that still holds a controller could still write: not ready until it is gone.
-        const lingering = (state.connectedHosts ?? []).filter((h) => !d.hosts.includes(h));
-        if (lingering.length > 0) {
-          throw new StorageError(
-            "unavailable",
-            `revoked host(s) ${lingering.join(", ")} still connected to ${d.nqn}; waiting for their controllers to end`,
-          );
-        }
-        await this.setAccess(a, "True", "HostAllowed", `${a.spec.hostNQN} may connect to ${d.nqn}`);
+        });
         return;
       }
       case "revoke": {
         if (d.nqn && d.backend) {
+          const nqn = d.nqn;
+          const backend = d.backend;
           try {
-            const acl = await keyedAclFor(p as NVMePartition, d.hosts, this.o.secrets);
-            await this.backend(d.backend).setHosts(d.nqn, acl.hosts, acl.keys);
+            await aclLocks.run(nqn, async () => {
+              const r = this.decideNow(key, p);
+              const hosts = r.action === "revoke" ? r.hosts : d.hosts;
+              const acl = await keyedAclFor(p as NVMePartition, hosts, this.o.secrets);
+              await this.backend(backend).setHosts(nqn, acl.hosts, acl.keys);
+            });
           } catch (err) {
             // No subsystem means no ACL left to revoke.
             if (!(err instanceof StorageError && err.kind === "not-found")) throw err;

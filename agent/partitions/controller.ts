@@ -36,6 +36,7 @@ import {
 } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
 import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
+import { aclLocks } from "./acl-lock.ts";
 import {
   backendOf,
   DEVICE_STATUS_REASONS,
@@ -515,9 +516,12 @@ export class PartitionController {
       );
     }
     await this.step("qos", key);
-    const hosts = desiredHosts(p, this.attachmentsFor(p));
-    const acl = await keyedAclFor(p, hosts, this.o.secrets);
-    await backend.setHosts(t.nqn, acl.hosts, acl.keys);
+    // The hosts are read from the attachment cache under the NQN's ACL lock, never before it.
+    await aclLocks.run(t.nqn, async () => {
+      const hosts = desiredHosts(p, this.attachmentsFor(p));
+      const acl = await keyedAclFor(p, hosts, this.o.secrets);
+      await backend.setHosts(t.nqn, acl.hosts, acl.keys);
+    });
     await this.step("acl", key);
     const wasExported = p.status?.state === "Exported";
     const expected = this.restarts.verified(key, t.backend, repaired.length > 0);
