@@ -15,7 +15,7 @@ import { Node as NodeService, VolumeHealthErrorType } from "../gen/csi/v1/csi_pb
 import { stagingPath } from "../lab/kubelet/naming.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
-import { hostNqnOf, targetAllowedHosts, type VolumeTarget, volumeTarget } from "./storage-target.ts";
+import { hostNqnOf, targetRevoked, type VolumeTarget, volumeTarget } from "./storage-target.ts";
 import {
   createPvc,
   deletePod,
@@ -259,11 +259,7 @@ for (const { backend, baseClass, targetProcess } of BACKENDS) {
           body: { gracePeriodSeconds: 0 },
         });
         await setOutOfService(a.name, true);
-        await until(
-          "worker-a revoked on the target",
-          async () => !(await targetAllowedHosts(t)).includes(nqnA),
-          180_000,
-        );
+        await until("worker-a revoked on the target", async () => await targetRevoked(t, nqnA), 180_000);
 
         // The old node's next direct write: an I/O error within fast_io_fail_tmo (plus one
         // reconnect delay and scheduling slack), not a success.

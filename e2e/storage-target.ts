@@ -2,7 +2,7 @@
 // SPDK RPC socket (or, on a kernel-backend node, from nvmet's configfs tree): the subsystem's
 // allowed hosts (and the order they changed in), the lvol's size, and the consumer host NQNs the
 // ACL is compared with.
-import { readdir } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
@@ -96,6 +96,30 @@ export async function targetAllowedHosts(t: VolumeTarget): Promise<string[]> {
   } finally {
     await close();
   }
+}
+
+/**
+ * Whether `host` is revoked on the volume's target: out of its ACL and, on nvmet, holding no
+ * controller any more. SPDK's remove_host disconnects at once; nvmet checks hosts only at connect,
+ * so the agent ends a revoked host's controllers by bouncing the ports after the ACL unlink, and
+ * the revoke is complete once debugfs (<subnqn>/ctrl<id>/hostnqn) lists none of them.
+ */
+export async function targetRevoked(t: VolumeTarget, host: string): Promise<boolean> {
+  if ((await targetAllowedHosts(t)).includes(host)) return false;
+  if (t.backend !== "kernel") return true;
+  const dir = join(t.nvmetDir, "..", "..", "debug", "nvmet", t.nqn);
+  let ctrls: string[];
+  try {
+    ctrls = (await readdir(dir)).filter((e) => e.startsWith("ctrl"));
+  } catch (err) {
+    if ((err as { code?: string }).code === "ENOENT") return true;
+    throw err;
+  }
+  for (const c of ctrls) {
+    const owner = await readFile(join(dir, c, "hostnqn"), "utf8").catch(() => "");
+    if (owner.trim() === host) return false;
+  }
+  return true;
 }
 
 /**
