@@ -9,7 +9,7 @@ import { type Clock, realClock } from "../../../lib/clock.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { App, type AppConfig } from "./app.ts";
-import { checkRange, type FileExtent } from "./block-io.ts";
+import { checkRange, type FileExtent, zeroRange } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
 import { hostAddressCheck } from "./host-addresses.ts";
@@ -145,6 +145,8 @@ export interface BdevHandle {
   readonly numBlocks: number;
   read(offset: number, length: number): Promise<Buffer>;
   write(offset: number, data: Uint8Array): Promise<void>;
+  /** What the target does with an NVMe Deallocate of the range: it reads as zeros afterwards. */
+  unmap(offset: number, length: number): Promise<void>;
   /**
    * Where the bdev's bytes sit in the emulator's own files (an AIO file, a thick lvol's run of
    * drive clusters, a thin lvol's or clone's file), for lab-side tests that check bytes at rest;
@@ -337,6 +339,10 @@ class Emulator implements SpdkEmulator {
       write: (offset, data) => {
         checkRange(offset, data.length, b.io.sizeBytes);
         return b.io.write(offset, data);
+      },
+      unmap: (offset, length) => {
+        checkRange(offset, length, b.io.sizeBytes);
+        return zeroRange(b.io, offset, length);
       },
       fileExtent: () => b.io.fileExtent?.(),
     };

@@ -217,6 +217,40 @@ describe("thin lvols", () => {
     expect((await lvolOf("lvs0/thin")).num_allocated_clusters).toBe(1);
     expect(await freeClusters()).toBe(free - 1);
   });
+
+  test("an unmap punches the lvol's own file: zeros read back, no cluster is allocated, no zeros written", async () => {
+    await create("trim", 64, true);
+    const t = await extentOf("lvs0/trim");
+    const bdev = emu.bdev("lvs0/trim");
+    await bdev.write(CS, Buffer.alloc(CS, 0x7e));
+    const free = await freeClusters();
+    const blocks = statSync(t.filename).blocks;
+    expect(blocks).toBeGreaterThanOrEqual(CS / 512);
+    // mkfs.ext4's discard of the whole device: before, the target wrote it as zeros.
+    await bdev.unmap(0, 64 * MIB);
+    expect((await bdev.read(CS, CS)).equals(Buffer.alloc(CS))).toBe(true);
+    expect(readExtent(t, CS, 4096).equals(Buffer.alloc(4096))).toBe(true);
+    expect(statSync(t.filename).blocks).toBeLessThan(blocks);
+    expect((await lvolOf("lvs0/trim")).num_allocated_clusters).toBe(1);
+    expect(await freeClusters()).toBe(free);
+    await call(s, "bdev_lvol_delete", { name: "lvs0/trim" });
+  });
+
+  test("an unmap of a thick lvol zeros its run of drive clusters and nothing around it", async () => {
+    await create("thick-trim", 8);
+    const e = await extentOf("lvs0/thick-trim");
+    const bdev = emu.bdev("lvs0/thick-trim");
+    await bdev.write(0, Buffer.alloc(2 * CS, 0x3c));
+    await bdev.unmap(4096, CS);
+    expect((await bdev.read(0, 4096)).equals(Buffer.alloc(4096, 0x3c))).toBe(true);
+    expect((await bdev.read(4096, CS)).equals(Buffer.alloc(CS))).toBe(true);
+    expect(readExtent(e, 4096 + CS, 4096).equals(Buffer.alloc(4096, 0x3c))).toBe(true);
+    // A snapshot refuses it, as it refuses writes.
+    await call(s, "bdev_lvol_snapshot", { lvol_name: "lvs0/thick-trim", snapshot_name: "trim-snap" });
+    await expect(emu.bdev("lvs0/trim-snap").unmap(0, 4096)).rejects.toThrow();
+    await call(s, "bdev_lvol_delete", { name: "lvs0/thick-trim" });
+    await call(s, "bdev_lvol_delete", { name: "lvs0/trim-snap" });
+  });
 });
 
 describe("restart", () => {
