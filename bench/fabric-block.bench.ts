@@ -3,7 +3,8 @@
 // socket fabric to the emulated nvmf_tgt (lab/sim/spdk/nvmf-tgt.ts), which does it on a thick lvol
 // on a simulated drive's backing file. Yardstick, same run, interleaved: a loop device over the
 // same backing file at the lvol's extent, --direct-io=off (the file in the page cache). fio figures
-// (sequential MB/s, 4 KiB random IOPS at QD1 and QD16) and mkfs.ext4's wall time on each.
+// (sequential MB/s, 4 KiB random IOPS at QD1 and QD16) and mkfs.ext4's wall time on each, with the
+// CPU the host daemon and nvmf_tgt got and the time they waited for one (a starved run says so).
 // Needs root, /dev/fuse, losetup, mkfs.ext4 and fio (Debian: fio).
 // Run: bun bench/fabric-block.bench.ts [seconds per job] [rounds] [job id...]
 import {
@@ -22,7 +23,7 @@ import { HostControlInitiator } from "../lab/sim/fabric/host-control.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { FIO_JOBS, type FioJob, fio, sh } from "./fio.ts";
-import { cpuSeconds } from "./proc-stats.ts";
+import { cpuSeconds, runDelaySeconds } from "./proc-stats.ts";
 import { type Figure, fmt, median, writeResult } from "./report.ts";
 
 const SECONDS = Number(process.argv[2] ?? 3);
@@ -211,6 +212,7 @@ async function main(): Promise<void> {
     const figures: Figure[] = [];
     const notes: string[] = [];
     const procs = () => cpuSeconds(target.pid) + cpuSeconds(host.pid);
+    const waits = () => runDelaySeconds(target.pid) + runDelaySeconds(host.pid);
     const measure = async (
       id: string,
       label: string,
@@ -221,19 +223,29 @@ async function main(): Promise<void> {
       const ours: number[] = [];
       const yard: number[] = [];
       const cpu: number[] = [];
+      const wait: number[] = [];
       for (let r = 0; r < ROUNDS; r++) {
         const c0 = procs();
+        const w0 = waits();
         const t0 = performance.now();
         ours.push(await run(labDev));
-        cpu.push((procs() - c0) / ((performance.now() - t0) / 1000));
+        const s = (performance.now() - t0) / 1000;
+        cpu.push((procs() - c0) / s);
+        wait.push((waits() - w0) / s);
         yard.push(await run(plainDev as string));
       }
       const o = median(ours);
       const y = median(yard);
       const list = (xs: number[]) => xs.map(fmt).join(", ");
-      say(`${id}: lab path ${list(ours)} ${unit}; loop on the backing file ${list(yard)} ${unit}`);
+      // The lab path's work runs in two user processes (niced with the bench); the yardstick's in
+      // the kernel's loop workers, which no nice reaches. On a loaded machine the first starve and
+      // the second do not: the CPU the processes got, and the time their threads sat runnable
+      // waiting for one, tell a starved run from a slow data path.
+      const starved = ours.filter((_, r) => (wait[r] ?? 0) > (cpu[r] ?? 0)).length;
+      const line = `${id}: lab path ${list(ours)} ${unit}; loop on the backing file ${list(yard)} ${unit}; host daemon + nvmf_tgt on a CPU ${list(cpu)} cores, waiting for one ${list(wait)} thread-seconds per second`;
+      say(starved > 0 ? `${line}; STARVED in ${starved} of ${ROUNDS} rounds (waited longer than ran)` : line);
       notes.push(
-        `${id}: lab path ${list(ours)}, loop on the backing file ${list(yard)} ${unit}; host daemon + nvmf_tgt CPU ${fmt(median(cpu))} cores`,
+        `${id}: lab path ${list(ours)}, loop on the backing file ${list(yard)} ${unit}; host daemon + nvmf_tgt CPU ${fmt(median(cpu))} cores, run-queue wait ${fmt(median(wait))} thread-s/s${starved > 0 ? `, starved (waited longer than ran) in ${starved} of ${ROUNDS} rounds` : ""}${unit === "s" ? "" : `; ${fmt(o / Math.max(median(cpu), 1e-9))} ${unit} per core of host daemon + nvmf_tgt`}`,
       );
       figures.push({
         id,

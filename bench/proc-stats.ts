@@ -1,6 +1,7 @@
 // What the benches share to drive load and see where it goes: a bounded-concurrency loop and the
-// CPU time of one process or of the whole machine, read from /proc.
-import { readFileSync } from "node:fs";
+// CPU time of one process or of the whole machine, and how long a process's threads waited for a
+// CPU, read from /proc.
+import { readdirSync, readFileSync } from "node:fs";
 
 /** Runs `fn` over `items` with at most `n` in flight; rejects with the first failure. */
 export async function pool<T>(
@@ -27,6 +28,32 @@ export function cpuSeconds(pid: number | undefined, whenGone = 0): number {
   } catch {
     return whenGone;
   }
+}
+
+/**
+ * Seconds the threads of process `pid` have spent runnable but waiting for a CPU so far (the
+ * scheduler's run-queue delay, second field of /proc/<pid>/task/<tid>/schedstat, summed over the
+ * threads alive now); `whenGone` when the process cannot be read. Compared with cpuSeconds over the
+ * same interval it says whether a process was slow or starved: a process that waits longer than
+ * it runs is held back by the machine's load, not by its own work.
+ */
+export function runDelaySeconds(pid: number | undefined, whenGone = 0): number {
+  if (pid === undefined) return whenGone;
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return whenGone;
+  }
+  let ns = 0;
+  for (const tid of tids) {
+    try {
+      ns += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[1] ?? 0);
+    } catch {
+      // the thread ended between the listing and the read
+    }
+  }
+  return ns / 1e9;
 }
 
 /** Busy CPU seconds of the whole machine so far: every process, other users' included. */
