@@ -243,9 +243,13 @@ async function main(): Promise<void> {
       // waiting for one, tell a starved run from a slow data path.
       const starved = ours.filter((_, r) => (wait[r] ?? 0) > (cpu[r] ?? 0)).length;
       const line = `${id}: lab path ${list(ours)} ${unit}; loop on the backing file ${list(yard)} ${unit}; host daemon + nvmf_tgt on a CPU ${list(cpu)} cores, waiting for one ${list(wait)} thread-seconds per second`;
-      say(starved > 0 ? `${line}; STARVED in ${starved} of ${ROUNDS} rounds (waited longer than ran)` : line);
+      say(
+        starved > 0
+          ? `${line}; held back by the machine's load in ${starved} of ${ROUNDS} rounds (their threads waited for a CPU longer than they ran)`
+          : line,
+      );
       notes.push(
-        `${id}: lab path ${list(ours)}, loop on the backing file ${list(yard)} ${unit}; host daemon + nvmf_tgt CPU ${fmt(median(cpu))} cores, run-queue wait ${fmt(median(wait))} thread-s/s${starved > 0 ? `, starved (waited longer than ran) in ${starved} of ${ROUNDS} rounds` : ""}${unit === "s" ? "" : `; ${fmt(o / Math.max(median(cpu), 1e-9))} ${unit} per core of host daemon + nvmf_tgt`}`,
+        `${id}: lab path ${list(ours)}, loop on the backing file ${list(yard)} ${unit}; host daemon + nvmf_tgt CPU ${fmt(median(cpu))} cores, run-queue wait ${fmt(median(wait))} thread-s/s${starved > 0 ? `, held back by load (waited longer than ran) in ${starved} of ${ROUNDS} rounds` : ""}${unit === "s" ? "" : `; ${fmt(o / Math.max(median(cpu), 1e-9))} ${unit} per core of host daemon + nvmf_tgt`}`,
       );
       figures.push({
         id,
