@@ -37,7 +37,7 @@ export interface NodeDirectory {
   get(nodeName: string): Promise<NodeRecord | undefined>;
   /**
    * Names of the Nodes that claim `hostNQN`: in the DISTORT node ID their CSINode carries, or (for
-   * earlier releases and the DPU plugin) in the host NQN annotation. Two distinct names mean two
+   * earlier releases) in the host NQN annotation. Two distinct names mean two
    * machines present one initiator identity, which the target could not tell apart.
    */
   claiming(hostNQN: string): Promise<string[]>;
