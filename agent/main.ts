@@ -60,6 +60,14 @@ export interface AgentHooks {
   hostFs?: HostFs;
   /** Runs host commands (parted, modprobe, lsblk...); default hostExec. */
   exec?: Exec;
+  /**
+   * The target backends one controller drives; default the shared ones. Tests wrap them to pause
+   * one controller's calls at a chosen point while the other runs.
+   */
+  controllerBackends?(
+    controller: "partitions" | "attachments",
+    backends: Partial<Record<BackendName, TargetBackend>>,
+  ): Partial<Record<BackendName, TargetBackend>>;
 }
 
 export async function runAgent(
@@ -169,7 +177,7 @@ export async function runAgent(
     manager: controllers,
     nodeName: cfg.nodeName,
     namespace: cfg.namespace,
-    backends,
+    backends: hooks.controllerBackends?.("partitions", backends) ?? backends,
     volumeManagers,
     portal: async () => {
       const r = await endpoint();
@@ -189,7 +197,7 @@ export async function runAgent(
     manager: controllers,
     nodeName: cfg.nodeName,
     namespace: cfg.namespace,
-    backends,
+    backends: hooks.controllerBackends?.("attachments", backends) ?? backends,
     logger: logger.with({ controller: "attachments" }),
     clock,
     events,

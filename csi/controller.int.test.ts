@@ -22,7 +22,7 @@ import { formatNodeId } from "../lib/csi-node-id.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
-import { HOST_NQN_ANNOTATION, kubeNodeDirectory, registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
+import { HOST_NQN_ANNOTATION, kubeNodeDirectory } from "../lib/kube/host-nqn-annotation.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { DRIVER_NAME, PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
@@ -892,8 +892,8 @@ describe("ControllerPublishVolume fencing", () => {
     nodeB = `node-b-${suffix()}`;
     await createNode(nodeA, { [HOST_NQN_ANNOTATION]: PINNED });
     await createNode(nodeB);
-    // What the node plugin does at startup on node B.
-    await registerHostNQN(tc.conn, nodeB, NQN_B);
+    // What an earlier release's node plugin wrote at startup on node B.
+    await annotateHostNQN(nodeB, NQN_B);
   });
 
   const publish = (nodeId: string, over: { readonly?: boolean; timeoutMs?: number } = {}) =>
@@ -1109,8 +1109,7 @@ describe("MULTI_NODE_READER_ONLY publications", () => {
     for (const n of ["a", "b", "c"]) {
       const name = `node-rox-${n}-${suffix()}`;
       await createNode(name);
-      await registerHostNQN(
-        tc.conn,
+      await annotateHostNQN(
         name,
         `nqn.2014-08.org.nvmexpress:uuid:0000000${nodes.length}-6c1f-4c55-9a51-1f2b3c4d5e6f`,
       );
@@ -1184,14 +1183,20 @@ test("host NQN registration: written once, read back by the directory, idempoten
   const nqn = "nqn.2014-08.org.nvmexpress:uuid:12345678-6c1f-4c55-9a51-1f2b3c4d5e6f";
   const dir = kubeNodeDirectory(tc.conn);
   expect(await dir.get(name)).toEqual({ labels: { "topology.kubernetes.io/zone": "z1" } });
-  expect(await registerHostNQN(tc.conn, name, nqn)).toMatchObject({ "topology.kubernetes.io/zone": "z1" });
-  expect((await dir.get(name))?.hostNQN).toBe(nqn);
-  const rv = (await tc.conn.api(k8s.CoreV1Api).readNode({ name })).metadata?.resourceVersion;
-  await registerHostNQN(tc.conn, name, nqn);
-  expect((await tc.conn.api(k8s.CoreV1Api).readNode({ name })).metadata?.resourceVersion).toBe(rv);
+  await annotateHostNQN(name, nqn);
+  expect(await dir.get(name)).toEqual({ hostNQN: nqn, labels: { "topology.kubernetes.io/zone": "z1" } });
   expect(await dir.get(`node-none-${suffix()}`)).toBeUndefined();
-  await expect(registerHostNQN(tc.conn, `node-none-${suffix()}`, nqn)).rejects.toThrow("not found");
 });
+
+/** The host NQN annotation an earlier release's node plugin wrote on its Node (none writes it now). */
+async function annotateHostNQN(name: string, nqn: string): Promise<void> {
+  await tc.conn
+    .api(k8s.CoreV1Api)
+    .patchNode(
+      { name, body: { metadata: { annotations: { [HOST_NQN_ANNOTATION]: nqn } } } },
+      k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
+    );
+}
 
 describe("listing, capacity, health, validation, expansion", () => {
   let e: Env;

@@ -18,6 +18,7 @@ import {
   type GroupController,
 } from "../gen/csi/v1/csi_pb.ts";
 import type { InFlight } from "../lib/concurrency/in-flight.ts";
+import { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
 import { errorMessage } from "../lib/errors.ts";
 import type { WatchCache } from "../lib/kube/cache.ts";
 import { expandVolume } from "./controller/expansion.ts";
@@ -27,6 +28,7 @@ import {
   getVolumeGroupSnapshot,
 } from "./controller/group-snapshots.ts";
 import { getVolume, getVolumeHealth, listVolumeHealth } from "./controller/health.ts";
+import { decideRotation, ROTATE_KEYS_ANNOTATION, rotateKeysIfAsked } from "./controller/key-rotation.ts";
 import { getCapacity, getSnapshot, listSnapshots, listVolumes } from "./controller/listing.ts";
 import { modifyVolume } from "./controller/modify.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
@@ -90,6 +92,7 @@ export class CsiController {
   private stopped = false;
   private cancelSweep: (() => void) | undefined;
   private sweeping: Promise<unknown> | undefined;
+  private readonly rotations = new KeyedMutex();
 
   constructor(private readonly o: ControllerOptions) {
     this.state = new ControllerState(o);
@@ -106,8 +109,33 @@ export class CsiController {
    * an orphan sweep at once and every `intervalMs` until stop().
    */
   async start(): Promise<void> {
+    // A new storage.distort.io/rotate-keys value rotates that volume's keys (once per value; the
+    // Secret records the generation done, so a restart or a repeat changes nothing).
+    this.partitions.on({
+      add: (p) => this.rotateKeys(p),
+      update: (old, p) => {
+        const was = old.metadata.annotations?.[ROTATE_KEYS_ANNOTATION];
+        if (p.metadata.annotations?.[ROTATE_KEYS_ANNOTATION] !== was) this.rotateKeys(p);
+      },
+    });
     await Promise.all(this.state.caches().map((c) => c.start()));
     if (this.o.orphans && !this.stopped) this.scheduleSweep(0);
+  }
+
+  /** Runs one partition's rotation request in the background, one at a time per partition. */
+  private rotateKeys(p: NVMePartition): void {
+    if (this.stopped || decideRotation(p).action === "none") return;
+    const key = `${p.metadata.namespace}/${p.metadata.name}`;
+    void this.rotations
+      .run(key, () =>
+        rotateKeysIfAsked(p, { keys: this.state.keys, events: this.o.events, logger: this.o.logger }),
+      )
+      .catch((err: unknown) =>
+        this.o.logger.warn("DH-HMAC-CHAP key rotation failed; retried at the next sweep", {
+          partition: key,
+          err: errorMessage(err),
+        }),
+      );
   }
 
   /** Stops the orphan sweeps (waiting for one in progress) and the caches. Idempotent. */
@@ -122,6 +150,8 @@ export class CsiController {
     const orphans = this.o.orphans;
     if (!orphans || this.stopped) return;
     this.cancelSweep = this.o.clock.setTimeout(() => {
+      // Rotations that failed (the Secret write) are tried again: done ones are no-ops.
+      for (const p of this.partitions.list()) if (decideRotation(p).action === "rotate") this.rotateKeys(p);
       this.sweeping = this.collectOrphans(orphans.graceMs)
         .catch((err) => this.o.logger.warn("orphan sweep failed", { err: errorMessage(err) }))
         .finally(() => this.scheduleSweep(orphans.intervalMs));

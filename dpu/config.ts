@@ -20,6 +20,7 @@ const MAX_SOCKET_PATH_BYTES = 107;
 const OPTIONS = {
   pluginName: { env: ["DISTORT_DPU_PLUGIN_NAME"], default: "distort" },
   socketPath: { env: ["DISTORT_DPU_SOCKET"], default: undefined },
+  csiSocketPath: { env: ["DISTORT_DPU_CSI_SOCKET"], default: undefined },
   snapProvider: { env: ["DISTORT_DPU_SNAP_PROVIDER"], default: "" },
   snapSocketPath: { env: ["DISTORT_DPU_SNAP_SOCKET"], default: undefined },
   hostNqn: { env: ["DISTORT_DPU_HOST_NQN"], default: undefined },
@@ -72,6 +73,7 @@ const trtype = (what: string) =>
 const RawSchema = v.object({
   pluginName: dirName("DISTORT_DPU_PLUGIN_NAME"),
   socketPath: v.optional(socketPath("DISTORT_DPU_SOCKET")),
+  csiSocketPath: v.optional(socketPath("DISTORT_DPU_CSI_SOCKET")),
   snapProvider: v.union(
     [v.literal(""), dirName("DISTORT_DPU_SNAP_PROVIDER")],
     "DISTORT_DPU_SNAP_PROVIDER must be empty or a directory name",
@@ -118,6 +120,12 @@ export interface DpuConfig {
   pluginName: string;
   /** The gRPC socket the SNAP node driver dials. */
   socketPath: string;
+  /**
+   * The CSI socket (Identity and NodeGetInfo only) kubelet registers through the node-driver
+   * registrar, so that kubelet records this DPU's node ID, and with it its host NQN, in the
+   * DPU Node's CSINode. Unset: not served (nothing then tells ControllerPublish the host NQN).
+   */
+  csiSocketPath?: string;
   /** GetSNAPProvider's answer; "" for NVIDIA's default SNAP. */
   snapProvider: string;
   /** SNAP's JSON-RPC socket. */
@@ -126,7 +134,7 @@ export interface DpuConfig {
   hostNqn?: string;
   /** The DPU's persistent host NQN file (nvme-cli's), used when hostNqn is not set. */
   hostNqnFile: string;
-  /** This DPU's Kubernetes Node; the host NQN is registered on it for DISTORT's ControllerPublish. */
+  /** This DPU's Kubernetes Node: the node name in the CSI node ID (with the host NQN). */
   nodeName?: string;
   stateDir: string;
   keyDir: string;
@@ -178,6 +186,7 @@ export function parseDpuConfig(env: Readonly<Record<string, string | undefined>>
   return {
     pluginName: c.pluginName,
     socketPath: socket,
+    ...(c.csiSocketPath ? { csiSocketPath: c.csiSocketPath } : {}),
     snapProvider: c.snapProvider,
     snapSocketPath: c.snapSocketPath ?? `${DPF_PROVIDER_DIR}/${provider}/snap.sock`,
     ...(c.hostNqn ? { hostNqn: c.hostNqn } : {}),

@@ -7,6 +7,7 @@ import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
+import { Identity as CsiIdentity, Node as CsiNode } from "../gen/csi/v1/csi_pb.ts";
 import {
   AccessMode,
   IdentityService,
@@ -47,6 +48,7 @@ function spawnPlugin() {
       NODE_NAME: nodeName,
       POD_NAMESPACE: ns,
       DISTORT_DPU_SOCKET: join(root, "plugins", "distort", "dpu.sock"),
+      DISTORT_DPU_CSI_SOCKET: join(root, "csi", "csi.sock"),
       DISTORT_DPU_SNAP_SOCKET: snap.socketPath,
       DISTORT_DPU_HOST_NQN_FILE: join(root, "hostnqn"),
       DISTORT_DPU_STATE_DIR: join(root, "state"),
@@ -106,7 +108,7 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-test("registers its host NQN on its Node, attaches with the Secret's key, survives SIGKILL, stops on SIGTERM", async () => {
+test("reports its host NQN in its CSI node ID (nothing written on its Node), attaches with the Secret's key, survives SIGKILL, stops on SIGTERM", async () => {
   const tm = new SpdkMethods(targetClient);
   await tm.bdevNvmeAttachController({ name: "Nvme0", trtype: "PCIe", traddr: "0000:5e:00.0" });
   await tm.bdevLvolCreateLvstore({ bdev_name: "Nvme0n1", lvs_name: "lvs0" });
@@ -128,8 +130,18 @@ test("registers its host NQN on its Node, attaches with the Secret's key, surviv
 
   let proc = spawnPlugin();
   let client = await readyClient();
+  // kubelet (through the registrar) asks the CSI socket for the node ID it stores in CSINode.
+  const csi = new GrpcJsClient(`unix://${join(root, "csi", "csi.sock")}`);
+  try {
+    expect((await csi.unary(CsiIdentity.method.getPluginInfo, {})).name).toBe("storage.distort.io");
+    expect((await csi.unary(CsiIdentity.method.probe, {})).ready).toBe(true);
+    expect((await csi.unary(CsiNode.method.nodeGetInfo, {})).nodeId).toBe(`${nodeName}/${HOST}`);
+    expect((await csi.unary(CsiNode.method.nodeGetCapabilities, {})).capabilities).toEqual([]);
+  } finally {
+    csi.close();
+  }
   const node = await tc.conn.api(k8s.CoreV1Api).readNode({ name: nodeName });
-  expect(node.metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBe(HOST);
+  expect(node.metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBeUndefined();
 
   const req = {
     volumeId: "bin-vol",

@@ -2,6 +2,7 @@
 // SNAP, serves the DPF IdentityService and StoragePluginService on the plugin socket and
 // /healthz, /readyz, /metrics over HTTP, and on SIGTERM lets in-flight calls finish before exiting.
 
+import { Identity as CsiIdentity, Node as CsiNode } from "../gen/csi/v1/csi_pb.ts";
 import { IdentityService, StoragePluginService } from "../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { type Clock, realClock } from "../lib/clock.ts";
 import { errorMessage } from "../lib/errors.ts";
@@ -13,7 +14,6 @@ import { serveHealth } from "../lib/health-server.ts";
 import { readHostNqn } from "../lib/host-nqn.ts";
 import { dirKeyFiles } from "../lib/key-files.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
-import { registerHostNQN } from "../lib/kube/host-nqn-annotation.ts";
 import { kubeSecretReader, type SecretReader } from "../lib/kube/secrets.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
@@ -22,6 +22,7 @@ import { SpdkClient, type SpdkRpc } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import pkg from "../package.json" with { type: "json" };
 import { type DpuConfig, parseDpuConfig, USAGE } from "./config.ts";
+import { createCsiNodeInfo } from "./csi-node-info.ts";
 import { type BlockDevices, snapNbdBlockDevices } from "./devices/block-devices.ts";
 import { DeviceManager } from "./devices/device-manager.ts";
 import { type HostFilesystem, hostFilesystem } from "./devices/host-filesystem.ts";
@@ -63,7 +64,7 @@ function kubeFor(cfg: DpuConfig, o: DpuOverrides, logger: Logger): KubeConnectio
   if (o.kube !== undefined) return o.kube ?? undefined;
   if (!cfg.kubeconfig && !cfg.inCluster) {
     logger.warn(
-      "no Kubernetes access: the host NQN is not registered on the Node, and volumes asking for DH-HMAC-CHAP are refused",
+      "no Kubernetes access: volumes asking for DH-HMAC-CHAP are refused (their Secrets cannot be read)",
     );
     return undefined;
   }
@@ -72,8 +73,8 @@ function kubeFor(cfg: DpuConfig, o: DpuOverrides, logger: Logger): KubeConnectio
 
 /**
  * Starts the plugin. The socket is served at once (a stale one from a crash is replaced, a live
- * one is "precondition"); Probe answers ready=false until SNAP has answered once and the host NQN
- * is registered on the Node. Rejects when the host NQN cannot be read or the socket not bound.
+ * one is "precondition"); Probe answers ready=false until SNAP has answered once. With NODE_NAME
+ * and a CSI socket, serves NodeGetInfo there for kubelet (the host NQN in the node ID). Rejects when the host NQN cannot be read or the socket not bound.
  */
 export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {}): Promise<RunningDpu> {
   const clock = o.clock ?? realClock;
@@ -90,18 +91,15 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
   const snap = new SnapRpc(rpc);
   const fileStore = fileDeviceStore(cfg.stateDir);
   const store = o.wrapStore ? o.wrapStore(fileStore) : fileStore;
-  const initSteps: { name: string; run: () => Promise<void> }[] = [];
-  if (kube && cfg.nodeName) {
-    const node = cfg.nodeName;
-    // DISTORT's ControllerPublishVolume admits the NQN a Node carries; this DPU's Node gets ours.
-    initSteps.push({
-      name: "register host NQN",
-      run: async () => void (await registerHostNQN(kube, node, hostNqn)),
-    });
-  } else {
-    logger.warn("host NQN not registered on a Node (needs NODE_NAME and Kubernetes access)", { hostNqn });
+  // The host NQN reaches ControllerPublish in the node ID kubelet stores in CSINode (served on the
+  // CSI socket below); the plugin writes nothing on its Node.
+  if (!cfg.nodeName || !cfg.csiSocketPath) {
+    logger.warn(
+      "no CSI node socket (needs NODE_NAME and DISTORT_DPU_CSI_SOCKET): kubelet cannot record this DPU's host NQN in CSINode, so ControllerPublish refuses this node",
+      { hostNqn },
+    );
   }
-  const readiness = new Readiness({ methods, store, logger, clock, initSteps });
+  const readiness = new Readiness({ methods, store, logger, clock });
   const secrets =
     o.secrets === undefined ? (kube ? kubeSecretReader(kube) : undefined) : (o.secrets ?? undefined);
   const devices = new DeviceManager({
@@ -148,6 +146,32 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
     logger,
     shutdownGraceMs: cfg.shutdownGraceMs,
   });
+  let csiServer: Awaited<ReturnType<typeof serveGrpc>> | undefined;
+  if (cfg.nodeName && cfg.csiSocketPath) {
+    const info = createCsiNodeInfo({
+      nodeName: cfg.nodeName,
+      hostNqn,
+      vendorVersion: pkg.version,
+      notReady: async () => {
+        const r = await readiness
+          .check()
+          .catch((err: unknown) => ({ ready: false, reason: errorMessage(err) }));
+        return r.ready ? undefined : (r.reason ?? "not ready");
+      },
+    });
+    try {
+      csiServer = await serveGrpc({
+        socketPath: cfg.csiSocketPath,
+        services: [register(CsiIdentity, info.identity), register(CsiNode, info.node)],
+        logger,
+        shutdownGraceMs: cfg.shutdownGraceMs,
+      });
+    } catch (err) {
+      await server.close();
+      await client.close();
+      throw err;
+    }
+  }
   let health: Awaited<ReturnType<typeof serveHealth>>;
   try {
     health = await serveHealth({
@@ -166,6 +190,7 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
       },
     });
   } catch (err) {
+    await csiServer?.close();
     await server.close();
     await client.close();
     throw err;
@@ -188,6 +213,7 @@ export async function runDpu(cfg: DpuConfig, logger: Logger, o: DpuOverrides = {
     stop() {
       stopping ??= (async () => {
         initAbort.abort();
+        await csiServer?.close();
         await server.close();
         await health.close();
         await client.close();

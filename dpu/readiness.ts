@@ -13,7 +13,7 @@ export interface ReadinessOptions {
   clock?: Clock;
   /** Deadline of the SNAP round trip a probe makes. Default 3000 ms. */
   probeTimeoutMs?: number;
-  /** Further work initialisation must finish (registering the host NQN on the Node), in order. */
+  /** Further work initialisation must finish, in order. */
   initSteps?: readonly { readonly name: string; readonly run: () => Promise<void> }[];
 }
 

@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash, randomBytes, randomUUID } from "node:crypto";
 import { status as GrpcStatus } from "@grpc/grpc-js";
-import type * as k8s from "@kubernetes/client-node";
+import * as k8s from "@kubernetes/client-node";
 import { namesFor } from "../dpu/devices/names.ts";
 import { exportOnTarget } from "../dpu/testing.ts";
 import {
@@ -251,9 +251,14 @@ async function readAll(ctrl: FabricController, length: number): Promise<Buffer> 
 }
 
 test("a CSI volume reaches SNAP through the DPU plugin as the DPU's host NQN; its bytes reach a consumer Pod after detach", async () => {
-  // The plugin registered the DPU's host NQN on its Node; ControllerPublish admits exactly that one.
+  // kubelet stored the DPU's node ID, host NQN included, in its CSINode (the plugin writes nothing
+  // on its Node); ControllerPublish admits exactly that NQN.
   const node = await lab.core.readNode({ name: dpu.name });
-  expect(node.metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBe(dpu.hostNqn);
+  expect(node.metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBeUndefined();
+  const csiNode = await lab.conn.api(k8s.StorageV1Api).readCSINode({ name: dpu.name });
+  expect(csiNode.spec.drivers?.find((d) => d.name === "storage.distort.io")?.nodeID).toBe(
+    `${dpu.name}/${dpu.hostNqn}`,
+  );
   const caps = await plugin.unary(StoragePluginService.method.storagePluginGetCapabilities, {});
   expect(caps.capabilities.map((c) => c.type.value?.type)).toContain(PluginCap.CREATE_DELETE_BLOCK_DEVICE);
 

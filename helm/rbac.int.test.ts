@@ -134,7 +134,9 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
     ],
     // No verb on Nodes beyond get: the host NQN travels in the CSI node ID (CSINode), not on the Node.
     "csi-node": [g("", "nodes", ["get"], "cluster")],
-    dpu: p.dpu ? [g("", "nodes", ["get", "patch"], "cluster"), g("", "secrets", ["get"], "namespace")] : [],
+    // Nothing on Nodes at all: the DPU's host NQN travels in its CSI node ID (NodeGetInfo, which
+    // kubelet stores in CSINode); the plugin reads only the DH-HMAC-CHAP Secrets it is given.
+    dpu: p.dpu ? [g("", "secrets", ["get"], "namespace")] : [],
   };
 }
 
@@ -170,6 +172,25 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await tc?.stop();
+});
+
+test("the csi-node and dpu ServiceAccounts hold no verb on Nodes beyond get", () => {
+  for (const dpuCluster of [false, true]) {
+    const all = grants({ snapshots: true, dpuCluster, dpu: true });
+    for (const c of ["csi-node", "dpu"] as const) {
+      const onNodes = all[c].filter(
+        (gr) => gr.group === "" && (gr.resource === "nodes" || gr.resource === "*"),
+      );
+      expect({
+        c,
+        verbs: [...new Set(onNodes.flatMap((gr) => gr.verbs))].filter((v) => v !== "get"),
+      }).toEqual({
+        c,
+        verbs: [],
+      });
+    }
+  }
+  // The access reviews below then prove the rendered chart grants exactly this contract.
 });
 
 describe("RBAC listing", () => {

@@ -550,6 +550,8 @@ export async function startLab(o: LabOptions): Promise<Lab> {
         ready: () => spdkAnswers(snapSocket),
       });
       const pluginSocket = join(root, "plugins", "distort", "dpu.sock");
+      // The plugin's NodeGetInfo socket, which the DPU node's kubelet stand-in registers into CSINode.
+      const dpuCsiSocket = join(root, "var/lib/kubelet/plugins", "storage.distort.io-dpu", "csi.sock");
       const plugin = `dpu/${name}`;
       const port = await freePort();
       await procs.start({
@@ -560,6 +562,7 @@ export async function startLab(o: LabOptions): Promise<Lab> {
           NODE_NAME: name,
           POD_NAMESPACE: namespace,
           DISTORT_DPU_SOCKET: pluginSocket,
+          DISTORT_DPU_CSI_SOCKET: dpuCsiSocket,
           DISTORT_DPU_SNAP_SOCKET: snapSocket,
           DISTORT_DPU_HOST_NQN_FILE: join(root, "hostnqn"),
           DISTORT_DPU_STATE_DIR: join(root, "state"),
@@ -571,6 +574,21 @@ export async function startLab(o: LabOptions): Promise<Lab> {
         },
         ready: () => httpOk(`http://127.0.0.1:${port}/readyz`),
       });
+      // kubelet records the DPU's node ID (its host NQN) in CSINode, as on a real DPU node.
+      await procs.start({
+        name: `kubelet/${name}`,
+        argv: [
+          BUN,
+          join(ROOT, "lab/kubelet.ts"),
+          `--kubeconfig=${kubeconfigPath}`,
+          `--node-name=${name}`,
+          `--csi-endpoint=unix://${dpuCsiSocket}`,
+          `--root-dir=${join(root, "var/lib/kubelet")}`,
+          `--label=${FABRIC_LABEL}=lab`,
+          `--log-level=${level}`,
+        ],
+      });
+      await waitCsiNodes(conn, [name], 60_000);
       dpu = { name, hostNqn, pluginSocket, snapSocket, snap, plugin };
       say(`DPU node ${name}: SNAP emulator and the dpu plugin running (${ms()})`);
     }

@@ -367,6 +367,7 @@ export const ValuesSchema = v.strictObject({
     snapSocketDir: absPath("directory of DOCA SNAP's JSON-RPC socket"),
     snapSocketName: v.pipe(v.string(), v.regex(/^[^/]+$/)),
     healthPort: port("/healthz, /readyz and /metrics (hostNetwork)"),
+    registrarHealthPort: port("node-driver-registrar /healthz beside the plugin"),
     resources: resources("dpu container"),
   }),
   dpuCluster: v.strictObject({

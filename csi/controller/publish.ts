@@ -62,7 +62,7 @@ export async function publishVolume(
     if (!node) throw notFound(`node ${id.nodeName} does not exist`);
     // The node ID carries the host NQN, and must be the one kubelet keeps in the node's CSINode
     // (written only by that node's kubelet). A bare node name (an ID csi-attacher stored from an
-    // earlier release) takes the NQN from CSINode; only without one (the DPU plugin, a node plugin
+    // earlier release) takes the NQN from CSINode; only without one (a node plugin or DPU plugin of an earlier release,
     // not restarted yet) from the Node annotation.
     const registered = node.registeredNodeId ? parseNodeId(node.registeredNodeId).hostNQN : undefined;
     if (id.hostNQN && registered && id.hostNQN !== registered) {

@@ -87,6 +87,7 @@ test("same key runs in order, one at a time; other keys overlap; keys are forgot
     });
   const all = Promise.allSettled([job("a", "a1", true), job("b", "b1"), job("a", "a2")]);
   expect(m.heldKeys).toBe(2);
+  expect([m.pending("a"), m.pending("b"), m.pending("c")]).toEqual([2, 1, 0]);
   const results = await all;
   expect(results.map((r) => r.status)).toEqual(["rejected", "fulfilled", "fulfilled"]);
   // a2 waited for a1; b1 ran alongside a1.
@@ -94,6 +95,7 @@ test("same key runs in order, one at a time; other keys overlap; keys are forgot
   expect(log.indexOf("+b1")).toBeLessThan(log.indexOf("-a1"));
   await tick(1);
   expect(m.heldKeys).toBe(0);
+  expect([m.pending("a"), m.pending("b")]).toEqual([0, 0]);
 });
 
 test("serialises per key, runs keys concurrently, survives failures, forgets idle keys", async () => {

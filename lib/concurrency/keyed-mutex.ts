@@ -11,6 +11,8 @@
 export class KeyedMutex {
   // The promise that settles when the last task queued under the key has finished.
   readonly #tails = new Map<string, Promise<void>>();
+  // Tasks running or waiting per key (absent: none).
+  readonly #counts = new Map<string, number>();
 
   /**
    * Runs `fn` once every task queued earlier under `key` has finished, and settles with its
@@ -24,14 +26,23 @@ export class KeyedMutex {
     });
     const tail = before.then(() => done);
     this.#tails.set(key, tail);
+    this.#counts.set(key, (this.#counts.get(key) ?? 0) + 1);
     return before.then(async () => {
       try {
         return await fn();
       } finally {
         release();
         if (this.#tails.get(key) === tail) this.#tails.delete(key);
+        const n = (this.#counts.get(key) ?? 1) - 1;
+        if (n > 0) this.#counts.set(key, n);
+        else this.#counts.delete(key);
       }
     });
+  }
+
+  /** Tasks running or waiting under `key` (0 when none); for tests and diagnostics. */
+  pending(key: string): number {
+    return this.#counts.get(key) ?? 0;
   }
 
   /** Keys with a running or waiting task; for tests, metrics and diagnostics. */

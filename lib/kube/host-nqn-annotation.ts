@@ -1,7 +1,6 @@
 // CSI node id -> the host NQN the target ACL admits: the node's own /etc/nvme/hostnqn. The node
-// plugin reports it inside its node ID (lib/csi-node-id.ts, stored by kubelet in CSINode); a Node
-// annotation is read only for node IDs of earlier releases and for the DPU plugin, which has no
-// CSINode. NodeStage connects only as that identity, so the controller never invents one.
+// plugin and the DPU plugin report it inside their node ID (lib/csi-node-id.ts, stored by kubelet
+// in CSINode); a Node annotation is read only for node IDs of earlier releases. NodeStage connects only as that identity, so the controller never invents one.
 import * as k8s from "@kubernetes/client-node";
 import * as v from "valibot";
 import { parseNodeId } from "../csi-node-id.ts";
@@ -38,7 +37,7 @@ export interface NodeDirectory {
   get(nodeName: string): Promise<NodeRecord | undefined>;
   /**
    * Names of the Nodes that claim `hostNQN`: in the DISTORT node ID their CSINode carries, or (for
-   * earlier releases and the DPU plugin) in the host NQN annotation. Two distinct names mean two
+   * earlier releases) in the host NQN annotation. Two distinct names mean two
    * machines present one initiator identity, which the target could not tell apart.
    */
   claiming(hostNQN: string): Promise<string[]>;
@@ -102,31 +101,5 @@ export async function nodeLabels(conn: KubeConnection, nodeName: string): Promis
     return (await conn.api(k8s.CoreV1Api).readNode({ name: nodeName })).metadata?.labels ?? {};
   } catch (err) {
     throw kubeError(err, `read node ${nodeName}`);
-  }
-}
-
-/**
- * Records `hostNQN` on Node `nodeName` (merge patch, only when it differs; RBAC: get and patch
- * nodes) and returns the Node's labels. Used by the DPU plugin only, which has no CSINode to
- * carry it; the CSI node plugin reports its host NQN in its node ID instead. Idempotent. StorageError "not-found" when the Node does
- * not exist.
- */
-export async function registerHostNQN(
-  conn: KubeConnection,
-  nodeName: string,
-  hostNQN: string,
-): Promise<Record<string, string>> {
-  const core = conn.api(k8s.CoreV1Api);
-  try {
-    const node = await core.readNode({ name: nodeName });
-    if (node.metadata?.annotations?.[HOST_NQN_ANNOTATION] !== hostNQN) {
-      await core.patchNode(
-        { name: nodeName, body: { metadata: { annotations: { [HOST_NQN_ANNOTATION]: hostNQN } } } },
-        k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
-      );
-    }
-    return node.metadata?.labels ?? {};
-  } catch (err) {
-    throw kubeError(err, `register the host NQN on node ${nodeName}`);
   }
 }

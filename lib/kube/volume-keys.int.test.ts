@@ -9,7 +9,7 @@ import { type TestCluster, testCluster } from "../../lab/cluster/test-support.ts
 import { parseDhchapSecret } from "../nvme/dhchap.ts";
 import { hostEntryKeys, hostKeyPairFrom } from "../nvme/dhchap-keys.ts";
 import { ResourceClient } from "./resource.ts";
-import { kubeVolumeKeyStore, VOLUME_KEYS_SECRET_TYPE } from "./volume-keys.ts";
+import { kubeVolumeKeyStore, ROTATION_GENERATION_KEY, VOLUME_KEYS_SECRET_TYPE } from "./volume-keys.ts";
 
 const H1 = "nqn.2014-08.org.nvmexpress:uuid:6b4e0f5c-3f3b-4b0e-9d55-0c8f1d2b7a11";
 const H2 = "nqn.2014-08.org.nvmexpress:uuid:0d9a77e2-51c4-4c61-8d3e-2b2f0b6f9e40";
@@ -104,3 +104,32 @@ test("per host (nvmet): every volume's Secret holds the host's one pair, derived
   const master = await store.read(ns, "distort-dhchap-master");
   expect(Buffer.from(master?.master ?? "", "utf8").length).toBeGreaterThan(0);
 }, 60_000);
+
+test("rotate: every host gets a new pair once per generation; a publish's retainHosts keeps the generation", async () => {
+  const ns = await tc.namespace("keys-rotate");
+  const p = await partition(ns, "vol-rot");
+  const store = kubeVolumeKeyStore(tc.conn);
+  const name = "dhchap-pvc-rot";
+  expect(await store.rotate(ns, name, "1", "bidirectional", "sha256")).toBeUndefined();
+  await store.ensureHost(p, name, H1, "bidirectional", "sha256");
+  await store.ensureHost(p, name, H2, "bidirectional", "sha256");
+  const before = (await store.read(ns, name)) ?? {};
+  expect((await store.rotate(ns, name, "1", "bidirectional", "sha256"))?.sort()).toEqual([H1, H2].sort());
+  const after = (await store.read(ns, name)) ?? {};
+  expect(after[ROTATION_GENERATION_KEY]).toBe("1");
+  for (const h of [H1, H2]) {
+    const [a, b] = [hostKeyPairFrom(before, h), hostKeyPairFrom(after, h)];
+    expect(b?.secret).not.toBe(a?.secret);
+    expect(b?.ctrlSecret).not.toBe(a?.ctrlSecret);
+    expect(parseDhchapSecret(b?.secret as string).hash).toBe(1);
+  }
+  // The same generation again: nothing changes.
+  expect(await store.rotate(ns, name, "1", "bidirectional", "sha256")).toEqual([]);
+  expect(await store.read(ns, name)).toEqual(after);
+  // Dropping a host keeps the record of the rotation, so it is not done twice.
+  await store.retainHosts(ns, name, [H1]);
+  const kept = (await store.read(ns, name)) ?? {};
+  expect(kept[ROTATION_GENERATION_KEY]).toBe("1");
+  expect(hostKeyPairFrom(kept, H2)).toBeUndefined();
+  expect(hostKeyPairFrom(kept, H1)).toEqual(hostKeyPairFrom(after, H1));
+});

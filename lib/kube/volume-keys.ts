@@ -19,6 +19,12 @@ import { kubeError } from "./resource.ts";
 /** The Secret's type: says what it is to an operator listing Secrets. */
 export const VOLUME_KEYS_SECRET_TYPE = "storage.distort.io/dhchap";
 
+/**
+ * Data key recording the last rotation generation done on a volume's key Secret (not secret). A
+ * rotation asked for again with the same generation changes nothing.
+ */
+export const ROTATION_GENERATION_KEY = "rotation.generation";
+
 /** The object a volume's key Secret is owned by (its NVMePartition). */
 export interface KeyOwner {
   apiVersion: string;
@@ -49,6 +55,19 @@ export interface VolumeKeyStore {
    * a missing Secret is done.
    */
   retainHosts(namespace: string, name: string, hostNqns: readonly string[]): Promise<void>;
+  /**
+   * Key rotation: gives every host of Secret namespace/name a new pair of `mode` and records
+   * `generation` (ROTATION_GENERATION_KEY). Returns the host NQNs rotated, [] when `generation` was
+   * done already or the Secret holds no host, undefined when the Secret does not exist. Per-volume
+   * pairs only: a per-host pair (derived, nvmet) is never rotated here. Never returns a key.
+   */
+  rotate(
+    namespace: string,
+    name: string,
+    generation: string,
+    mode: Exclude<DhchapMode, "none">,
+    hash: DhchapHashName,
+  ): Promise<string[] | undefined>;
   /** The Secret's decoded data, or undefined when it does not exist. */
   read(namespace: string, name: string): Promise<Record<string, string> | undefined>;
 }
@@ -177,8 +196,39 @@ export function kubeVolumeKeyStore(
         await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(data) } });
       });
     },
+    async rotate(namespace, name, generation, mode, hash) {
+      let rotated: string[] | undefined;
+      await retrying(`rotate the keys in Secret ${namespace}/${name}`, async () => {
+        const cur = await get(namespace, name);
+        if (!cur) {
+          rotated = undefined;
+          return;
+        }
+        const data = decode(cur);
+        rotated = [];
+        if (data[ROTATION_GENERATION_KEY] === generation) return;
+        const hosts = Object.entries(data)
+          .filter(([k]) => k.endsWith(".hostnqn"))
+          .map(([, nqn]) => nqn)
+          .sort();
+        for (const h of hosts) {
+          const k = hostEntryKeys(h);
+          const pair = generateHostKeyPair(mode, hash);
+          data[k.secret] = pair.secret;
+          if (pair.ctrlSecret) data[k.ctrlSecret] = pair.ctrlSecret;
+          else delete data[k.ctrlSecret];
+        }
+        data[ROTATION_GENERATION_KEY] = generation;
+        await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(data) } });
+        rotated = hosts;
+      });
+      return rotated;
+    },
     async retainHosts(namespace, name, hostNqns) {
-      const keep = new Set(hostNqns.flatMap((h) => Object.values(hostEntryKeys(h))));
+      const keep = new Set([
+        ROTATION_GENERATION_KEY,
+        ...hostNqns.flatMap((h) => Object.values(hostEntryKeys(h))),
+      ]);
       await retrying(`write Secret ${namespace}/${name}`, async () => {
         const cur = await get(namespace, name);
         if (!cur) return;

@@ -518,6 +518,11 @@ describe("subsystem serialisation", () => {
       nqn,
       host: "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555",
     });
+    await w.nvmfSubsystemSetKeys({
+      nqn,
+      host: "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555",
+      dhchap_key: "k1",
+    });
     await w.nvmfSubsystemRemoveHost(
       nqn,
       "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555",
@@ -529,9 +534,9 @@ describe("subsystem serialisation", () => {
     await w.nvmfSubsystemGetControllers(nqn);
     const key = subsystemLockKey(nqn);
     expect(key).not.toBe(nqn);
-    expect(rpc.calls.slice(0, 9).every((c) => c.key === key)).toBe(true);
-    expect(rpc.calls.slice(9).every((c) => c.key === undefined)).toBe(true);
-    expect(rpc.calls).toHaveLength(12);
+    expect(rpc.calls.slice(0, 10).every((c) => c.key === key)).toBe(true);
+    expect(rpc.calls.slice(10).every((c) => c.key === undefined)).toBe(true);
+    expect(rpc.calls).toHaveLength(13);
   });
 
   test("a caller holding serialize(nqn) can call the wrappers inside without deadlock", async () => {

@@ -403,6 +403,17 @@ export class SpdkMethods {
     await this.#subsystem(p.nqn, () => this.#call("nvmf_subsystem_add_host", p, S.TrueResultSchema, opts));
   }
 
+  /**
+   * nvmf_subsystem_set_keys: replaces an allowed host's DH-HMAC-CHAP key names (keyring entries
+   * loaded before) for its later authentications; its connected controllers stay. Both names are
+   * set at once: one left out is cleared. A host not allowed: -22 ("invalid"); a key name the
+   * keyring lacks or an unknown subsystem: -32602.
+   */
+  async nvmfSubsystemSetKeys(params: HostAddParams, opts?: CallOptions): Promise<void> {
+    const p = checkParams("nvmf_subsystem_set_keys", P.HostAddParams, params);
+    await this.#subsystem(p.nqn, () => this.#call("nvmf_subsystem_set_keys", p, S.TrueResultSchema, opts));
+  }
+
   /** nvmf_subsystem_remove_host (disconnects that host's controllers); not listed: "not-found". */
   async nvmfSubsystemRemoveHost(nqn: string, host: string, opts?: CallOptions): Promise<void> {
     const n = checkParams("nvmf_subsystem_remove_host", P.NqnSchema, nqn);

@@ -1,6 +1,7 @@
 // What one partition's pass costs against the nvmf_tgt emulator, counted per RPC: a re-verify reads
 // only its own subsystem, a replay after a target restart checks the drive and transport once, and
-// DH-CHAP keys are collected as soon as a keyed host is revoked, rotated or removed, and only then.
+// DH-CHAP keys are collected as soon as a keyed host is revoked, rotated (nvmf_subsystem_set_keys,
+// the host staying admitted) or removed, and only then.
 import { afterAll, beforeAll, beforeEach, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -186,10 +187,22 @@ test("DH-CHAP keys: collected when a keyed host is revoked, rotated or removed, 
   expect(existsSync(join(root, "keys", keyA))).toBe(false);
   expect(existsSync(join(root, "keys", keyB))).toBe(true);
 
-  // Rotated: the new key replaces the old one.
+  // Rotated: the new key is loaded and swapped in (the host stays admitted, so its connected
+  // controllers stay), then the old one goes.
+  rpc.calls = [];
   await target.setHosts(nqnOf("kb"), [HOST], new Map([[HOST, s3]]));
   const keyB2 = await hostKey(nqnOf("kb"));
   expect(keyB2).not.toBe(keyB);
+  expect(rpc.count("nvmf_subsystem_remove_host")).toBe(0);
+  expect(rpc.count("nvmf_subsystem_add_host")).toBe(0);
+  const order = rpc.calls.map((c) => c.method);
+  expect(order.indexOf("keyring_file_add_key")).toBeLessThan(order.indexOf("nvmf_subsystem_set_keys"));
+  expect(order.indexOf("nvmf_subsystem_set_keys")).toBeLessThan(order.indexOf("keyring_file_remove_key"));
+  expect(rpc.calls.find((c) => c.method === "nvmf_subsystem_set_keys")?.params).toEqual({
+    nqn: nqnOf("kb"),
+    host: HOST,
+    dhchap_key: keyB2,
+  });
   expect(await dhchapKeys()).toEqual([keyB2]);
   expect(existsSync(join(root, "keys", keyB))).toBe(false);
 
@@ -226,8 +239,14 @@ test("bidirectional: the host is admitted with dhchap_key and dhchap_ctrlr_key, 
   await pass("kd", [HOST], new Map([[HOST, { secret: h1, ctrlSecret: c1 }]]));
   expect(rpc.count("nvmf_subsystem_add_host")).toBe(0);
 
-  // A new controller key alone re-admits the host and the old controller key goes.
+  // A new controller key alone is swapped in with the unchanged host key (set_keys sets both;
+  // one left out would be cleared) and the old controller key goes.
+  rpc.calls = [];
   await target.setHosts(nqnOf("kd"), [HOST], new Map([[HOST, { secret: h1, ctrlSecret: c2 }]]));
+  expect(rpc.count("nvmf_subsystem_remove_host")).toBe(0);
+  expect(rpc.calls.find((c) => c.method === "nvmf_subsystem_set_keys")?.params).toMatchObject({
+    dhchap_key: admitted?.dhchap_key,
+  });
   const [after] = await new SpdkMethods(client).nvmfGetSubsystems(nqnOf("kd"));
   const again = after?.hosts.find((h) => h.nqn === HOST);
   expect(again?.dhchap_key).toBe(admitted?.dhchap_key as string);

@@ -469,9 +469,13 @@ export class SpdkTarget implements TargetBackend {
             : { ctrlr: { name: keyNameFor(nqn, `${h}\0ctrlr`, k.ctrlSecret), secret: k.ctrlSecret } }),
         });
       }
-      // Revoke before granting, so a takeover never has two hosts allowed at once; a host whose
-      // keys changed is revoked too and re-admitted below with the new ones.
+      // Revoke before granting, so a takeover never has two hosts allowed at once. A host that
+      // stays and gets new keys (a rotation) keeps its entry and its connected controllers: its
+      // new keys are loaded and swapped in with nvmf_subsystem_set_keys, which only later
+      // authentications see; the old keys then have no user and are collected. A host that loses
+      // its keys is revoked and re-admitted.
       const kept = new Set<string>();
+      const rekeyed = new Set<string>();
       for (const h of s.hosts) {
         const w = want.get(h.nqn);
         if (
@@ -480,6 +484,10 @@ export class SpdkTarget implements TargetBackend {
           w.ctrlr?.name === (h.dhchap_ctrlr_key || undefined)
         ) {
           kept.add(h.nqn);
+          continue;
+        }
+        if (w?.key !== undefined) {
+          rekeyed.add(h.nqn);
           continue;
         }
         await this.removeHost(nqn, h);
@@ -499,16 +507,21 @@ export class SpdkTarget implements TargetBackend {
                 if (!isKind(err, "already-exists")) throw err;
               });
             }
-            await this.m
-              .nvmfSubsystemAddHost({
-                nqn,
-                host: h,
-                ...(w.key ? { dhchap_key: w.key.name } : {}),
-                ...(w.ctrlr ? { dhchap_ctrlr_key: w.ctrlr.name } : {}),
-              })
-              .catch((err) => {
+            const entry = {
+              nqn,
+              host: h,
+              ...(w.key ? { dhchap_key: w.key.name } : {}),
+              ...(w.ctrlr ? { dhchap_ctrlr_key: w.ctrlr.name } : {}),
+            };
+            if (rekeyed.has(h)) {
+              await this.m.nvmfSubsystemSetKeys(entry);
+              // The keys it authenticated with may be unused from now on.
+              this.facts.forget(KEYS_COLLECTED);
+            } else {
+              await this.m.nvmfSubsystemAddHost(entry).catch((err) => {
                 if (!isKind(err, "already-exists")) throw err;
               });
+            }
           } catch (err) {
             // The key may be installed while its host is not admitted: unused until a later pass.
             if (w.key) this.facts.forget(KEYS_COLLECTED);

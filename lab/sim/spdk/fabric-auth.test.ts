@@ -24,6 +24,7 @@ const NQN = "nqn.2026-02.io.distort:volume-auth";
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:5a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 const HOST2 = "nqn.2014-08.org.nvmexpress:uuid:7b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e";
 const OPEN_HOST = "nqn.2014-08.org.nvmexpress:uuid:8c3d4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f";
+const OTHER_HOST_FOR_KEYS = "nqn.2014-08.org.nvmexpress:uuid:1f2a3b4c-5d6e-4f7a-8b9c-0d1e2f3a4b5c";
 const ADDR = { trtype: "tcp", adrfam: "ipv4", traddr: "10.9.0.1", trsvcid: "4420" };
 
 let root: string;
@@ -285,6 +286,76 @@ describe("a removed key stays listed while a host still uses it", () => {
       { name: "idle", module: "keyring_file", removed: false, probed: false, refcnt: 1, path: idle },
     ]);
     await call(t, "keyring_file_remove_key", { name: "idle" });
+  });
+});
+
+describe("nvmf_subsystem_set_keys rotates a host's keys in place", () => {
+  test("a connected controller keeps doing I/O; new connects need the new key; the old key goes with its last user", async () => {
+    const t = target.socketPath;
+    const h4 = "nqn.2014-08.org.nvmexpress:uuid:0e1f2a3b-4c5d-4e6f-8a7b-9c0d1e2f3a4b";
+    const oldSecret = generateDhchapSecret({ hash: 2 });
+    const newSecret = generateDhchapSecret({ hash: 2 });
+    await call(t, "keyring_file_add_key", { name: "k4old", path: keyFile("k4old", oldSecret) });
+    await call(t, "nvmf_subsystem_add_host", { nqn: NQN, host: h4, dhchap_key: "k4old" });
+    const live = await connect(h4, { secret: oldSecret });
+    try {
+      await call(t, "keyring_file_add_key", { name: "k4new", path: keyFile("k4new", newSecret) });
+      // Errors as rpc_nvmf_subsystem_set_keys answers them.
+      expect(
+        (await rpc(t, "nvmf_subsystem_set_keys", { nqn: NQN, host: h4, dhchap_key: "nokey" })).error,
+      ).toEqual({
+        code: -32602,
+        message: "Invalid parameters",
+      });
+      expect(
+        (
+          await rpc(t, "nvmf_subsystem_set_keys", {
+            nqn: NQN,
+            host: OTHER_HOST_FOR_KEYS,
+            dhchap_key: "k4new",
+          })
+        ).error,
+      ).toEqual({
+        code: -22,
+        message: "Invalid argument",
+      });
+      expect(
+        (await rpc(t, "nvmf_subsystem_set_keys", { nqn: NQN, host: h4, dhchap_ctrlr_key: "k4new" })).error
+          ?.code,
+      ).toBe(-22);
+      expect(
+        (await rpc(t, "nvmf_subsystem_set_keys", { nqn: NQN, host: h4, psk: "k4new" })).error?.code,
+      ).toBe(-32602);
+
+      expect(await call(t, "nvmf_subsystem_set_keys", { nqn: NQN, host: h4, dhchap_key: "k4new" })).toBe(
+        true,
+      );
+      const subs = (await call(t, "nvmf_get_subsystems")) as {
+        nqn: string;
+        hosts: Record<string, unknown>[];
+      }[];
+      expect(subs.find((x) => x.nqn === NQN)?.hosts.find((h) => h.nqn === h4)).toEqual({
+        nqn: h4,
+        dhchap_key: "k4new",
+      });
+      // The controller authenticated with the old key is untouched.
+      expect((await controllers()).filter((c) => c.hostnqn === h4)).toHaveLength(1);
+      const data = Buffer.alloc(4096, 7);
+      await live.write(1, 4096 * 3, data);
+      expect((await live.read(1, 4096 * 3, 4096)).equals(data)).toBe(true);
+      // New connections: the old key is refused, the new one admitted.
+      await refusal(connect(h4, { secret: oldSecret }));
+      await connectAndWrite(h4, { secret: newSecret }, "rotated");
+      // The old key has no user left once removed from the keyring.
+      expect(await call(t, "keyring_file_remove_key", { name: "k4old" })).toBe(true);
+      const names = ((await call(t, "keyring_get_keys")) as { name: string }[]).map((k) => k.name);
+      expect(names).not.toContain("k4old");
+      expect(names).toContain("k4new");
+    } finally {
+      live.close();
+      await call(t, "nvmf_subsystem_remove_host", { nqn: NQN, host: h4 });
+      await call(t, "keyring_file_remove_key", { name: "k4new" });
+    }
   });
 });
 

@@ -361,6 +361,19 @@ export class NvmfTarget {
   }
 
   /**
+   * Replaces the key names of allowed host `nqn` in place (spdk_nvmf_subsystem_set_keys): later
+   * authentications use them, connected controllers are left as they are. Returns the entry it
+   * replaced; TargetError when the host is absent.
+   */
+  setHostKeys(s: Subsystem, host: Host): Host {
+    const at = s.hosts.findIndex((h) => h.nqn === host.nqn);
+    if (at < 0) throw new TargetError(`host ${host.nqn} absent`);
+    const old = s.hosts[at] as Host;
+    s.hosts[at] = host;
+    return old;
+  }
+
+  /**
    * Removes a host and disconnects its controllers at once, admin and I/O queues, as SPDK's
    * spdk_nvmf_subsystem_disconnect_host does; a reconnect is then refused at CONNECT. TargetError
    * when absent.

@@ -469,6 +469,48 @@ export function nvmfMethods(app: App): MethodSpec[] {
       },
     },
     {
+      // rpc_nvmf_subsystem_set_keys (v25.05.1): both key names are set at once, an omitted one
+      // clears that key; a controller key needs a host key; controllers already connected stay.
+      name: "nvmf_subsystem_set_keys",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(
+          req,
+          v.strictObject({
+            nqn: str,
+            host: str,
+            tgt_name: v.optional(str),
+            dhchap_key: v.optional(str),
+            dhchap_ctrlr_key: v.optional(str),
+          }),
+          INVALID_PARAMS,
+        );
+        if (p.tgt_name !== undefined && p.tgt_name !== TARGET_NAME) {
+          throw new RpcError(RpcCode.internalError, "Invalid parameters");
+        }
+        const s = findOrInvalid(p.nqn);
+        const keys = [p.dhchap_key, p.dhchap_ctrlr_key].map((k) =>
+          k === undefined ? undefined : app.keyring.get(k),
+        );
+        if ((p.dhchap_key && !keys[0]) || (p.dhchap_ctrlr_key && !keys[1])) throw RpcError.invalidParams();
+        // spdk_nvmf_subsystem_set_keys: -EINVAL for an unknown host or a controller key alone.
+        if (!s.hosts.some((h) => h.nqn === p.host)) throw RpcError.errno(22);
+        if (!p.dhchap_key && p.dhchap_ctrlr_key) throw RpcError.errno(22);
+        const host = {
+          nqn: p.host,
+          ...(p.dhchap_key ? { dhchapKey: p.dhchap_key } : {}),
+          ...(p.dhchap_ctrlr_key ? { dhchapCtrlrKey: p.dhchap_ctrlr_key } : {}),
+        };
+        const old = target.setHostKeys(s, host);
+        app.keyring.hold(
+          host,
+          keys.filter((k) => k !== undefined),
+        );
+        app.keyring.release(old);
+        return true;
+      },
+    },
+    {
       name: "nvmf_subsystem_remove_host",
       states: RUNTIME,
       handler: async (req, ctx) => {
