@@ -350,12 +350,12 @@ describe("identity and input validation", () => {
         GRPC.INVALID_ARGUMENT,
       ],
       [
-        "Publish multi-node",
+        "Publish multi-node writer on a filesystem",
         () =>
           c.unary(M.controllerPublishVolume, {
             volumeId: fake,
             nodeId: "n",
-            volumeCapability: blockCap(Mode.MULTI_NODE_MULTI_WRITER),
+            volumeCapability: mountCap(Mode.MULTI_NODE_MULTI_WRITER),
           }),
         GRPC.INVALID_ARGUMENT,
       ],
@@ -580,7 +580,7 @@ describe("identity and input validation", () => {
           ),
         )
       ).details,
-    ).toContain("one writer node");
+    ).toContain("raw block volumes only");
     expect(
       (
         await failure(
@@ -848,8 +848,10 @@ async function createStorageNode(
   const client = new ResourceClient(tc.conn, kinds.RDMAStorageNode);
   const now = new Date().toISOString().replace(/\.\d+Z$/, "Z");
   const existing = await client.get(name, e.ns);
+  // The stand-in's heartbeat may have made the record first, without labels.
+  if (existing) await client.mergePatch(name, e.ns, { metadata: { labels } });
   const created =
-    existing ??
+    (existing ? await client.get(name, e.ns) : undefined) ??
     (await client.create({
       apiVersion: "storage.distort.io/v1alpha1",
       kind: "RDMAStorageNode",
@@ -1382,7 +1384,7 @@ describe("listing, capacity, health, validation, expansion", () => {
     expect(wrongParams.message).toContain("parameters differ");
     expect(
       (await validate({ volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)] })).message,
-    ).toContain("not supported");
+    ).toContain("raw block volumes only");
     expect(
       (await validate({ volumeCapabilities: [mountCap(Mode.SINGLE_NODE_WRITER, "xfs")] })).message,
     ).toContain("created for ext4");
@@ -1450,6 +1452,9 @@ describe("listing, capacity, health, validation, expansion", () => {
 
   test("health: healthy while exported and Ready, INACCESSIBLE with the agent's reason otherwise", async () => {
     const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-health"))).volume!;
+    // A fresh heartbeat of its storage node, seen by the controller: only the partition is judged.
+    await e.standIn.heartbeat();
+    await eventually(() => e.controller.storageNodes.get(`${e.ns}/${e.standIn.storageNode}`) !== undefined);
     const health = () =>
       e.client.unary(Controller.method.controllerGetVolumeHealth, { volumeId: vol.volumeId });
     expect((await health()).volumeHealth?.healthStatuses).toEqual([]);
@@ -1464,6 +1469,48 @@ describe("listing, capacity, health, validation, expansion", () => {
     expect(bad.map((h) => [h.status, h.reason])).toEqual([[2, "DeviceUnavailable"]]);
     const listed = await e.client.unary(Controller.method.controllerListVolumeHealth, {});
     expect(listed.entries.map((x) => x.volumeId)).toEqual([vol.volumeId]);
+  });
+
+  test("health: a volume whose storage node's agent stopped heartbeating, or whose drive is gone, is INACCESSIBLE though its partition still reads Ready", async () => {
+    const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-health-node"))).volume!;
+    const reasons = async () =>
+      (
+        (await e.client.unary(Controller.method.controllerGetVolumeHealth, { volumeId: vol.volumeId }))
+          .volumeHealth?.healthStatuses ?? []
+      ).map((h) => h.reason);
+    const beat = async (at?: Date) => {
+      const n = await e.standIn.heartbeat(at ? { at } : {});
+      await eventually(
+        () =>
+          e.controller.storageNodes.get(`${e.ns}/${e.standIn.storageNode}`)?.metadata.resourceVersion ===
+          n.metadata.resourceVersion,
+      );
+    };
+    await beat();
+    expect(await reasons()).toEqual([]);
+    // The agent is gone: its last heartbeat is 10 minutes old, and nobody set Ready=False.
+    await beat(new Date(Date.now() - 600_000));
+    expect(await reasons()).toEqual(["StorageNodeStale"]);
+    const listed = await e.client.unary(Controller.method.controllerListVolumeHealth, {});
+    expect(listed.entries.map((x) => x.volumeId)).toContain(vol.volumeId);
+    await beat();
+    expect(await reasons()).toEqual([]);
+    // The drive left the node's inventory (the reporter's Unavailable phase).
+    const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+    const set = async (phase: "Unavailable" | "Available") => {
+      await devices.replaceStatus({
+        ...((await devices.get(e.standIn.deviceName)) as NVMeDevice),
+        status: { ...((await devices.get(e.standIn.deviceName)) as NVMeDevice).status!, phase },
+      });
+      await eventually(() => e.controller.devices.get(e.standIn.deviceName)?.status?.phase === phase);
+    };
+    await set("Unavailable");
+    try {
+      expect(await reasons()).toEqual(["DriveUnavailable"]);
+    } finally {
+      await set("Available");
+    }
+    expect(await reasons()).toEqual([]);
   });
 
   test("expansion grows spdk volumes after the agent did; filesystems need node expansion; kernel volumes refuse", async () => {
