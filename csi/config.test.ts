@@ -20,6 +20,7 @@ test("defaults, for a controller", () => {
     maxVolumesPerNode: 0,
     orphanGraceMs: 120_000,
     orphanSweepMs: 30_000,
+    heartbeatStalenessMs: 90_000,
     nodeTools: ["nvme", "blkid", "mkfs.ext4", "mkfs.xfs", "mount", "umount"],
   });
   expect(

@@ -36,6 +36,11 @@ const OPTIONS = {
   },
   orphanGraceMs: { flag: "orphan-grace-ms", env: ["DISTORT_CSI_ORPHAN_GRACE_MS"], default: "120000" },
   orphanSweepMs: { flag: "orphan-sweep-ms", env: ["DISTORT_CSI_ORPHAN_SWEEP_MS"], default: "30000" },
+  heartbeatStalenessMs: {
+    flag: "heartbeat-staleness-ms",
+    env: ["DISTORT_HEARTBEAT_STALENESS_MS"],
+    default: "90000",
+  },
   nodeTools: {
     flag: "node-tools",
     env: ["DISTORT_CSI_NODE_TOOLS"],
@@ -104,6 +109,7 @@ const RawSchema = v.object({
   maxVolumesPerNode: wholeNumber(0, 1_000_000, "max-volumes-per-node"),
   orphanGraceMs: wholeNumber(0, 86_400_000, "orphan-grace-ms"),
   orphanSweepMs: wholeNumber(1000, 3_600_000, "orphan-sweep-ms"),
+  heartbeatStalenessMs: wholeNumber(1000, 86_400_000, "heartbeat-staleness-ms"),
   nodeTools: commaList,
 });
 
@@ -149,6 +155,8 @@ export interface CsiConfig {
   orphanGraceMs: number;
   /** Interval of the controller's orphan sweeps. */
   orphanSweepMs: number;
+  /** Heartbeat age past which volume health reports a storage node's volumes INACCESSIBLE. */
+  heartbeatStalenessMs: number;
   /** Commands a node-mode Probe requires on PATH; empty disables the check. */
   nodeTools: string[];
 }
@@ -230,6 +238,7 @@ export function parseCsiConfig(
     maxVolumesPerNode: c.maxVolumesPerNode,
     orphanGraceMs: c.orphanGraceMs,
     orphanSweepMs: c.orphanSweepMs,
+    heartbeatStalenessMs: c.heartbeatStalenessMs,
     nodeTools: c.nodeTools,
   };
 }

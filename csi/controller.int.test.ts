@@ -350,12 +350,12 @@ describe("identity and input validation", () => {
         GRPC.INVALID_ARGUMENT,
       ],
       [
-        "Publish multi-node",
+        "Publish multi-node writer on a filesystem",
         () =>
           c.unary(M.controllerPublishVolume, {
             volumeId: fake,
             nodeId: "n",
-            volumeCapability: blockCap(Mode.MULTI_NODE_MULTI_WRITER),
+            volumeCapability: mountCap(Mode.MULTI_NODE_MULTI_WRITER),
           }),
         GRPC.INVALID_ARGUMENT,
       ],
@@ -580,7 +580,7 @@ describe("identity and input validation", () => {
           ),
         )
       ).details,
-    ).toContain("one writer node");
+    ).toContain("raw block volumes only");
     expect(
       (
         await failure(
@@ -848,8 +848,10 @@ async function createStorageNode(
   const client = new ResourceClient(tc.conn, kinds.RDMAStorageNode);
   const now = new Date().toISOString().replace(/\.\d+Z$/, "Z");
   const existing = await client.get(name, e.ns);
+  // The stand-in's heartbeat may have made the record first, without labels.
+  if (existing) await client.mergePatch(name, e.ns, { metadata: { labels } });
   const created =
-    existing ??
+    (existing ? await client.get(name, e.ns) : undefined) ??
     (await client.create({
       apiVersion: "storage.distort.io/v1alpha1",
       kind: "RDMAStorageNode",
@@ -1171,6 +1173,136 @@ describe("MULTI_NODE_READER_ONLY publications", () => {
   });
 });
 
+describe("MULTI_NODE_MULTI_WRITER publications (raw block, live migration)", () => {
+  let e: Env;
+  let volumeId: string;
+  const nodes: string[] = [];
+  beforeAll(async () => {
+    e = await env();
+    e.standIn.auto.exportNew = true;
+    e.standIn.auto.grant = true;
+    e.standIn.auto.release = true;
+    volumeId = (
+      await e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-mnmw", { volumeCapabilities: [blockCap(Mode.MULTI_NODE_MULTI_WRITER)] }),
+      )
+    ).volume!.volumeId;
+    for (const n of ["a", "b", "c"]) {
+      const name = `node-mnmw-${n}-${suffix()}`;
+      await createNode(name);
+      await registerHostNQN(
+        tc.conn,
+        name,
+        `nqn.2014-08.org.nvmexpress:uuid:1000000${nodes.length}-6c1f-4c55-9a51-1f2b3c4d5e6f`,
+      );
+      nodes.push(name);
+    }
+  });
+  const publish = (
+    nodeId: string,
+    mode = Mode.MULTI_NODE_MULTI_WRITER,
+    cap: (m: Mode) => ReturnType<typeof blockCap> | ReturnType<typeof mountCap> = blockCap,
+  ) =>
+    e.client.unary(
+      Controller.method.controllerPublishVolume,
+      { volumeId, nodeId, volumeCapability: cap(mode), readonly: false },
+      { timeoutMs: 10_000 },
+    );
+  const unpublish = (nodeId: string) =>
+    e.client.unary(Controller.method.controllerUnpublishVolume, { volumeId, nodeId }, { timeoutMs: 10_000 });
+  const holders = async () => {
+    const ref = parseVolumeId(volumeId)!;
+    const list = await e.standIn.atts.list({ namespace: e.ns });
+    return list.items
+      .filter((a) => a.spec.partitionUID === ref.uid && !a.metadata.deletionTimestamp)
+      .map((a) => `${a.spec.nodeId}=${a.spec.hostNQN}`)
+      .sort();
+  };
+
+  test("a filesystem volume cannot be made or published MULTI_NODE_MULTI_WRITER", async () => {
+    const made = await failure(
+      e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-mnmw-fs", { volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)] }),
+      ),
+    );
+    expect(made.code).toBe(GRPC.INVALID_ARGUMENT);
+    expect(made.details).toContain("raw block volumes only");
+    const pub = await failure(publish(nodes[0] as string, Mode.MULTI_NODE_MULTI_WRITER, (m) => mountCap(m)));
+    expect(pub.code).toBe(GRPC.INVALID_ARGUMENT);
+    expect(pub.details).toContain("raw block volumes only");
+    const v = await e.client.unary(Controller.method.validateVolumeCapabilities, {
+      volumeId,
+      volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)],
+    });
+    expect(v.confirmed).toBeUndefined();
+    expect(await holders()).toEqual([]);
+  });
+
+  test("two hosts during a migration window, no third, and single-writer again once one detaches", async () => {
+    const [a, b, c] = nodes as [string, string, string];
+    const ref = parseVolumeId(volumeId)!;
+    const nqn = (i: number) => `nqn.2014-08.org.nvmexpress:uuid:1000000${i}-6c1f-4c55-9a51-1f2b3c4d5e6f`;
+    const pa = await publish(a);
+    const pb = await publish(b);
+    expect(pa.publishContext?.[PublishContextKeys.attachmentId]).not.toBe(
+      pb.publishContext?.[PublishContextKeys.attachmentId],
+    );
+    // Both hosts are the partition's records (one per node), so the agent puts both on the ACL.
+    expect(await holders()).toEqual([`${a}=${nqn(0)}`, `${b}=${nqn(1)}`].sort());
+    for (const n of [a, b])
+      expect(await e.standIn.atts.get(readerAttachmentNameFor(ref.name, ref.uid, n), e.ns)).toBeDefined();
+    expect(await e.standIn.atts.get(attachmentNameFor(ref.name, ref.uid), e.ns)).toBeUndefined();
+    // Idempotent per node.
+    expect((await publish(a)).publishContext).toEqual(pa.publishContext);
+    // A third host is refused, in the same mode or any other; none of them reaches the ACL.
+    const third = await failure(publish(c));
+    expect(third.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(third.details).toContain("2 nodes already");
+    for (const mode of [Mode.SINGLE_NODE_WRITER, Mode.MULTI_NODE_READER_ONLY]) {
+      const refused = await failure(publish(c, mode));
+      expect(refused.code).toBe(GRPC.FAILED_PRECONDITION);
+      expect(refused.details).toContain("MULTI_NODE_MULTI_WRITER");
+    }
+    // The same node asking for a single-node mode beside its MNMW publication is incompatible.
+    expect((await failure(publish(a, Mode.SINGLE_NODE_WRITER))).code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(await holders()).toEqual([`${a}=${nqn(0)}`, `${b}=${nqn(1)}`].sort());
+
+    // Migration done: the source detaches. b alone holds it, and no other node gets it in a
+    // single-node mode while b is there.
+    await unpublish(a);
+    expect(await holders()).toEqual([`${b}=${nqn(1)}`]);
+    const single = await failure(publish(c, Mode.SINGLE_NODE_WRITER));
+    expect(single.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(single.details).toContain(b);
+
+    // A fenced holder is revoked, not kept: once b is marked fenced, c's single-node publish
+    // removes b's attachment (its host leaves the ACL) before c is admitted.
+    const bAtt = (await e.standIn.atts.get(readerAttachmentNameFor(ref.name, ref.uid, b), e.ns))!;
+    await e.standIn.atts.replace({
+      ...bAtt,
+      metadata: {
+        ...bAtt.metadata,
+        annotations: { ...bAtt.metadata.annotations, [FENCED_ANNOTATION]: "true" },
+      },
+    });
+    await eventually(async () =>
+      e.controller.attachments
+        .list()
+        .some((x) => x.metadata.name === bAtt.metadata.name && x.metadata.annotations?.[FENCED_ANNOTATION]),
+    );
+    await publish(c, Mode.SINGLE_NODE_WRITER);
+    expect(await holders()).toEqual([`${c}=${nqn(2)}`]);
+    // And with a single-node holder, MNMW is refused until it unpublishes.
+    const shared = await failure(publish(a));
+    expect(shared.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(shared.details).toContain(`published to node ${c}`);
+    await unpublish("");
+    expect(await holders()).toEqual([]);
+  });
+});
+
 test("host NQN registration: written once, read back by the directory, idempotent", async () => {
   const name = `node-reg-${suffix()}`;
   await createNode(name);
@@ -1257,7 +1389,7 @@ describe("listing, capacity, health, validation, expansion", () => {
     expect(wrongParams.message).toContain("parameters differ");
     expect(
       (await validate({ volumeCapabilities: [mountCap(Mode.MULTI_NODE_MULTI_WRITER)] })).message,
-    ).toContain("not supported");
+    ).toContain("raw block volumes only");
     expect(
       (await validate({ volumeCapabilities: [mountCap(Mode.SINGLE_NODE_WRITER, "xfs")] })).message,
     ).toContain("created for ext4");
@@ -1267,7 +1399,7 @@ describe("listing, capacity, health, validation, expansion", () => {
     ).toContain("volume_context");
   });
 
-  test("GetCapacity sums free bytes of claimed devices on ready storage nodes in the segment", async () => {
+  test("GetCapacity gives the best single device's room among claimed devices on ready storage nodes in the segment", async () => {
     const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
     const tag = suffix();
     await createStorageNode(e, `sn-a-${tag}`, { zone: `a-${tag}` });
@@ -1311,7 +1443,8 @@ describe("listing, capacity, health, validation, expansion", () => {
         volumeCapabilities: [mountCap()],
       });
     const a = await cap(`a-${tag}`);
-    expect(a.availableCapacity).toBe(BigInt(30 * GiB));
+    // 30 GiB free in zone a, but a volume lands on one device: 20 GiB is what one can get.
+    expect(a.availableCapacity).toBe(BigInt(20 * GiB));
     expect(a.maximumVolumeSize).toBe(BigInt(20 * GiB));
     expect(a.minimumVolumeSize).toBe(BigInt(4 * MiB));
     expect((await cap(`b-${tag}`)).availableCapacity).toBe(BigInt(40 * GiB));
@@ -1324,6 +1457,9 @@ describe("listing, capacity, health, validation, expansion", () => {
 
   test("health: healthy while exported and Ready, INACCESSIBLE with the agent's reason otherwise", async () => {
     const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-health"))).volume!;
+    // A fresh heartbeat of its storage node, seen by the controller: only the partition is judged.
+    await e.standIn.heartbeat();
+    await eventually(() => e.controller.storageNodes.get(`${e.ns}/${e.standIn.storageNode}`) !== undefined);
     const health = () =>
       e.client.unary(Controller.method.controllerGetVolumeHealth, { volumeId: vol.volumeId });
     expect((await health()).volumeHealth?.healthStatuses).toEqual([]);
@@ -1338,6 +1474,48 @@ describe("listing, capacity, health, validation, expansion", () => {
     expect(bad.map((h) => [h.status, h.reason])).toEqual([[2, "DeviceUnavailable"]]);
     const listed = await e.client.unary(Controller.method.controllerListVolumeHealth, {});
     expect(listed.entries.map((x) => x.volumeId)).toEqual([vol.volumeId]);
+  });
+
+  test("health: a volume whose storage node's agent stopped heartbeating, or whose drive is gone, is INACCESSIBLE though its partition still reads Ready", async () => {
+    const vol = (await e.client.unary(Controller.method.createVolume, createReq("pvc-health-node"))).volume!;
+    const reasons = async () =>
+      (
+        (await e.client.unary(Controller.method.controllerGetVolumeHealth, { volumeId: vol.volumeId }))
+          .volumeHealth?.healthStatuses ?? []
+      ).map((h) => h.reason);
+    const beat = async (at?: Date) => {
+      const n = await e.standIn.heartbeat(at ? { at } : {});
+      await eventually(
+        () =>
+          e.controller.storageNodes.get(`${e.ns}/${e.standIn.storageNode}`)?.metadata.resourceVersion ===
+          n.metadata.resourceVersion,
+      );
+    };
+    await beat();
+    expect(await reasons()).toEqual([]);
+    // The agent is gone: its last heartbeat is 10 minutes old, and nobody set Ready=False.
+    await beat(new Date(Date.now() - 600_000));
+    expect(await reasons()).toEqual(["StorageNodeStale"]);
+    const listed = await e.client.unary(Controller.method.controllerListVolumeHealth, {});
+    expect(listed.entries.map((x) => x.volumeId)).toContain(vol.volumeId);
+    await beat();
+    expect(await reasons()).toEqual([]);
+    // The drive left the node's inventory (the reporter's Unavailable phase).
+    const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+    const set = async (phase: "Unavailable" | "Available") => {
+      await devices.replaceStatus({
+        ...((await devices.get(e.standIn.deviceName)) as NVMeDevice),
+        status: { ...((await devices.get(e.standIn.deviceName)) as NVMeDevice).status!, phase },
+      });
+      await eventually(() => e.controller.devices.get(e.standIn.deviceName)?.status?.phase === phase);
+    };
+    await set("Unavailable");
+    try {
+      expect(await reasons()).toEqual(["DriveUnavailable"]);
+    } finally {
+      await set("Available");
+    }
+    expect(await reasons()).toEqual([]);
   });
 
   test("expansion grows spdk volumes after the agent did; filesystems need node expansion; kernel volumes refuse", async () => {

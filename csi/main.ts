@@ -134,6 +134,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       defaultVolumeBytes: cfg.defaultVolumeBytes,
       events: new EventRecorder(conn, { controller: "storage.distort.io/csi", instance: hostname(), logger }),
       orphans: { graceMs: cfg.orphanGraceMs, intervalMs: cfg.orphanSweepMs },
+      heartbeatStalenessMs: cfg.heartbeatStalenessMs,
     });
     controller = c;
     readiness.push(() => c.notReadyReason());

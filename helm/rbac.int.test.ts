@@ -131,6 +131,14 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g("", "secrets", ["get", "create", "update"], "namespace"),
       g("events.k8s.io", "events", ["create", "patch"], "namespace"),
       g("coordination.k8s.io", "leases", ["get", "create", "update"], "namespace"),
+      // csi-provisioner --enable-capacity: its CSIStorageCapacity objects and the owner lookup.
+      g(
+        "storage.k8s.io",
+        "csistoragecapacities",
+        ["list", "watch", "create", "update", "delete"],
+        "namespace",
+      ),
+      g("apps", "replicasets", ["get"], "namespace"),
     ],
     // No verb on Nodes beyond get: the host NQN travels in the CSI node ID (CSINode), not on the Node.
     "csi-node": [g("", "nodes", ["get"], "cluster")],
@@ -273,6 +281,8 @@ const UNIVERSE: { group: string; resource: string; cluster: boolean }[] = [
     "volumeattributesclasses",
   ].map((resource) => ({ group: "storage.k8s.io", resource, cluster: true })),
   { group: "apps", resource: "daemonsets", cluster: false },
+  { group: "apps", resource: "replicasets", cluster: false },
+  { group: "storage.k8s.io", resource: "csistoragecapacities", cluster: false },
   { group: "rbac.authorization.k8s.io", resource: "clusterroles", cluster: true },
   { group: "rbac.authorization.k8s.io", resource: "rolebindings", cluster: false },
 ];

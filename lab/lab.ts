@@ -435,13 +435,14 @@ export async function startLab(o: LabOptions): Promise<Lab> {
       ],
       ready: () => httpOk(`http://127.0.0.1:${ctlPort}/readyz`),
     });
-    for (const [name, argv] of sidecarCommands(
+    for (const [name, argv, env] of sidecarCommands(
       chart.objects,
       sidecars,
       csiControllerSocket,
       kubeconfigOf("csi-controller"),
+      namespace,
     ))
-      await procs.start({ name, argv });
+      await procs.start({ name, argv, env });
     say(`CSI controller and sidecars running (${ms()})`);
 
     // Consumer nodes: the Node object first (as kubelet registers before plugins), then the CSI
@@ -718,18 +719,34 @@ async function spdkAnswers(socketPath: string): Promise<boolean> {
 
 /**
  * The chart's CSI controller sidecars as lab commands: each container's own arguments from the
- * rendered Deployment, with the socket path pointed at the lab's and the component's kubeconfig.
+ * rendered Deployment, with the socket path pointed at the lab's and the component's kubeconfig,
+ * and the environment its fieldRefs would give. The lab runs no controller Pod, so the
+ * provisioner's CSIStorageCapacity objects get no owner (--capacity-ownerref-level=-1, POD_NAME
+ * unset; the chart's Deployment owns them on a cluster) and NAMESPACE is `namespace`.
  */
 export function sidecarCommands(
   objects: KubeDoc[],
   bins: SidecarPaths,
   socketPath: string,
   kubeconfig: string,
-): [string, string[]][] {
+  namespace: string,
+): [string, string[], Record<string, string>][] {
   const dep = objects.find(
     (x) => x.kind === "Deployment" && x.metadata.labels?.["app.kubernetes.io/component"] === "csi-controller",
   ) as
-    | (KubeDoc & { spec: { template: { spec: { containers: { name: string; args?: string[] }[] } } } })
+    | (KubeDoc & {
+        spec: {
+          template: {
+            spec: {
+              containers: {
+                name: string;
+                args?: string[];
+                env?: { name: string; valueFrom?: { fieldRef?: { fieldPath: string } } }[];
+              }[];
+            };
+          };
+        };
+      })
     | undefined;
   if (!dep) throw new Error("the chart renders no csi-controller Deployment");
   const binOf: Record<string, string> = {
@@ -738,12 +755,19 @@ export function sidecarCommands(
     "csi-resizer": bins.resizer,
     "csi-snapshotter": bins.snapshotter,
   };
-  const out: [string, string[]][] = [];
+  const out: [string, string[], Record<string, string>][] = [];
   for (const c of dep.spec.template.spec.containers) {
     const bin = binOf[c.name];
     if (!bin) continue;
-    const args = (c.args ?? []).map((a) => a.replace("/csi/csi.sock", socketPath));
-    out.push([c.name, [bin, ...args, `--kubeconfig=${kubeconfig}`]]);
+    const args = (c.args ?? []).map((a) =>
+      a.startsWith("--capacity-ownerref-level=")
+        ? "--capacity-ownerref-level=-1"
+        : a.replace("/csi/csi.sock", socketPath),
+    );
+    const env: Record<string, string> = {};
+    for (const e of c.env ?? [])
+      if (e.valueFrom?.fieldRef?.fieldPath === "metadata.namespace") env[e.name] = namespace;
+    out.push([c.name, [bin, ...args, `--kubeconfig=${kubeconfig}`], env]);
   }
   if (out.length < 3)
     throw new Error(

@@ -304,6 +304,7 @@ export const ValuesSchema = v.strictObject({
         workerThreads: int(1, 1000),
         timeout: duration("CSI call timeout"),
         retryIntervalMax: duration("maximum retry backoff"),
+        capacityPollInterval: duration("period of GetCapacity polls behind CSIStorageCapacity"),
       }),
       attacher: v.strictObject({
         workerThreads: int(1, 1000),

@@ -9,6 +9,7 @@ import {
 import { StorageError } from "../../lib/errors.ts";
 import {
   capabilityKey,
+  isMultiNodeMode,
   isReaderMode,
   malformedReason,
   normalizeCapability,
@@ -31,11 +32,18 @@ describe("capability checks", () => {
     ["no access type", cap({ accessMode: { mode: Mode.SINGLE_NODE_WRITER } }), "malformed", "access_type"],
     ["no access mode", cap({ accessType: { case: "block", value: {} } }), "malformed", "access_mode"],
     ["UNKNOWN mode", block(Mode.UNKNOWN), "malformed", "access_mode"],
+    ["block MULTI_NODE_MULTI_WRITER (live migration)", block(Mode.MULTI_NODE_MULTI_WRITER), "ok"],
     [
-      "MULTI_NODE_MULTI_WRITER",
-      block(Mode.MULTI_NODE_MULTI_WRITER),
+      "mount MULTI_NODE_MULTI_WRITER",
+      mount(Mode.MULTI_NODE_MULTI_WRITER, "ext4"),
       "unsupported",
-      "MULTI_NODE_MULTI_WRITER",
+      "raw block volumes only",
+    ],
+    [
+      "mount default fs MULTI_NODE_MULTI_WRITER",
+      mount(Mode.MULTI_NODE_MULTI_WRITER),
+      "unsupported",
+      "raw block volumes only",
     ],
     ["mount MULTI_NODE_READER_ONLY", mount(Mode.MULTI_NODE_READER_ONLY), "ok"],
     ["block MULTI_NODE_READER_ONLY", block(Mode.MULTI_NODE_READER_ONLY), "ok"],
@@ -45,7 +53,7 @@ describe("capability checks", () => {
       "MULTI_NODE_SINGLE_WRITER",
       mount(Mode.MULTI_NODE_SINGLE_WRITER),
       "unsupported",
-      "one writer node or only readers",
+      "one writer node, only readers",
     ],
     ["btrfs", mount(Mode.SINGLE_NODE_WRITER, "btrfs"), "unsupported", '"btrfs"'],
   ];
@@ -86,7 +94,7 @@ test("requireSupported sorts, deduplicates, and names the offending entry", () =
   const err = (() => {
     try {
       requireSupported(
-        [block(Mode.SINGLE_NODE_WRITER), block(Mode.MULTI_NODE_MULTI_WRITER)],
+        [block(Mode.SINGLE_NODE_WRITER), mount(Mode.MULTI_NODE_MULTI_WRITER, "xfs")],
         "volume_capabilities",
       );
     } catch (e) {
@@ -96,10 +104,18 @@ test("requireSupported sorts, deduplicates, and names the offending entry", () =
   expect(err).toBeInstanceOf(StorageError);
   expect(err.kind).toBe("invalid");
   expect(err.message).toContain("volume_capabilities[1]");
+  expect(err.message).toContain("raw block volumes only");
   expect(() => requireSupported([], "volume_capabilities")).toThrow("volume_capabilities is required");
 });
 
 test("reader modes are exactly the two *_READER_ONLY modes", () => {
   const names = Object.keys(Mode).filter((k) => Number.isNaN(Number(k))) as (keyof typeof Mode)[];
   expect(names.filter(isReaderMode).sort()).toEqual(["MULTI_NODE_READER_ONLY", "SINGLE_NODE_READER_ONLY"]);
+});
+
+test("multi-node modes (one attachment per node) are exactly MULTI_NODE_READER_ONLY and MULTI_NODE_MULTI_WRITER", () => {
+  const names = Object.keys(Mode).filter((k) => Number.isNaN(Number(k))) as (keyof typeof Mode)[];
+  expect(names.filter(isMultiNodeMode).sort()).toEqual(["MULTI_NODE_MULTI_WRITER", "MULTI_NODE_READER_ONLY"]);
+  // MULTI_NODE_SINGLE_WRITER stays refused: it would need a second attachment kind with one writer.
+  expect(unsupportedReason(block(Mode.MULTI_NODE_SINGLE_WRITER))).toContain("not supported");
 });

@@ -1,12 +1,15 @@
 // Volume capabilities DISTORT accepts: one writer node (SINGLE_NODE_WRITER and the two
 // SINGLE_NODE_MULTI_WRITER-era refinements) or readers only (one node, or several for
-// MULTI_NODE_READER_ONLY), as a raw block device or mounted ext4/xfs. Pure.
+// MULTI_NODE_READER_ONLY), as a raw block device or mounted ext4/xfs; and MULTI_NODE_MULTI_WRITER
+// for raw block only (two hosts during a live migration). Pure.
 import { VolumeCapability_AccessMode_Mode as Mode, type VolumeCapability } from "../../gen/csi/v1/csi_pb.ts";
 import { invalidArgument } from "../errors.ts";
 
 /**
- * Access modes a volume can be published with. A writer mode admits exactly one host at a time;
- * MULTI_NODE_READER_ONLY admits several hosts, and only while no writer holds the volume.
+ * Access modes a volume can be published with. A single-node mode admits exactly one host at a
+ * time; MULTI_NODE_READER_ONLY admits several hosts, and only while no writer holds the volume;
+ * MULTI_NODE_MULTI_WRITER (raw block only) admits at most MAX_SHARED_WRITERS hosts, and only
+ * while no publication of another mode holds it.
  */
 export const SUPPORTED_MODES: readonly Mode[] = [
   Mode.SINGLE_NODE_WRITER,
@@ -14,11 +17,26 @@ export const SUPPORTED_MODES: readonly Mode[] = [
   Mode.SINGLE_NODE_MULTI_WRITER,
   Mode.SINGLE_NODE_READER_ONLY,
   Mode.MULTI_NODE_READER_ONLY,
+  Mode.MULTI_NODE_MULTI_WRITER,
 ];
+
+/**
+ * Hosts a MULTI_NODE_MULTI_WRITER volume may be published to at once: the source and the
+ * destination of a live migration. The workload coordinates their writes; the target does not.
+ */
+export const MAX_SHARED_WRITERS = 2;
 
 /** True for the modes whose every publication is read-only, whatever the readonly flag says. */
 export function isReaderMode(mode: AccessModeName): boolean {
   return mode === "SINGLE_NODE_READER_ONLY" || mode === "MULTI_NODE_READER_ONLY";
+}
+
+/**
+ * True for the modes published as one attachment per node (several hosts on the target ACL):
+ * MULTI_NODE_READER_ONLY and MULTI_NODE_MULTI_WRITER. Every other mode has one holder.
+ */
+export function isMultiNodeMode(mode: AccessModeName): boolean {
+  return mode === "MULTI_NODE_READER_ONLY" || mode === "MULTI_NODE_MULTI_WRITER";
 }
 
 /** Filesystems the node service formats and mounts. */
@@ -55,7 +73,10 @@ export function malformedReason(cap: VolumeCapability): string | undefined {
 export function unsupportedReason(cap: VolumeCapability): string | undefined {
   const mode = cap.accessMode?.mode ?? Mode.UNKNOWN;
   if (!SUPPORTED_MODES.includes(mode)) {
-    return `access mode ${modeName(mode)} is not supported: a DISTORT volume has one writer node or only readers (supported: ${SUPPORTED_LIST})`;
+    return `access mode ${modeName(mode)} is not supported: a DISTORT volume has one writer node, only readers, or two writers of a raw block device (supported: ${SUPPORTED_LIST})`;
+  }
+  if (mode === Mode.MULTI_NODE_MULTI_WRITER && cap.accessType.case === "mount") {
+    return "access mode MULTI_NODE_MULTI_WRITER is supported for raw block volumes only (volumeMode: Block, e.g. a live-migrating VM's disk): ext4 and xfs are not cluster filesystems, and two nodes mounting one would corrupt it";
   }
   if (cap.accessType.case === "mount") {
     const fs = cap.accessType.value.fsType;

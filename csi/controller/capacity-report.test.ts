@@ -63,25 +63,38 @@ const devices = [
 const nodes = [node("n1", { zone: "a" }), node("n2", { zone: "b" }), node("n3", { zone: "a" }, false)];
 
 const rows: [string, Parameters<typeof availableCapacity>[2], number, number][] = [
-  ["spdk everywhere", { backend: "spdk" }, 90 * GiB + 1, 50 * GiB],
-  ["kernel everywhere (d6 counts, nothing locked to spdk)", { backend: "kernel" }, 95 * GiB + 1, 50 * GiB],
-  ["zone a", { backend: "spdk", segments: { zone: "a" } }, 40 * GiB + 1, 30 * GiB],
+  ["spdk everywhere", { backend: "spdk" }, 50 * GiB, 90 * GiB + 1],
+  ["kernel everywhere (d6 counts, nothing locked to spdk)", { backend: "kernel" }, 50 * GiB, 95 * GiB + 1],
+  // 40 GiB free in zone a, but no device there holds more than 30 GiB (+1 byte, below a unit).
+  [
+    "zone a: one device's room, not the sum",
+    { backend: "spdk", segments: { zone: "a" } },
+    30 * GiB,
+    40 * GiB + 1,
+  ],
   ["zone b", { backend: "spdk", segments: { zone: "b" } }, 50 * GiB, 50 * GiB],
   ["unknown zone", { backend: "spdk", segments: { zone: "z" } }, 0, 0],
 ];
-for (const [name, q, available, maximum] of rows) {
+for (const [name, q, largest, total] of rows) {
   test(name, () => {
     expect(availableCapacity(devices, nodes, q)).toEqual({
-      availableBytes: available,
-      maximumVolumeBytes: maximum,
+      largestVolumeBytes: largest,
+      totalFreeBytes: total,
     });
   });
 }
+
+test("less than one allocation unit free on every device is no room at all", () => {
+  const d = device("d", "n1", 4 * 1024 * 1024 - 1);
+  expect(availableCapacity([d], [node("n1", {})], { backend: "spdk" }).largestVolumeBytes).toBe(0);
+});
 
 test("without the manager's figure, free is allocatable minus the ledger", () => {
   const d = device("d", "n1", undefined, {
     reservations: [{ uid: "p", namespace: "ns", name: "p", bytes: 40 * GiB }],
   });
   expect(deviceFreeBytes(d)).toBe(60 * GiB);
-  expect(availableCapacity([d], [node("n1", {}, true, false)], { backend: "spdk" }).availableBytes).toBe(0);
+  expect(availableCapacity([d], [node("n1", {}, true, false)], { backend: "spdk" }).largestVolumeBytes).toBe(
+    0,
+  );
 });

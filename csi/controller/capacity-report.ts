@@ -1,5 +1,6 @@
-// GetCapacity's arithmetic: the free bytes placement could still hand out for a backend within a
-// topology segment, summed over claimed devices on ready storage nodes. Pure.
+// GetCapacity's arithmetic: the largest volume placement could still hand out for a backend within
+// a topology segment. A partition never spans devices, so that is one device's free room, not a sum.
+// Pure.
 
 import type { Backend, NVMeDevice, RDMAStorageNode } from "../../api/index.ts";
 import { isTrue } from "../../lib/kube/conditions.ts";
@@ -13,10 +14,14 @@ export interface CapacityQuery {
 }
 
 export interface CapacityAnswer {
-  /** Sum of free bytes on eligible devices. */
-  availableBytes: number;
-  /** Largest single volume that fits: a partition never spans devices. */
-  maximumVolumeBytes: number;
+  /**
+   * Largest single volume a CreateVolume of this backend in the segment could get now: the most
+   * free bytes of one eligible device, rounded down to the allocation unit (0 when none has a
+   * unit free). Free bytes of other devices do not add to it: placement puts a partition on one.
+   */
+  largestVolumeBytes: number;
+  /** Free bytes summed over the eligible devices (what the segment holds, not what one volume gets). */
+  totalFreeBytes: number;
 }
 
 /** Free bytes of one device: the manager's figure, else allocatable minus its ledger. */
@@ -43,8 +48,8 @@ export function availableCapacity(
     if (!prev || (n.status?.lastHeartbeatTime ?? "") > (prev.status?.lastHeartbeatTime ?? ""))
       nodes.set(n.spec.nodeName, n);
   }
-  let availableBytes = 0;
-  let maximumVolumeBytes = 0;
+  let totalFreeBytes = 0;
+  let largestVolumeBytes = 0;
   for (const d of devices) {
     if (d.status?.phase !== "Claimed" || !d.status.claimRef) continue;
     if (d.status.activeBackend && d.status.activeBackend !== q.backend) continue;
@@ -54,8 +59,8 @@ export function availableCapacity(
     if (!isTrue(conds, "Ready") || !isTrue(conds, "NVMeInventoryReady")) continue;
     if (q.segments && !matchesSegments(q.segments, node.metadata.labels ?? {})) continue;
     const free = deviceFreeBytes(d);
-    availableBytes += free;
-    maximumVolumeBytes = Math.max(maximumVolumeBytes, Math.floor(free / ALLOCATION_UNIT) * ALLOCATION_UNIT);
+    totalFreeBytes += free;
+    largestVolumeBytes = Math.max(largestVolumeBytes, Math.floor(free / ALLOCATION_UNIT) * ALLOCATION_UNIT);
   }
-  return { availableBytes, maximumVolumeBytes };
+  return { largestVolumeBytes, totalFreeBytes };
 }

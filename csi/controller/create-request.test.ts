@@ -25,8 +25,14 @@ const refusals: [string, ReturnType<typeof req>, string, string][] = [
   ["129-byte name", req({ name: "n".repeat(129) }), "invalid", "129 bytes"],
   ["no capabilities", req({ volumeCapabilities: [] }), "invalid", "volume_capabilities is required"],
   [
-    "multi-node access",
+    "multi-node writer on a filesystem",
     req({ volumeCapabilities: [{ ...mountCap, accessMode: { mode: Mode.MULTI_NODE_MULTI_WRITER } }] }),
+    "invalid",
+    "raw block volumes only",
+  ],
+  [
+    "multi-node single writer",
+    req({ volumeCapabilities: [{ ...mountCap, accessMode: { mode: Mode.MULTI_NODE_SINGLE_WRITER } }] }),
     "invalid",
     "not supported",
   ],

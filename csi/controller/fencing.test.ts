@@ -7,6 +7,7 @@ import {
   accessReady,
   decideExclusion,
   decidePublish,
+  decideSharing,
   decideUnpublish,
   FENCED_ANNOTATION,
   type PublishIntent,
@@ -147,6 +148,17 @@ const reader = (node: string, deleting = false) =>
     deleting,
     ann: { [ACCESS_ANNOTATION]: "mount:ext4:MULTI_NODE_READER_ONLY", [READONLY_ANNOTATION]: "true" },
   });
+function mnmw(node: string, o: { deleting?: boolean; fenced?: boolean } = {}): NVMeVolumeAttachment {
+  const a = att({
+    node,
+    ...(o.deleting ? { deleting: true } : {}),
+    ann: {
+      [ACCESS_ANNOTATION]: "block::MULTI_NODE_MULTI_WRITER",
+      ...(o.fenced ? { [FENCED_ANNOTATION]: "true" } : {}),
+    },
+  });
+  return { ...a, metadata: { ...a.metadata, name: `pvc-1-${node}` } };
+}
 const exclusionRows: [string, boolean, NVMeVolumeAttachment[], string][] = [
   ["first reader", true, [], "proceed"],
   ["reader while a writer holds it", true, [att()], "refuse"],
@@ -171,6 +183,25 @@ const exclusionRows: [string, boolean, NVMeVolumeAttachment[], string][] = [
     [reader("node-b", true), reader("node-c", true)],
     "wait-gone",
   ],
+  [
+    "single writer while two MULTI_NODE_MULTI_WRITER hosts hold it",
+    false,
+    [mnmw("node-b"), mnmw("node-c")],
+    "refuse",
+  ],
+  [
+    "single writer while one of two MNMW hosts is fenced",
+    false,
+    [mnmw("node-b", { fenced: true }), mnmw("node-c")],
+    "refuse",
+  ],
+  [
+    "single writer while every MNMW host left is fenced: revoke them",
+    false,
+    [mnmw("node-b", { fenced: true }), mnmw("node-c", { fenced: true })],
+    "revoke",
+  ],
+  ["MNMW writer while a single-node writer holds it", true, [att({ node: "node-a" })], "refuse"],
 ];
 for (const [name, isReader, held, action] of exclusionRows) {
   test(`exclusion: ${name} -> ${action}`, () => {
@@ -178,5 +209,45 @@ for (const [name, isReader, held, action] of exclusionRows) {
     expect(d.action as string).toBe(action);
     if (d.action === "refuse") expect(d.message).toContain(isReader ? "node-a" : "node-c");
     if (d.action === "wait-gone") expect(d.names.length).toBe(held.length);
+    if (d.action === "revoke") expect(d.names).toEqual(held.map((a) => a.metadata.name));
+  });
+}
+
+// A multi-node publish against the other per-node attachments: the MULTI_NODE_MULTI_WRITER cap of
+// two hosts, no mixing of readers and writers, fenced hosts revoked first.
+const MNMW = "MULTI_NODE_MULTI_WRITER";
+const sharingRows: [string, string, NVMeVolumeAttachment[], string, string?][] = [
+  ["first MNMW host", MNMW, [], "proceed"],
+  ["second MNMW host (migration destination)", MNMW, [mnmw("node-b")], "proceed"],
+  ["this node's own attachment is not a peer", MNMW, [mnmw("node-a"), mnmw("node-b")], "proceed"],
+  ["third MNMW host", MNMW, [mnmw("node-b"), mnmw("node-c")], "refuse", "2 nodes already"],
+  [
+    "third host while one of two is leaving the ACL",
+    MNMW,
+    [mnmw("node-b"), mnmw("node-c", { deleting: true })],
+    "wait-gone",
+  ],
+  [
+    "third host while one of two is fenced: revoke it",
+    MNMW,
+    [mnmw("node-b"), mnmw("node-c", { fenced: true })],
+    "revoke",
+  ],
+  ["MNMW while readers hold it", MNMW, [reader("node-b")], "refuse", "MULTI_NODE_READER_ONLY"],
+  ["MNMW while the last reader leaves", MNMW, [reader("node-b", true)], "wait-gone"],
+  ["reader while an MNMW host holds it", "MULTI_NODE_READER_ONLY", [mnmw("node-b")], "refuse", MNMW],
+  [
+    "third reader: readers have no cap",
+    "MULTI_NODE_READER_ONLY",
+    [reader("node-b"), reader("node-c")],
+    "proceed",
+  ],
+];
+for (const [name, mode, shared, action, says] of sharingRows) {
+  test(`sharing: ${name} -> ${action}`, () => {
+    const d = decideSharing(mode, "node-a", shared, 2);
+    expect(d.action as string).toBe(action);
+    if (d.action === "refuse" && says) expect(d.message).toContain(says);
+    if (d.action === "revoke") expect(d.names).toEqual(["pvc-1-node-c"]);
   });
 }

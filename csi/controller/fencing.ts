@@ -125,37 +125,103 @@ export function decideUnpublish(
 }
 
 /**
- * Label on the extra attachments of a MULTI_NODE_READER_ONLY volume (one per reader node, value
- * the partition UID), so a publish can list every reader of a partition from the API server.
+ * Label on the per-node attachments of a multi-node volume (MULTI_NODE_READER_ONLY readers,
+ * MULTI_NODE_MULTI_WRITER writers; value the partition UID), so a publish can list every holder
+ * of a partition from the API server. The agent recognises them by name, not by this label.
  */
 export const READER_OF_LABEL = "storage.distort.io/reader-of";
+
+/** The access mode an attachment was published with (the tail of its access annotation). */
+export function modeOf(a: NVMeVolumeAttachment): string | undefined {
+  return a.metadata.annotations?.[ACCESS_ANNOTATION]?.split(":").at(-1);
+}
+
+const fenced = (a: NVMeVolumeAttachment) => a.metadata.annotations?.[FENCED_ANNOTATION] === "true";
 
 export type ExclusionDecision =
   /** Nothing of the other kind holds the volume: go on. */
   | { action: "proceed" }
   /** Only attachments being deleted stand in the way: wait until they are gone. */
   | { action: "wait-gone"; names: string[] }
+  /**
+   * Attachments an administrator marked fenced stand in the way: delete them (their hosts leave
+   * the ACL), wait until they are gone, then decide again.
+   */
+  | { action: "revoke"; names: string[] }
   /** Live attachments of the other kind: FAILED_PRECONDITION. */
   | { action: "refuse"; message: string };
 
 /**
- * Readers and a writer never hold a volume together. A MULTI_NODE_READER_ONLY publish (`reader`)
- * checks the partition's one writer-style attachment (`others` = [it] or []); every other publish
- * checks the reader attachments (`others` = all of them). Attachments being deleted are still on
- * the target's ACL until the agent revokes them, so they are waited for, never overlooked. Pure.
+ * Single-node and multi-node publications never hold a volume together. A multi-node publish
+ * (`multi`: MULTI_NODE_READER_ONLY or MULTI_NODE_MULTI_WRITER) checks the partition's one
+ * single-node attachment (`others` = [it] or []); every other publish checks the multi-node
+ * attachments (`others` = all of them), and may revoke them when every live one is fenced.
+ * Attachments being deleted are still on the target's ACL until the agent revokes them, so they
+ * are waited for, never overlooked. Pure.
  */
-export function decideExclusion(reader: boolean, others: readonly NVMeVolumeAttachment[]): ExclusionDecision {
+export function decideExclusion(multi: boolean, others: readonly NVMeVolumeAttachment[]): ExclusionDecision {
   if (others.length === 0) return { action: "proceed" };
   const live = others.filter((a) => !a.metadata.deletionTimestamp);
   if (live.length === 0) return { action: "wait-gone", names: others.map((a) => a.metadata.name) };
   const nodes = [...new Set(live.map((a) => a.spec.nodeId))].sort().join(", ");
-  return reader
-    ? {
+  if (multi)
+    return {
+      action: "refuse",
+      message: `volume is published to node ${nodes} with ${live[0]?.metadata.annotations?.[ACCESS_ANNOTATION] ?? "a single-node capability"}; multi-node publications (MULTI_NODE_READER_ONLY, MULTI_NODE_MULTI_WRITER) are admitted only while no other publication holds it`,
+    };
+  // The takeover rule of a single holder, applied to each: fenced holders lose their access.
+  if (live.every(fenced)) return { action: "revoke", names: live.map((a) => a.metadata.name) };
+  const modes = [...new Set(live.map((a) => modeOf(a) ?? "a multi-node mode"))].sort().join(", ");
+  return {
+    action: "refuse",
+    message: `volume is published ${modes} to node(s) ${nodes}; a publication of another mode is refused until every one of them has unpublished (or is annotated ${FENCED_ANNOTATION}=true)`,
+  };
+}
+
+/**
+ * A multi-node publish of `mode` for node `nodeId` against the partition's other multi-node
+ * attachments (`shared`; this node's own is decidePublish's business and is skipped here):
+ * - fenced ones (live) are revoked first: a fenced host never stays on the ACL;
+ * - ones of another multi-node mode refuse it (readers and writers never share a volume), or are
+ *   waited for while being deleted;
+ * - MULTI_NODE_MULTI_WRITER admits `maxWriters` hosts: more live ones refuse it, and ones still
+ *   leaving the ACL are waited for.
+ * Pure.
+ */
+export function decideSharing(
+  mode: string,
+  nodeId: string,
+  shared: readonly NVMeVolumeAttachment[],
+  maxWriters: number,
+): ExclusionDecision {
+  const others = shared.filter((a) => !sameNode(a.spec.nodeId, nodeId));
+  const live = others.filter((a) => !a.metadata.deletionTimestamp);
+  const leaving = others.filter((a) => a.metadata.deletionTimestamp);
+  const revoke = live.filter(fenced);
+  if (revoke.length > 0) return { action: "revoke", names: revoke.map((a) => a.metadata.name) };
+  const foreign = live.filter((a) => modeOf(a) !== mode);
+  if (foreign.length > 0) {
+    const nodes = [...new Set(foreign.map((a) => a.spec.nodeId))].sort().join(", ");
+    return {
+      action: "refuse",
+      message: `volume is published ${modeOf(foreign[0] as NVMeVolumeAttachment) ?? "in another mode"} to node(s) ${nodes}; ${mode} is refused until they have unpublished`,
+    };
+  }
+  const foreignLeaving = leaving.filter((a) => modeOf(a) !== mode);
+  if (foreignLeaving.length > 0)
+    return { action: "wait-gone", names: foreignLeaving.map((a) => a.metadata.name) };
+  if (mode === "MULTI_NODE_MULTI_WRITER" && live.length + leaving.length >= maxWriters) {
+    if (live.length >= maxWriters) {
+      const nodes = live
+        .map((a) => a.spec.nodeId)
+        .sort()
+        .join(", ");
+      return {
         action: "refuse",
-        message: `volume is published to node ${nodes} with ${live[0]?.metadata.annotations?.[ACCESS_ANNOTATION] ?? "a single-node capability"}; MULTI_NODE_READER_ONLY readers are admitted only while no other publication holds it`,
-      }
-    : {
-        action: "refuse",
-        message: `volume is published read-only (MULTI_NODE_READER_ONLY) to node(s) ${nodes}; a publication of another mode is refused until every reader has unpublished`,
+        message: `volume is published MULTI_NODE_MULTI_WRITER to ${maxWriters} nodes already (${nodes}), the most a live migration needs; unpublish one first`,
       };
+    }
+    return { action: "wait-gone", names: leaving.map((a) => a.metadata.name) };
+  }
+  return { action: "proceed" };
 }

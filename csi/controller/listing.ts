@@ -31,9 +31,13 @@ export function listVolumes(c: ControllerState, req: ListVolumesRequest) {
 }
 
 /**
- * GetCapacity: the free bytes on devices of the requested backend and topology, with the largest
- * volume one of them could hold. Zero for capabilities DISTORT cannot provide; INVALID_ARGUMENT
- * for malformed capabilities or parameters.
+ * GetCapacity: what a new volume of the class (its backend) in the requested topology segment
+ * could really get, i.e. the free room of the single best device there, rounded down to the
+ * allocation unit. available_capacity and maximum_volume_size both carry it: the external-
+ * provisioner publishes them per segment as CSIStorageCapacity, and kube-scheduler compares a
+ * claim with maximumVolumeSize (else capacity), so a sum over devices would send a claim to a
+ * segment where no device can hold it. Zero for capabilities DISTORT cannot provide;
+ * INVALID_ARGUMENT for malformed capabilities or parameters.
  */
 export function getCapacity(c: ControllerState, req: GetCapacityRequest) {
   const { params } = parseParameters(req.parameters, c.ns);
@@ -49,8 +53,8 @@ export function getCapacity(c: ControllerState, req: GetCapacityRequest) {
     ...(req.accessibleTopology ? { segments: req.accessibleTopology.segments } : {}),
   });
   return {
-    availableCapacity: BigInt(answer.availableBytes),
-    maximumVolumeSize: BigInt(answer.maximumVolumeBytes),
+    availableCapacity: BigInt(answer.largestVolumeBytes),
+    maximumVolumeSize: BigInt(answer.largestVolumeBytes),
     minimumVolumeSize: BigInt(ALLOCATION_UNIT),
   };
 }

@@ -1,7 +1,7 @@
 // ControllerPublishVolume and ControllerUnpublishVolume: a publication is the partition's one
-// NVMeVolumeAttachment (or, for MULTI_NODE_READER_ONLY, one per reader node), moved between nodes
-// only by the fencing rules in fencing.ts, and done only once the agent reports the target ACL in
-// force (or revoked) for exactly that lifetime.
+// NVMeVolumeAttachment (or, for MULTI_NODE_READER_ONLY and MULTI_NODE_MULTI_WRITER, one per node),
+// moved between nodes only by the fencing rules in fencing.ts, and done only once the agent reports
+// the target ACL in force (or revoked) for exactly that lifetime.
 import type { HandlerContext } from "@connectrpc/connect";
 import { API_VERSION, type NVMePartition, type NVMeVolumeAttachment } from "../../api/index.ts";
 import type {
@@ -13,14 +13,23 @@ import { StorageError } from "../../lib/errors.ts";
 import { HOST_NQN_ANNOTATION } from "../../lib/kube/host-nqn-annotation.ts";
 import { PublishContextKeys } from "../../lib/volume-context.ts";
 import { aborted, alreadyExists, failedPrecondition, invalidArgument, notFound } from "../errors.ts";
-import { capabilityKey, type NormalizedCapability, requireSupported } from "./capabilities.ts";
+import {
+  type AccessModeName,
+  capabilityKey,
+  isMultiNodeMode,
+  MAX_SHARED_WRITERS,
+  type NormalizedCapability,
+  requireSupported,
+} from "./capabilities.ts";
 import {
   ACCESS_ANNOTATION,
   accessPending,
   accessReady,
   decideExclusion,
   decidePublish,
+  decideSharing,
   decideUnpublish,
+  type ExclusionDecision,
   FENCED_ANNOTATION,
   PREVIOUS_NODE_ANNOTATION,
   type PublishIntent,
@@ -36,10 +45,14 @@ import { attachmentNameFor, readerAttachmentNameFor, type VolumeRef } from "./vo
  * agent enforces it, with the host NQN and attachment id as publish context. Idempotent per
  * (volume, node, capability, readonly); FAILED_PRECONDITION while another unfenced node holds the
  * volume, ALREADY_EXISTS for the same node with an incompatible capability, NOT_FOUND for a gone
- * volume or node. MULTI_NODE_READER_ONLY publications each get their own attachment, so several
- * reader hosts share the ACL; readers and any other publication exclude each other
- * (FAILED_PRECONDITION). The check and the create run under the volume's in-flight hold, so two
- * publishes of one volume in this controller cannot both pass it.
+ * volume or node. MULTI_NODE_READER_ONLY and MULTI_NODE_MULTI_WRITER (raw block only, at most
+ * MAX_SHARED_WRITERS nodes: a live migration's source and destination) publications each get
+ * their own attachment, so several hosts share the ACL; they and any other publication, and the
+ * two multi-node modes, exclude each other (FAILED_PRECONDITION). Once all but one have
+ * unpublished, the volume is single-writer again for every other mode. Holders an administrator
+ * annotated fenced are revoked before a publication that needs them gone. The check and the
+ * create run under the volume's in-flight hold, so two publishes of one volume in this
+ * controller cannot both pass it.
  */
 export async function publishVolume(
   c: ControllerState,
@@ -107,12 +120,12 @@ export async function publishVolume(
         perHost: p.spec.backend === "kernel",
       });
     }
-    const reader = cap.mode === "MULTI_NODE_READER_ONLY";
+    const multi = isMultiNodeMode(cap.mode) ? cap.mode : undefined;
     let last: NVMeVolumeAttachment | undefined;
     const a = await c.budget(
       ctx,
       (signal) =>
-        authorize(c, p, ref, intent, reader, signal, (o) => {
+        authorize(c, p, ref, intent, multi, signal, (o) => {
           last = o;
         }),
       () => `node ${req.nodeId} is not authorized on volume ${key} yet: ${accessPending(last)}`,
@@ -134,17 +147,21 @@ export async function publishVolume(
   });
 }
 
-/** Brings the partition's attachment to `intent` (section 3.8) and waits for AccessReady. */
+/**
+ * Brings the partition's attachment to `intent` (section 3.8) and waits for AccessReady. `multi`:
+ * the multi-node mode of the publication (its own per-node attachment), else undefined.
+ */
 async function authorize(
   c: ControllerState,
   p: NVMePartition,
   ref: VolumeRef,
   intent: PublishIntent,
-  reader: boolean,
+  multi: AccessModeName | undefined,
   signal: AbortSignal,
   seen: (a: NVMeVolumeAttachment) => void,
 ): Promise<NVMeVolumeAttachment> {
   const primary = attachmentNameFor(ref.name, ref.uid);
+  const reader = multi !== undefined;
   const name = reader ? readerAttachmentNameFor(ref.name, ref.uid, intent.nodeId) : primary;
   const annotations = {
     [READONLY_ANNOTATION]: String(intent.readonly),
@@ -155,11 +172,43 @@ async function authorize(
     ...(reader ? { [READER_OF_LABEL]: ref.uid } : {}),
   };
   for (;;) {
-    const held = reader ? await primaryOf(c, ref) : await readersOf(c, ref);
-    const ex = decideExclusion(reader, held);
+    let held = reader ? await primaryOf(c, ref) : await readersOf(c, ref);
+    let ex: ExclusionDecision = decideExclusion(reader, held);
+    if (ex.action === "proceed" && multi) {
+      held = await readersOf(c, ref);
+      ex = decideSharing(multi, intent.nodeId, held, MAX_SHARED_WRITERS);
+    }
     if (ex.action === "refuse") throw failedPrecondition(ex.message);
+    if (ex.action === "revoke") {
+      for (const o of held.filter((x) => (ex as { names: string[] }).names.includes(x.metadata.name))) {
+        try {
+          await c.attClient.delete(o.metadata.name, c.ns, { uid: o.metadata.uid });
+        } catch (err) {
+          if (!(err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")))
+            throw err;
+        }
+        c.log.warn("fenced publication revoked", { partition: c.key(ref.name), node: o.spec.nodeId });
+        void c.o.events?.record(
+          p,
+          "Warning",
+          "FencedRevoked",
+          "Publish",
+          `publication for fenced node ${o.spec.nodeId} revoked before publishing to ${intent.nodeId}`,
+        );
+        await c.waitGone(
+          c.attachmentWaiter,
+          c.attClient,
+          o.metadata.name,
+          o.metadata.uid as string,
+          signal,
+          seen,
+        );
+      }
+      continue;
+    }
     if (ex.action === "wait-gone") {
-      for (const o of held)
+      const names = ex.names;
+      for (const o of held.filter((x) => names.includes(x.metadata.name)))
         await c.waitGone(
           c.attachmentWaiter,
           c.attClient,
@@ -309,7 +358,7 @@ async function primaryOf(c: ControllerState, ref: VolumeRef): Promise<NVMeVolume
   return a && a.spec.partitionUID === ref.uid ? [a] : [];
 }
 
-/** Every MULTI_NODE_READER_ONLY attachment of this partition incarnation, from the API server. */
+/** Every multi-node (per-node) attachment of this partition incarnation, from the API server. */
 async function readersOf(c: ControllerState, ref: VolumeRef): Promise<NVMeVolumeAttachment[]> {
   const list = await c.attClient.list({ namespace: c.ns, labelSelector: `${READER_OF_LABEL}=${ref.uid}` });
   return list.items.filter((a) => a.spec.partitionUID === ref.uid);

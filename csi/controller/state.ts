@@ -52,6 +52,12 @@ export interface ControllerOptions {
    * collectOrphans). Absent: no background collection (tests that own their partitions).
    */
   orphans?: { graceMs: number; intervalMs: number };
+  /**
+   * Age of a storage node's last heartbeat past which volume health reports its volumes
+   * INACCESSIBLE (its agent is gone); DEFAULT_HEARTBEAT_STALENESS_MS (the manager's default) when
+   * omitted.
+   */
+  heartbeatStalenessMs?: number;
 }
 
 export type VolumeInit = MessageInitShape<typeof VolumeSchema>;

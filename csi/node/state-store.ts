@@ -35,6 +35,7 @@ const StagedVolumeSchema = v.object({
     "SINGLE_NODE_MULTI_WRITER",
     "SINGLE_NODE_READER_ONLY",
     "MULTI_NODE_READER_ONLY",
+    "MULTI_NODE_MULTI_WRITER",
   ]),
   device: v.optional(v.pipe(v.string(), v.startsWith("/dev/"))),
   publications: v.array(

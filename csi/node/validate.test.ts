@@ -58,6 +58,11 @@ test.each<[string, ReturnType<typeof cap>, Capability]>([
     cap({ accessType: { case: "block", value: {} }, accessMode: { mode: Mode.MULTI_NODE_READER_ONLY } }),
     { access: { kind: "block" }, mode: "MULTI_NODE_READER_ONLY" },
   ],
+  [
+    "multi-node multi writer, block (live migration)",
+    cap({ accessType: { case: "block", value: {} }, accessMode: { mode: Mode.MULTI_NODE_MULTI_WRITER } }),
+    { access: { kind: "block" }, mode: "MULTI_NODE_MULTI_WRITER" },
+  ],
 ])("accepts %s", (_name, c, want) => {
   expect(parseCapability(c, "ext4")).toEqual(want);
 });
@@ -66,7 +71,11 @@ test.each<[string, ReturnType<typeof cap> | undefined, string]>([
   ["missing", undefined, "volume_capability is missing"],
   ["unknown mode", mount("ext4", Mode.UNKNOWN), "access mode UNKNOWN is not supported"],
   ["multi-node single writer", mount("ext4", Mode.MULTI_NODE_SINGLE_WRITER), "MULTI_NODE_SINGLE_WRITER"],
-  ["multi-node multi writer", mount("ext4", Mode.MULTI_NODE_MULTI_WRITER), "MULTI_NODE_MULTI_WRITER"],
+  [
+    "multi-node multi writer on a filesystem",
+    mount("ext4", Mode.MULTI_NODE_MULTI_WRITER),
+    "MULTI_NODE_MULTI_WRITER is served for raw block volumes only",
+  ],
   ["ext3", mount("ext3", Mode.SINGLE_NODE_WRITER), 'fs_type "ext3" is not supported'],
   ["nfs", mount("nfs", Mode.SINGLE_NODE_WRITER), 'fs_type "nfs" is not supported'],
   ["no access type", cap({ accessMode: { mode: Mode.SINGLE_NODE_WRITER } }), "neither block nor mount"],

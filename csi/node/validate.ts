@@ -18,16 +18,18 @@ import { namespaceIdDigits } from "../host/nvme-initiator.ts";
 export const MAX_VOLUME_ID_BYTES = 1024;
 
 /**
- * Access modes the node serves: the single-node writer modes, and the two reader-only modes
- * (several nodes may read; the controller never lets a writer in beside them). Multi-node writer
- * modes are refused: a volume is fenced to one writing host.
+ * Access modes the node serves: the single-node writer modes, the two reader-only modes (several
+ * nodes may read; the controller never lets a writer in beside them), and MULTI_NODE_MULTI_WRITER
+ * for raw block only (a live migration's two hosts; the controller admits no third).
+ * MULTI_NODE_SINGLE_WRITER is refused.
  */
 export type AccessMode =
   | "SINGLE_NODE_WRITER"
   | "SINGLE_NODE_SINGLE_WRITER"
   | "SINGLE_NODE_MULTI_WRITER"
   | "SINGLE_NODE_READER_ONLY"
-  | "MULTI_NODE_READER_ONLY";
+  | "MULTI_NODE_READER_ONLY"
+  | "MULTI_NODE_MULTI_WRITER";
 
 const SUPPORTED_MODES: ReadonlyMap<Mode, AccessMode> = new Map([
   [Mode.SINGLE_NODE_WRITER, "SINGLE_NODE_WRITER"],
@@ -35,6 +37,7 @@ const SUPPORTED_MODES: ReadonlyMap<Mode, AccessMode> = new Map([
   [Mode.SINGLE_NODE_MULTI_WRITER, "SINGLE_NODE_MULTI_WRITER"],
   [Mode.SINGLE_NODE_READER_ONLY, "SINGLE_NODE_READER_ONLY"],
   [Mode.MULTI_NODE_READER_ONLY, "MULTI_NODE_READER_ONLY"],
+  [Mode.MULTI_NODE_MULTI_WRITER, "MULTI_NODE_MULTI_WRITER"],
 ]);
 
 /**
@@ -120,7 +123,7 @@ export function parseCapability(cap: VolumeCapability | undefined, defaultFsType
   const mode = SUPPORTED_MODES.get(rawMode);
   if (mode === undefined) {
     throw invalid(
-      `access mode ${Mode[rawMode] ?? rawMode} is not supported; a volume has one writing node or only readers`,
+      `access mode ${Mode[rawMode] ?? rawMode} is not supported; a volume has one writing node, only readers, or two writers of a raw block device`,
       {
         mode: Mode[rawMode] ?? rawMode,
       },
@@ -130,6 +133,11 @@ export function parseCapability(cap: VolumeCapability | undefined, defaultFsType
     case "block":
       return { access: { kind: "block" }, mode };
     case "mount": {
+      if (mode === "MULTI_NODE_MULTI_WRITER")
+        throw invalid(
+          "access mode MULTI_NODE_MULTI_WRITER is served for raw block volumes only: a filesystem mounted on two nodes would be corrupted",
+          { mode },
+        );
       const m = cap.accessType.value;
       const fsType = m.fsType === "" ? defaultFsType : m.fsType;
       if (!(FS_TYPES as readonly string[]).includes(fsType)) {

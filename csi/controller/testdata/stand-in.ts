@@ -9,6 +9,7 @@ import {
   type NVMePartition,
   NVMePartitionStatusSchema,
   type NVMeVolumeAttachment,
+  type RDMAStorageNode,
 } from "../../../api/index.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { WatchCache } from "../../../lib/kube/cache.ts";
@@ -140,11 +141,49 @@ export class StandIn {
     )) as NVMeDevice;
   }
 
+  /**
+   * The agent's heartbeat: the stand-in storage node's RDMAStorageNode (in the stand-in's
+   * namespace) with lastHeartbeatTime `at` (now by default) and Ready as given. Volume health
+   * judges a volume by it.
+   */
+  async heartbeat(o: { at?: Date; ready?: boolean } = {}): Promise<RDMAStorageNode> {
+    const nodes = new ResourceClient(this.parts.conn, kinds.RDMAStorageNode);
+    if (!(await nodes.get(this.storageNode, this.ns))) {
+      try {
+        await nodes.create({
+          apiVersion: "storage.distort.io/v1alpha1",
+          kind: "RDMAStorageNode",
+          metadata: { name: this.storageNode, namespace: this.ns },
+          spec: { nodeName: this.storageNode },
+        } as RDMAStorageNode);
+      } catch (err) {
+        if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
+      }
+    }
+    const at = (o.at ?? new Date()).toISOString().replace(/\.\d+Z$/, "Z");
+    const ok = o.ready ?? true;
+    return (await updateStatus(nodes, this.storageNode, this.ns, (n) => ({
+      ...(n.status ?? {}),
+      lastHeartbeatTime: at,
+      conditions: setCondition(
+        n.status?.conditions ?? [],
+        {
+          type: "Ready",
+          status: ok ? "True" : "False",
+          reason: ok ? "Heartbeat" : "HeartbeatStale",
+          message: "written by the test stand-in",
+        },
+        new Date(),
+      ),
+    }))) as RDMAStorageNode;
+  }
+
   /** Manager placement: a ledger entry on the drive first, then nodeName + deviceSerial. */
   async place(name: string): Promise<NVMePartition> {
     const p = (await this.parts.get(name, this.ns)) as NVMePartition;
     if (p.spec.nodeName) return p;
     await this.ensureDevice();
+    await this.heartbeat();
     await updateStatus(this.devs, this.deviceName, undefined, (d) => {
       const ledger = d.status?.reservations ?? [];
       if (ledger.some((r) => r.uid === p.metadata.uid)) return undefined;

@@ -1,0 +1,225 @@
+// Capacity-aware scheduling on the lab: the consumer nodes are split into two topology segments,
+// each with one SPDK storage node; segment b is filled until no drive there holds the claim. The
+// provisioner publishes CSIStorageCapacity per segment from GetCapacity, and kube-scheduler puts a
+// WaitForFirstConsumer Pod that prefers segment b's node in segment a at its first attempt.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import type * as k8s from "@kubernetes/client-node";
+import { kinds, type NVMeDevice, type NVMePartition, type RDMAStorageNode } from "../api/index.ts";
+import { FABRIC_LABEL } from "../lab/harness/stack.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { type E2eLab, e2eLab, partitionOf, until, waitWorkload, workloadPod } from "./support.ts";
+import { DRIVER, eventsAbout, SELECTED_NODE, teardownNamespace } from "./user-steps.ts";
+
+const GiB = 1024 ** 3;
+const MiB = 1024 ** 2;
+/** What is left free on each drive of segment b: less than the claim, so no drive there fits it. */
+const LEFT_IN_B = 2 * GiB;
+const CLAIM_BYTES = 3 * GiB;
+
+let lab: E2eLab;
+let storageNodes: ResourceClient<RDMAStorageNode>;
+const tag = Math.random().toString(36).slice(2, 7);
+const segA = `cap-a-${tag}`;
+const segB = `cap-b-${tag}`;
+let nodeA: string;
+let nodeB: string;
+let storeA: string;
+let storeB: string;
+const classes: string[] = [];
+let ns = "";
+
+async function mergePatch(path: string, body: object): Promise<void> {
+  const res = await lab.conn.request(path, {
+    method: "PATCH",
+    contentType: "application/merge-patch+json",
+    body: JSON.stringify(body),
+  });
+  if (!res.ok) throw new Error(`PATCH ${path}: ${res.status} ${await res.text()}`);
+}
+
+/** Puts a consumer Node and a storage node in segment `fabric` (the lab's own value is "lab"). */
+async function label(consumer: string, storage: string, fabric: string): Promise<void> {
+  await mergePatch(`/api/v1/nodes/${consumer}`, { metadata: { labels: { [FABRIC_LABEL]: fabric } } });
+  await storageNodes.mergePatch(storage, lab.namespace, { metadata: { labels: { [FABRIC_LABEL]: fabric } } });
+}
+
+beforeAll(async () => {
+  lab = await e2eLab();
+  storageNodes = new ResourceClient(lab.conn, kinds.RDMAStorageNode);
+  [nodeA, nodeB] = lab.consumers.map((c) => c.name) as [string, string];
+  [storeA, storeB] = lab.storage.map((s) => s.name) as [string, string];
+  await label(nodeA, storeA, segA);
+  await label(nodeB, storeB, segB);
+}, 120_000);
+
+afterAll(async () => {
+  if (ns) await teardownNamespace(lab, ns);
+  for (const name of classes) await lab.storageApi.deleteStorageClass({ name }).catch(() => {});
+  await label(nodeA, storeA, "lab");
+  await label(nodeB, storeB, "lab");
+  await lab.stop();
+}, 600_000);
+
+/** A class with the lab default's parameters (spdk lvols over TCP), under a name of its own. */
+async function storageClass(
+  name: string,
+  binding: "Immediate" | "WaitForFirstConsumer",
+  allowedTopologies?: k8s.V1TopologySelectorTerm[],
+): Promise<void> {
+  const base = await lab.storageApi.readStorageClass({ name: "distort-lab" });
+  await lab.storageApi.createStorageClass({
+    body: {
+      metadata: { name },
+      provisioner: DRIVER,
+      parameters: base.parameters ?? {},
+      reclaimPolicy: "Delete",
+      volumeBindingMode: binding,
+      ...(allowedTopologies ? { allowedTopologies } : {}),
+    },
+  });
+  classes.push(name);
+}
+
+async function claim(name: string, storageClassName: string, bytes: number): Promise<void> {
+  await lab.core.createNamespacedPersistentVolumeClaim({
+    namespace: ns,
+    body: {
+      metadata: { name },
+      spec: {
+        accessModes: ["ReadWriteOnce"],
+        storageClassName,
+        volumeMode: "Block",
+        resources: { requests: { storage: `${bytes / MiB}Mi` } },
+      },
+    },
+  });
+}
+
+/** The provisioner's objects for `sc`, by segment: capacity and maximumVolumeSize in bytes. */
+async function published(sc: string): Promise<Record<string, { capacity: number; maximum: number }>> {
+  const list = await lab.storageApi.listNamespacedCSIStorageCapacity({ namespace: lab.namespace });
+  const bytes = (q: unknown) => (q === undefined ? -1 : quantityBytes(String(q)));
+  const out: Record<string, { capacity: number; maximum: number }> = {};
+  for (const c of list.items) {
+    const seg = c.nodeTopology?.matchLabels?.[FABRIC_LABEL];
+    if (c.storageClassName === sc && seg)
+      out[seg] = { capacity: bytes(c.capacity), maximum: bytes(c.maximumVolumeSize) };
+  }
+  return out;
+}
+
+function quantityBytes(q: string): number {
+  const m = /^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$/.exec(q);
+  if (!m) throw new Error(`unexpected quantity ${q}`);
+  const unit = { Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, k: 1e3, M: 1e6, G: 1e9, T: 1e12 };
+  return Number(m[1]) * (m[2] ? unit[m[2] as keyof typeof unit] : 1);
+}
+
+test("a WaitForFirstConsumer Pod whose claim fits only segment a is scheduled there at the first attempt", async () => {
+  ns = await lab.newNamespace("capacity");
+  const devices = new ResourceClient<NVMeDevice>(lab.conn, kinds.NVMeDevice);
+  const partitions = new ResourceClient<NVMePartition>(lab.conn, kinds.NVMePartition);
+
+  // Fill segment b's drives (an Immediate class held to segment b) down to LEFT_IN_B each, one
+  // drive at a time: each filler lands on the most free drive, the one it was sized for.
+  const filler = `cap-fill-${tag}`;
+  await storageClass(filler, "Immediate", [
+    { matchLabelExpressions: [{ key: FABRIC_LABEL, values: [segB] }] },
+  ]);
+  const bDrives = (await devices.list()).items.filter(
+    (d) => d.spec.nodeName === storeB && d.status?.phase === "Claimed",
+  );
+  expect(bDrives.length).toBeGreaterThan(0);
+  for (const i of bDrives.keys()) {
+    const free = await until(`the free bytes of ${storeB}'s drives`, async () => {
+      const mine = (await devices.list()).items.filter((x) =>
+        bDrives.some((d) => d.metadata.name === x.metadata.name),
+      );
+      return mine.every((x) => x.status?.freeBytes !== undefined)
+        ? Math.max(...mine.map((x) => x.status?.freeBytes ?? 0))
+        : undefined;
+    });
+    const size = Math.floor((free - LEFT_IN_B) / (4 * MiB)) * 4 * MiB;
+    if (size <= 0) continue;
+    await claim(`fill-${i}`, filler, size);
+    const ref = await partitionOf(lab, ns, `fill-${i}`);
+    const placed = await until(`filler ${i} placed`, async () => {
+      const p = await partitions.get(ref.name, ref.namespace);
+      return p?.spec.nodeName ? p : undefined;
+    });
+    expect(placed.spec.nodeName).toBe(storeB);
+    // The ledger entry must show in the drive's free bytes before the next filler is sized.
+    await until(`filler ${i} counted on drive ${placed.spec.deviceSerial}`, async () => {
+      const d = (await devices.list()).items.find((x) => x.spec.serial === placed.spec.deviceSerial);
+      return (d?.status?.freeBytes ?? Number.POSITIVE_INFINITY) <= free - size;
+    });
+  }
+  await until(`every drive of ${storeB} at most ${LEFT_IN_B} bytes free`, async () =>
+    (await devices.list()).items
+      .filter((d) => d.spec.nodeName === storeB && d.status?.phase === "Claimed")
+      .every((d) => (d.status?.freeBytes ?? Number.POSITIVE_INFINITY) <= LEFT_IN_B),
+  );
+
+  // The class under test, made after the fill so its first objects already carry it.
+  const sc = `cap-wffc-${tag}`;
+  await storageClass(sc, "WaitForFirstConsumer");
+  const caps = await until(
+    "CSIStorageCapacity for both segments, segment b without room for the claim",
+    async () => {
+      const p = await published(sc);
+      const a = p[segA];
+      const b = p[segB];
+      return a && b && b.maximum < CLAIM_BYTES && a.maximum >= CLAIM_BYTES ? p : undefined;
+    },
+    180_000,
+  );
+  // Each object gives what one volume can get: segment b's room is one drive's, not the sum.
+  expect(caps[segB]?.capacity).toBe(caps[segB]?.maximum);
+  expect(caps[segB]?.maximum).toBeLessThanOrEqual(LEFT_IN_B);
+  expect(caps[segA]?.maximum).toBeGreaterThanOrEqual(CLAIM_BYTES);
+
+  await claim("data", sc, CLAIM_BYTES);
+  // The Pod prefers segment b's node: without capacity the scheduler would pick it, the volume
+  // could not be placed there, and the Pod would be rescheduled after a failed provisioning.
+  const pod = workloadPod("writer", nodeA, "data", ["write-verify", "--bytes=1Mi", "--seed=capacity"]);
+  const spec = pod.spec as k8s.V1PodSpec;
+  delete spec.nodeSelector;
+  spec.affinity = {
+    nodeAffinity: {
+      preferredDuringSchedulingIgnoredDuringExecution: [
+        {
+          weight: 100,
+          preference: {
+            matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: [nodeB] }],
+          },
+        },
+      ],
+    },
+  };
+  for (const c of spec.containers) {
+    delete c.volumeMounts;
+    c.volumeDevices = [{ name: "data", devicePath: "/dev/xvda" }];
+    c.args = c.args?.map((a) => (a === "--dir=/data" ? "--device=/dev/xvda" : a));
+  }
+  const created = await lab.core.createNamespacedPod({ namespace: ns, body: pod });
+  const report = await waitWorkload(lab, ns, "writer");
+  expect(report.ok).toBe(true);
+
+  const ran = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
+  expect(ran.spec?.nodeName).toBe(nodeA);
+  const pvc = await lab.core.readNamespacedPersistentVolumeClaim({ name: "data", namespace: ns });
+  expect(pvc.metadata?.annotations?.[SELECTED_NODE]).toBe(nodeA);
+  const ref = await partitionOf(lab, ns, "data");
+  expect((await partitions.get(ref.name, ref.namespace))?.spec.nodeName).toBe(storeA);
+
+  // First try: one Scheduled Event, no FailedScheduling, and the claim was never rescheduled or
+  // refused by the provisioner.
+  const podEvents = await eventsAbout(lab, ns, "Pod", "writer", created.metadata?.uid);
+  const reasons = podEvents.map((e) => e.reason);
+  expect(reasons.filter((r) => r === "Scheduled")).toHaveLength(1);
+  expect(reasons).not.toContain("FailedScheduling");
+  const claimEvents = (await eventsAbout(lab, ns, "PersistentVolumeClaim", "data")).map(
+    (e) => `${e.reason}: ${e.message}`,
+  );
+  expect(claimEvents.filter((e) => e.startsWith("ProvisioningFailed"))).toEqual([]);
+}, 600_000);
