@@ -1191,8 +1191,7 @@ describe("MULTI_NODE_MULTI_WRITER publications (raw block, live migration)", () 
     for (const n of ["a", "b", "c"]) {
       const name = `node-mnmw-${n}-${suffix()}`;
       await createNode(name);
-      await registerHostNQN(
-        tc.conn,
+      await annotateHostNQN(
         name,
         `nqn.2014-08.org.nvmexpress:uuid:1000000${nodes.length}-6c1f-4c55-9a51-1f2b3c4d5e6f`,
       );
