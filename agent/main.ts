@@ -118,7 +118,6 @@ export async function runAgent(
       methods,
       rpc: spdk,
       logger,
-      thinProvision: cfg.thinLvols,
       facts,
     });
   }
