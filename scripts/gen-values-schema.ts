@@ -246,6 +246,10 @@ export const ValuesSchema = v.strictObject({
     placementWorkers: int(1, 256),
     heartbeatStalenessMs: ms(1000, Number.MAX_SAFE_INTEGER, "age after which a storage node is stale"),
     spreadPolicy: v.picklist(["most-free-device", "least-loaded-node"]),
+    thinLvstoreFullPercent: v.pipe(
+      int(1, 100),
+      v.description("lvstore fullness (percent) above which new thin volumes are not placed on a drive"),
+    ),
     // Bounds of manager/config.ts; maxMs >= initialMs is checked by the template (manager.yaml).
     placementBackoff: v.strictObject({
       initialMs: ms(10, Number.MAX_SAFE_INTEGER, "first retry delay of an unplaceable partition"),
