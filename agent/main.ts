@@ -40,7 +40,7 @@ import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { SnapshotController } from "./snapshots/controller.ts";
-import { applySpaceReport } from "./space/space-report.ts";
+import { applySpaceReport, type SpaceMemory } from "./space/space-report.ts";
 import { agentPreflightPlan, assertUsable, fatalChecks } from "./startup-preflight.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
@@ -269,6 +269,7 @@ export async function runAgent(
   await controllers.start();
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
+  const spaceMemory: SpaceMemory = new Map();
   const metricsLoop = runNodeMetrics(
     {
       metrics: agentMetrics,
@@ -298,6 +299,7 @@ export async function runAgent(
                   now: () => clock.now(),
                   logger: logger.with({ component: "space" }),
                 },
+                spaceMemory,
                 lvstores,
                 bdevs,
               ),

@@ -94,16 +94,25 @@ export interface SpaceReportDeps {
 }
 
 /**
+ * SpaceExhausted as last written or read back, by partition UID. The agent's caches hold objects
+ * without conditions, so the state is remembered here; an unknown one is decided on the object
+ * read afresh (no write and no Event when it already says so, as after an agent restart).
+ */
+export type SpaceMemory = Map<string, boolean>;
+
+/**
  * Applies one round. Idempotent: the device's status.lvstore is written only when the round's
- * numbers differ from the cached ones, SpaceExhausted only when it changes (with one Event per
- * change: SpaceExhausted Warning, SpaceRecovered Normal). Never throws; a failed write is logged
+ * numbers differ from the cached ones, SpaceExhausted only when it changes on the stored object
+ * (with one Event per change: SpaceExhausted Warning, SpaceRecovered Normal). Never throws; a failed write is logged
  * and retried by the next round.
  */
 export async function applySpaceReport(
   deps: SpaceReportDeps,
+  known: SpaceMemory,
   lvstores: readonly S.Lvstore[],
   bdevs: readonly S.Bdev[],
 ): Promise<void> {
+  const seen = new Set<string>();
   const space = roundSpace(lvstores, bdevs);
   const now = new Date(deps.now());
   const observedTime = formatConditionTime(now);
@@ -127,11 +136,17 @@ export async function applySpaceReport(
     if (p.spec.nodeName !== deps.nodeName || !p.spec.thinProvisioning || p.metadata.deletionTimestamp)
       continue;
     const found = spaceExhausted(p, space);
-    if (!found) continue;
-    const was = findCondition(p.status?.conditions ?? [], SPACE_EXHAUSTED)?.status === "True";
-    if (found.exhausted === was) continue;
-    writes.push(markSpace(deps, p, found, now));
+    const uid = p.metadata.uid;
+    if (!found || !uid) continue;
+    seen.add(uid);
+    if (known.get(uid) === found.exhausted) continue;
+    writes.push(
+      markSpace(deps, p, found, now).then((ok) => {
+        if (ok) known.set(uid, found.exhausted);
+      }),
+    );
   }
+  for (const uid of known.keys()) if (!seen.has(uid)) known.delete(uid);
   await Promise.all(writes);
 }
 
@@ -140,15 +155,20 @@ async function markSpace(
   p: NVMePartition,
   found: NonNullable<ReturnType<typeof spaceExhausted>>,
   now: Date,
-): Promise<void> {
+): Promise<boolean> {
   const { store, exhausted } = found;
   const lvs = lvstoreNameFor(p.spec.deviceSerial ?? "");
   const message = exhausted
     ? `lvstore ${lvs} has no free cluster (all ${store.totalClusters} in use by volumes sharing the drive): writes to the ${found.unallocated} unallocated clusters of this thin volume fail with I/O errors until space is freed (delete volumes or data on the drive)`
     : `lvstore ${lvs} has ${formatBytes(store.freeBytes)} free again`;
+  let changed = false;
   try {
     const stored = await updateStatus(deps.partitions, p.metadata.name, p.metadata.namespace, (latest) => {
       if (latest.metadata.uid !== p.metadata.uid || !latest.status) return undefined;
+      const was = findCondition(latest.status.conditions ?? [], SPACE_EXHAUSTED)?.status;
+      // Never False on a volume that was never out of space: the condition appears when it matters.
+      changed = exhausted ? was !== "True" : was === "True";
+      if (!changed) return undefined;
       return {
         ...latest.status,
         conditions: setCondition(
@@ -164,7 +184,8 @@ async function markSpace(
         ),
       };
     });
-    if (!stored) return;
+    if (!stored) return false;
+    if (!changed) return true;
     await deps.events.record(
       stored,
       exhausted ? "Warning" : "Normal",
@@ -179,10 +200,12 @@ async function markSpace(
         lvstore: lvs,
       },
     );
+    return true;
   } catch (err) {
     deps.logger.warn("cannot record SpaceExhausted", {
       partition: `${p.metadata.namespace}/${p.metadata.name}`,
       err: errorMessage(err),
     });
+    return false;
   }
 }
