@@ -81,7 +81,6 @@ const EnvSchema = v.object({
   DISTORT_METRICS_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "15000"),
   DISTORT_HEALTH_PORT: v.optional(wholeNumber(0, 65535), "9810"),
   DISTORT_LOG_LEVEL: v.optional(v.picklist(["debug", "info", "warn", "error"]), "info"),
-  DISTORT_THIN_LVOLS: v.optional(bool, "false"),
   NVME_ALLOWED_DEVICES: v.optional(v.string()),
   NVME_EXCLUDE_DEVICES: v.optional(v.string()),
   /** Fault injection for crash tests: the agent kills itself right after this reconcile step. */
@@ -119,7 +118,6 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     metricsPeriodMs: c.DISTORT_METRICS_PERIOD_MS,
     healthPort: c.DISTORT_HEALTH_PORT,
     logLevel: c.DISTORT_LOG_LEVEL,
-    thinLvols: c.DISTORT_THIN_LVOLS,
     deviceFilter: {
       allowed: parseDeviceList(c.NVME_ALLOWED_DEVICES),
       excluded: parseDeviceList(c.NVME_EXCLUDE_DEVICES),

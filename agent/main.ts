@@ -40,6 +40,7 @@ import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { SnapshotController } from "./snapshots/controller.ts";
+import { applySpaceReport, type SpaceMemory } from "./space/space-report.ts";
 import { agentPreflightPlan, assertUsable, fatalChecks } from "./startup-preflight.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
@@ -126,7 +127,6 @@ export async function runAgent(
       methods,
       rpc: spdk,
       logger,
-      thinProvision: cfg.thinLvols,
       facts,
     });
   }
@@ -277,6 +277,7 @@ export async function runAgent(
   await controllers.start();
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
+  const spaceMemory: SpaceMemory = new Map();
   const metricsLoop = runNodeMetrics(
     {
       metrics: agentMetrics,
@@ -294,6 +295,22 @@ export async function runAgent(
               })),
             logger: logger.with({ component: "metrics" }),
             now: () => clock.now(),
+            onSpace: (lvstores, bdevs) =>
+              applySpaceReport(
+                {
+                  nodeName: cfg.nodeName,
+                  devices: new ResourceClient(conn, kinds.NVMeDevice),
+                  partitions: new ResourceClient(conn, kinds.NVMePartition),
+                  listDevices: () => partitions.devices.list(),
+                  listPartitions: () => partitions.partitions.list(),
+                  events,
+                  now: () => clock.now(),
+                  logger: logger.with({ component: "space" }),
+                },
+                spaceMemory,
+                lvstores,
+                bdevs,
+              ),
           })
         : undefined,
       attachments: () => attachmentController.attachments.list(),

@@ -220,6 +220,24 @@ const CREATE_CASES: CreateCase[] = [
     expect: ["spec.qos requires spec.backend spdk"],
   },
   {
+    kind: "NVMePartition",
+    name: "thin on the kernel backend",
+    mutate: (o) => {
+      o.spec.backend = "kernel";
+      o.spec.volumeManager = "parted";
+      o.spec.thinProvisioning = true;
+    },
+    expect: ["spec.thinProvisioning requires spec.backend spdk"],
+  },
+  {
+    kind: "NVMeDeviceClaim",
+    name: "overcommit ratio below 1",
+    mutate: (o) => {
+      o.spec.overcommitRatio = 0.5;
+    },
+    expect: ["spec.overcommitRatio"],
+  },
+  {
     kind: "NVMeDevice",
     name: "empty device serial",
     mutate: (o) => {
@@ -374,6 +392,15 @@ const UPDATE_CASES: UpdateCase[] = [
       o.spec.targetOptions = { transport: "tcp" };
     },
     expect: "spec.targetOptions is immutable",
+  },
+  {
+    kind: "NVMePartition",
+    name: "thick made thin",
+    via: "spec",
+    mutate: (o) => {
+      o.spec.thinProvisioning = true;
+    },
+    expect: "spec.thinProvisioning is immutable",
   },
   {
     kind: "NVMeVolumeAttachment",

@@ -440,6 +440,18 @@ describe("CEL rules required by the design", () => {
       "!has(self.qos) || self.backend == 'spdk'",
       "spec.qos requires spec.backend spdk: nvmet has no per-namespace rate limits",
     ],
+    [
+      "NVMePartition",
+      ".spec",
+      "!has(self.thinProvisioning) || !self.thinProvisioning || self.backend == 'spdk'",
+      "spec.thinProvisioning requires spec.backend spdk: kernel partitions are always thick",
+    ],
+    [
+      "NVMePartition",
+      ".spec",
+      "has(self.thinProvisioning) == has(oldSelf.thinProvisioning) && (!has(self.thinProvisioning) || self.thinProvisioning == oldSelf.thinProvisioning)",
+      "spec.thinProvisioning is immutable",
+    ],
     ["NVMeSnapshot", ".spec.sourcePartitionName", "self == oldSelf", "spec.sourcePartitionName is immutable"],
     ["NVMeSnapshot", ".spec.sourcePartitionUID", "self == oldSelf", "spec.sourcePartitionUID is immutable"],
     ["NVMeVolumeAttachment", ".spec.partitionName", "self == oldSelf", "spec.partitionName is immutable"],

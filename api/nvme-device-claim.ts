@@ -30,6 +30,16 @@ export const NVMeDeviceClaimSpecSchema = v.pipe(
     nodeName: v.optional(
       name("If set, only a device on this node may satisfy the claim (guards against serial collisions)."),
     ),
+    overcommitRatio: v.optional(
+      v.pipe(
+        v.number(),
+        v.minValue(1, "spec.overcommitRatio must be at least 1"),
+        v.maxValue(100, "spec.overcommitRatio must be at most 100"),
+        v.description(
+          "How far thin partitions may overcommit the drive: their sizes plus the thick ones' may sum to allocatableBytes x this ratio (thick ones alone never beyond allocatableBytes). Absent: 1, no overcommit. Claims of one drive class share a value.",
+        ),
+      ),
+    ),
   }),
   v.description("Which drive to reserve."),
 );

@@ -7,6 +7,7 @@ import {
   ClaimRefSchema,
   cel,
   conditions,
+  dateTime,
   immutable,
   int64,
   name,
@@ -77,12 +78,33 @@ export const DeviceReservationSchema = v.pipe(
     ),
     name: name("Name of the NVMePartition."),
     bytes: positiveBytes("Bytes promised: the partition's size rounded up to the 4 MiB allocation unit."),
+    thin: v.optional(
+      v.pipe(
+        v.boolean(),
+        v.description(
+          "A thin partition: promised against the overcommit budget (allocatableBytes x the claim's overcommitRatio) rather than physical capacity.",
+        ),
+      ),
+    ),
   }),
   v.description("Capacity promised to one partition (placement ledger entry)."),
 );
 export type DeviceReservation = v.InferOutput<typeof DeviceReservationSchema>;
 
 const claimedNeedsRef = "status.claimRef is required when status.phase is Claimed";
+
+/** The drive's lvstore as the agent last read it from SPDK (bdev_lvol_get_lvstores). */
+export const LvstoreUsageSchema = v.pipe(
+  v.object({
+    totalBytes: int64("Data clusters of the lvstore x cluster size (total_data_clusters)."),
+    freeBytes: int64("Free clusters x cluster size: what thin volumes can still allocate."),
+    observedTime: dateTime("When the agent read it (RFC 3339)."),
+  }),
+  v.description(
+    "Physical fullness of the drive's lvstore (agent); placement refuses thin volumes above a threshold.",
+  ),
+);
+export type LvstoreUsage = v.InferOutput<typeof LvstoreUsageSchema>;
 
 export const NVMeDeviceStatusSchema = v.pipe(
   v.object({
@@ -95,6 +117,19 @@ export const NVMeDeviceStatusSchema = v.pipe(
       quantity("spec.allocatableBytes as a quantity, e.g. 31.7Gi (manager, with freeBytes)."),
     ),
     free: v.optional(quantity("freeBytes as a quantity, e.g. 30.7Gi (manager, with freeBytes).")),
+    provisionedBytes: v.optional(
+      int64("Sizes of every partition held on the device, thin and thick (manager, with freeBytes)."),
+    ),
+    thinBytes: v.optional(int64("The thin partitions' share of provisionedBytes (manager, with freeBytes).")),
+    overcommitRatio: v.optional(
+      v.pipe(
+        v.number(),
+        v.minValue(1),
+        v.maxValue(100),
+        v.description("The owning claim's overcommitRatio the manager last accounted with (manager)."),
+      ),
+    ),
+    lvstore: v.optional(LvstoreUsageSchema),
     activeBackend: v.optional(
       v.pipe(
         BackendSchema,

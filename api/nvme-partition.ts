@@ -233,6 +233,7 @@ const partedNeedsKernel = "spec.volumeManager parted requires spec.backend kerne
 const placementTogether = "spec.nodeName and spec.deviceSerial must be set together";
 const coreMaskNeedsSpdk = "spec.targetOptions.coreMask requires spec.backend spdk";
 const qosNeedsSpdk = "spec.qos requires spec.backend spdk: nvmet has no per-namespace rate limits";
+const thinNeedsSpdk = "spec.thinProvisioning requires spec.backend spdk: kernel partitions are always thick";
 
 export const NVMePartitionSpecSchema = v.pipe(
   v.object({
@@ -257,6 +258,14 @@ export const NVMePartitionSpecSchema = v.pipe(
     topology: v.optional(TopologyRequirementSchema),
     contentSource: v.optional(ContentSourceSchema),
     qos: v.optional(QosLimitsSchema),
+    thinProvisioning: v.optional(
+      v.pipe(
+        v.boolean(),
+        v.description(
+          "Thin lvol (spdk backend): clusters are allocated on first write, and placement reserves the size against the drive's overcommit budget (NVMeDeviceClaim spec.overcommitRatio) instead of its physical capacity. Writes fail once the lvstore has no free cluster. Absent or false: thick. Immutable.",
+        ),
+      ),
+    ),
   }),
   immutableOnceSet("spec", "nodeName"),
   immutableOnceSet("spec", "contentSource"),
@@ -317,6 +326,22 @@ export const NVMePartitionSpecSchema = v.pipe(
     ["qos"],
   ),
   cel("!has(self.qos) || self.backend == 'spdk'", qosNeedsSpdk, { fieldPath: ".qos" }),
+  v.forward(
+    v.partialCheck(
+      [["thinProvisioning"], ["backend"]],
+      (s) => s.thinProvisioning !== true || s.backend === "spdk",
+      thinNeedsSpdk,
+    ),
+    ["thinProvisioning"],
+  ),
+  cel("!has(self.thinProvisioning) || !self.thinProvisioning || self.backend == 'spdk'", thinNeedsSpdk, {
+    fieldPath: ".thinProvisioning",
+  }),
+  cel(
+    "has(self.thinProvisioning) == has(oldSelf.thinProvisioning) && (!has(self.thinProvisioning) || self.thinProvisioning == oldSelf.thinProvisioning)",
+    "spec.thinProvisioning is immutable",
+    { fieldPath: ".thinProvisioning", reason: "FieldValueForbidden" },
+  ),
   v.description("Requested volume and, once placed, where it lives."),
 );
 export type NVMePartitionSpec = v.InferOutput<typeof NVMePartitionSpecSchema>;

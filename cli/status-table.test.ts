@@ -74,6 +74,7 @@ describe("health polarity", () => {
     for (const t of [
       "Overcommitted",
       "DeletionBlocked",
+      "SpaceExhausted",
       "Degraded",
       "example.com/Degraded",
       "DiskPressure",

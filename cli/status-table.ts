@@ -231,7 +231,11 @@ export interface StatusReport {
 // (Heartbeat), and an object that does not match its kind's schema (Schema).
 // ---------------------------------------------------------------------------------------------
 
-const ABNORMAL_TRUE_TYPES: ReadonlySet<string> = new Set(["Overcommitted", "DeletionBlocked"]);
+const ABNORMAL_TRUE_TYPES: ReadonlySet<string> = new Set([
+  "Overcommitted",
+  "DeletionBlocked",
+  "SpaceExhausted",
+]);
 const TROUBLE_SUFFIX =
   /(Degraded|Blocked|Overcommitted|Failed|Failure|Error|Stale|Pressure|Unavailable|Lost|Conflict)$/;
 const FAILURE_REASON = /(Failed|Failure|Error)$/;

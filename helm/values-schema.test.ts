@@ -156,6 +156,12 @@ const BINDINGS: Binding[] = [
     exact: true,
   },
   {
+    path: "manager.thinLvstoreFullPercent",
+    binary: (s) => managerAccepts({ DISTORT_THIN_LVSTORE_FULL_PERCENT: s }),
+    candidates: [0, 1, 85, 100, 101],
+    exact: true,
+  },
+  {
     path: "manager.heartbeatStalenessMs",
     binary: (s) => managerAccepts({ DISTORT_HEARTBEAT_STALENESS_MS: s }),
     candidates: [999, 1000, 10 ** 9],

@@ -1,7 +1,13 @@
 // Capacity accounting of one device: what is committed on it, from its reservation ledger
 // (status.reservations) and from the partitions whose spec points at it. Pure; shared by the
 // manager (placement, the capacity reconciler, claim release) and CSI volume expansion.
-import type { DeviceReservation, NVMeDevice, NVMeDeviceStatus, NVMePartition } from "../api/index.ts";
+import type {
+  DeviceReservation,
+  NVMeDevice,
+  NVMeDeviceClaim,
+  NVMeDeviceStatus,
+  NVMePartition,
+} from "../api/index.ts";
 import { roundUpToUnit } from "./units.ts";
 
 /** Status of a device the manager writes first (the agent creates devices without one). */
@@ -20,6 +26,8 @@ export interface PartitionUse {
   bytes: number;
   /** metadata.deletionTimestamp is set: the agent has not freed it yet, so it still counts. */
   terminating: boolean;
+  /** spec.thinProvisioning: reserved against the overcommit budget, not physical capacity. */
+  thin?: boolean;
 }
 
 /** What holds capacity on a device, keyed by partition UID. */
@@ -31,10 +39,17 @@ export interface Holder {
   inLedger: boolean;
   /** Its spec names this device (placed). */
   assigned: boolean;
+  /** A thin partition (its ledger entry or its spec says so). */
+  thin: boolean;
 }
 
 export interface DeviceUsage {
+  /** Every holder, thin and thick: the provisioned bytes. */
   committedBytes: number;
+  /** The thick holders' share of committedBytes: what must fit in physical capacity. */
+  thickBytes: number;
+  /** The thin holders' share of committedBytes. */
+  thinBytes: number;
   /** allocatable - committed; negative when over-committed. */
   freeBytes: number;
   holders: ReadonlyMap<string, Holder>;
@@ -50,7 +65,35 @@ export function partitionUse(p: NVMePartition): PartitionUse | undefined {
     name: p.metadata.name,
     bytes: roundUpToUnit(p.spec.sizeBytes),
     terminating: p.metadata.deletionTimestamp !== undefined,
+    thin: p.spec.thinProvisioning === true,
   };
+}
+
+/** A drive's overcommit ratio: its claim's spec.overcommitRatio, 1 (none) when unset or unknown. */
+export function overcommitRatioOf(claim: NVMeDeviceClaim | undefined): number {
+  return claim?.spec.overcommitRatio ?? 1;
+}
+
+/**
+ * Room on `device` for one more partition, thin or thick, under overcommit ratio `ratio`: every
+ * holder together stays within allocatableBytes x ratio (the budget), and the thick ones alone
+ * within allocatableBytes, since a thick lvol takes all its clusters when made. At ratio 1 both
+ * kinds get allocatable - committed, exactly the room without overcommit. Negative: none.
+ */
+export function roomFor(device: NVMeDevice, usage: DeviceUsage, ratio: number, thin: boolean): number {
+  const allocatable = device.spec.allocatableBytes;
+  const overall = Math.floor(allocatable * ratio) - usage.committedBytes;
+  return thin ? overall : Math.min(allocatable - usage.thickBytes, overall);
+}
+
+/**
+ * Physical fullness of the device's lvstore from the agent's last report (1 - free/total), or
+ * undefined before any report. Thin volumes write into this space; thick ones already own theirs.
+ */
+export function lvstoreFullness(device: NVMeDevice): number | undefined {
+  const l = device.status?.lvstore;
+  if (!l || l.totalBytes <= 0) return undefined;
+  return 1 - l.freeBytes / l.totalBytes;
 }
 
 /** The ledger of a device (empty when it has no status yet). */
@@ -93,6 +136,7 @@ export function deviceUsage(
       bytes: r.bytes,
       inLedger: true,
       assigned: false,
+      thin: r.thin === true,
     });
   }
   for (const a of assumed) {
@@ -103,6 +147,7 @@ export function deviceUsage(
         bytes: a.bytes,
         inLedger: false,
         assigned: false,
+        thin: a.thin === true,
       });
     }
   }
@@ -111,6 +156,7 @@ export function deviceUsage(
     if (h) {
       h.assigned = true;
       h.bytes = Math.max(h.bytes, a.bytes);
+      h.thin ||= a.thin === true;
     } else {
       holders.set(a.uid, {
         namespace: a.namespace,
@@ -118,12 +164,23 @@ export function deviceUsage(
         bytes: a.bytes,
         inLedger: false,
         assigned: true,
+        thin: a.thin === true,
       });
     }
   }
   let committed = 0;
-  for (const h of holders.values()) committed += h.bytes;
-  return { committedBytes: committed, freeBytes: device.spec.allocatableBytes - committed, holders };
+  let thin = 0;
+  for (const h of holders.values()) {
+    committed += h.bytes;
+    if (h.thin) thin += h.bytes;
+  }
+  return {
+    committedBytes: committed,
+    thickBytes: committed - thin,
+    thinBytes: thin,
+    freeBytes: device.spec.allocatableBytes - committed,
+    holders,
+  };
 }
 
 /** Up to `max` holders as "ns/name", for conditions and events, plus how many were left out. */

@@ -23,6 +23,7 @@ describe("parseConfig", () => {
       stalenessMs: 90_000,
       spreadPolicy: "most-free-device",
       placementBackoff: { initialMs: 1000, maxMs: 60_000 },
+      thinLvstoreFullPercent: 85,
       health: { host: "127.0.0.1", port: 8081 },
       logLevel: "info",
       resyncMs: 600_000,

@@ -44,6 +44,11 @@ const VARIABLES = {
   },
   backoffInitialMs: { env: ["DISTORT_PLACEMENT_BACKOFF_INITIAL_MS"], schema: int(10), default: "1000" },
   backoffMaxMs: { env: ["DISTORT_PLACEMENT_BACKOFF_MAX_MS"], schema: int(10), default: "60000" },
+  thinLvstoreFullPercent: {
+    env: ["DISTORT_THIN_LVSTORE_FULL_PERCENT"],
+    schema: int(1, 100),
+    default: "85",
+  },
   healthHost: { env: ["DISTORT_HEALTH_HOST"], schema: text(255), default: "127.0.0.1" },
   healthPort: { env: ["DISTORT_HEALTH_PORT"], schema: int(0, 65535), default: "8081" },
   labelSelector: { env: ["DISTORT_LABEL_SELECTOR"], schema: text(1024), default: undefined },
@@ -76,6 +81,11 @@ export interface ManagerConfig {
   stalenessMs: number;
   spreadPolicy: "most-free-device" | "least-loaded-node";
   placementBackoff: { initialMs: number; maxMs: number };
+  /**
+   * Placement refuses a new thin partition on a drive whose lvstore the agent reported fuller
+   * than this (percent of its data clusters in use): thin volumes write into that free space.
+   */
+  thinLvstoreFullPercent: number;
   health: { host: string; port: number };
   /**
    * Restricts every watch (devices, claims, partitions, nodes) to labelled objects, so several
@@ -131,6 +141,7 @@ export function parseConfig(
     stalenessMs: raw.stalenessMs as number,
     spreadPolicy: raw.spreadPolicy as ManagerConfig["spreadPolicy"],
     placementBackoff: { initialMs: raw.backoffInitialMs as number, maxMs: raw.backoffMaxMs as number },
+    thinLvstoreFullPercent: raw.thinLvstoreFullPercent as number,
     health: { host: raw.healthHost as string, port: raw.healthPort as number },
     ...(opt("labelSelector") ? { labelSelector: opt("labelSelector") } : {}),
     logLevel: raw.logLevel as ManagerConfig["logLevel"],

@@ -128,6 +128,14 @@ const StorageClassSchema = v.pipe(
     reclaimPolicy: v.picklist(["Delete", "Retain"]),
     volumeBindingMode: v.picklist(["WaitForFirstConsumer", "Immediate"]),
     allowVolumeExpansion: v.boolean(),
+    thinProvisioning: v.optional(
+      v.pipe(
+        v.boolean(),
+        v.description(
+          "thin lvols (spdk backend): placement reserves against the drive's overcommit ratio (NVMeDeviceClaim spec.overcommitRatio)",
+        ),
+      ),
+    ),
     portalPort: v.optional(port("NVMe-oF listener port for volumes of this class")),
     mkfsOptions: v.optional(
       v.pipe(
@@ -175,6 +183,18 @@ const StorageClassSchema = v.pipe(
         // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then keyword; never awaited.
         then: { properties: { backend: { const: backend } } },
       })),
+    },
+  }),
+  // csi/controller/parameters.ts refuses thin volumes on the kernel backend.
+  v.check(
+    (sc) => sc.thinProvisioning !== true || sc.backend === "spdk",
+    "thinProvisioning needs backend spdk",
+  ),
+  v.metadata({
+    jsonSchema: {
+      if: { properties: { thinProvisioning: { const: true } }, required: ["thinProvisioning"] },
+      // biome-ignore lint/suspicious/noThenProperty: JSON Schema's if/then keyword; never awaited.
+      then: { properties: { backend: { const: "spdk" } } },
     },
   }),
 );
@@ -226,6 +246,10 @@ export const ValuesSchema = v.strictObject({
     placementWorkers: int(1, 256),
     heartbeatStalenessMs: ms(1000, Number.MAX_SAFE_INTEGER, "age after which a storage node is stale"),
     spreadPolicy: v.picklist(["most-free-device", "least-loaded-node"]),
+    thinLvstoreFullPercent: v.pipe(
+      int(1, 100),
+      v.description("lvstore fullness (percent) above which new thin volumes are not placed on a drive"),
+    ),
     // Bounds of manager/config.ts; maxMs >= initialMs is checked by the template (manager.yaml).
     placementBackoff: v.strictObject({
       initialMs: ms(10, Number.MAX_SAFE_INTEGER, "first retry delay of an unplaceable partition"),
@@ -255,7 +279,14 @@ export const ValuesSchema = v.strictObject({
       }),
       setupScript: text("SPDK setup script; empty when drives are already bound"),
       socketDir: absPath("host directory of the SPDK JSON-RPC socket"),
-      thinLvols: v.boolean(),
+      // Removed: thin provisioning is per StorageClass (storageClasses[].thinProvisioning). Still
+      // accepted so templates/agent.yaml can name the replacement when an old values file sets it.
+      thinLvols: v.optional(
+        v.pipe(
+          v.boolean(),
+          v.description("removed; true fails the install: use storageClasses[].thinProvisioning"),
+        ),
+      ),
     }),
     portal: v.strictObject({
       // v.ip() is the very check agent/config.ts applies to DISTORT_PORTAL_ADDRESS.

@@ -61,6 +61,11 @@ export interface VolumeSpec {
    * partition lvol `lvolName` into a hidden snapshot and clone that. Both live in the same lvstore.
    */
   contentSource?: { kind: "snapshot" | "partition"; lvolName: string };
+  /**
+   * A thin lvol (spdk-lvol only; spec.thinProvisioning): clusters are allocated on first write.
+   * Only a new volume is made thin or thick; an existing one keeps what it was created as.
+   */
+  thin?: boolean;
 }
 
 export interface Volume {

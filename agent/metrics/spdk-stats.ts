@@ -144,6 +144,11 @@ export interface SpdkStatsOptions {
   maxControllerQueries?: number;
   /** How many of those calls are in flight at once on the shared connection. Default 8. */
   concurrency?: number;
+  /**
+   * Called after each good round with its lvstores and bdevs (agent/space/space-report.ts), so
+   * space is watched without a second listing; awaited, and a rejection only logged.
+   */
+  onSpace?: (lvstores: readonly S.Lvstore[], bdevs: readonly S.Bdev[]) => Promise<void>;
 }
 
 function parse<T extends v.GenericSchema>(schema: T, method: string, value: unknown): v.InferOutput<T> {
@@ -191,6 +196,9 @@ export class SpdkStatsCollector {
       const volumes = o.volumes();
       await this.#queryHosts(volumes, subsystems);
       this.#publish(volumes, iostat, bdevs, lvstores, subsystems, reactors, threads);
+      await o
+        .onSpace?.(lvstores, bdevs)
+        .catch((err: unknown) => o.logger.warn("space report failed", { error: errorMessage(err) }));
       this.#ok++;
       o.metrics.lastSuccess.replace([[{}, o.now() / 1000]]);
     } catch (err) {

@@ -126,6 +126,7 @@ function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
         serial: p.spec.deviceSerial ?? "",
         pciAddress: device?.spec.pciAddress ?? "",
       },
+      ...(p.spec.thinProvisioning ? { thin: true } : {}),
       ...(cs
         ? {
             contentSource:

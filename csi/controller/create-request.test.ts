@@ -200,3 +200,16 @@ test("StorageClass qos.* with the VolumeAttributesClass's on top become spec.qos
   const kernel = planCreateVolume(req({ parameters: { backend: "kernel", "qos.rMBps": "0" } }), opts);
   expect(buildPartition(kernel, NS).spec.qos).toBeUndefined();
 });
+
+test("thinProvisioning true becomes spec.thinProvisioning and changes the fingerprint; false is thick", () => {
+  const thin = planCreateVolume(req({ parameters: { thinProvisioning: "true" } }), opts);
+  const p = buildPartition(thin, NS);
+  expect(v.safeParse(NVMePartitionSchema, p).success).toBe(true);
+  expect(p.spec.thinProvisioning).toBe(true);
+  expect(readRecord(p.metadata.annotations)?.params.thin).toBe(true);
+  // The same name asked for thick is another volume (ALREADY_EXISTS), not this one.
+  expect(thin.fingerprint).not.toBe(planCreateVolume(req(), opts).fingerprint);
+  const thick = planCreateVolume(req({ parameters: { thinProvisioning: "false" } }), opts);
+  expect(buildPartition(thick, NS).spec.thinProvisioning).toBeUndefined();
+  expect(thick.fingerprint).toBe(planCreateVolume(req(), opts).fingerprint);
+});

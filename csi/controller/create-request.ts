@@ -158,6 +158,7 @@ export function buildPartition(
       ...(plan.topology ? { topology: plan.topology } : {}),
       ...(contentSource ? { contentSource } : {}),
       ...(plan.qos ? { qos: plan.qos } : {}),
+      ...(params.thin ? { thinProvisioning: true } : {}),
     },
   };
 }

@@ -89,6 +89,7 @@ const StoredRecordSchema = v.object({
     reconnectDelay: v.optional(v.number()),
     fastIoFailTmo: v.optional(v.number()),
     mkfsOptions: v.optional(v.string()),
+    thin: v.optional(v.literal(true)),
     dhchap: v.optional(
       v.object({
         mode: v.picklist(["unidirectional", "bidirectional"]),

@@ -43,7 +43,27 @@ test("every known parameter parses; provisioner keys are collected, not refused"
   expect(r.provisioner).toEqual({ pvcName: "data", pvcNamespace: "app", pvName: "pvc-1" });
 });
 
+test("thinProvisioning: true marks the volume thin; false and absent are the same thick record", () => {
+  expect(parseParameters({ thinProvisioning: "true", volumeManager: "spdk-lvol" }, NS).params).toEqual({
+    backend: "spdk",
+    volumeManager: "spdk-lvol",
+    transport: "rdma",
+    thin: true,
+  });
+  expect(parseParameters({ thinProvisioning: "false" }, NS).params).toEqual(parseParameters({}, NS).params);
+});
+
 const refusals: [string, Record<string, string>, string][] = [
+  [
+    "thinProvisioning not a boolean",
+    { thinProvisioning: "yes" },
+    'thinProvisioning must be "true" or "false"',
+  ],
+  [
+    "thinProvisioning on kernel",
+    { backend: "kernel", volumeManager: "parted", thinProvisioning: "true" },
+    "thinProvisioning true requires backend spdk",
+  ],
   ["unknown key", { replicas: "3" }, 'unknown parameter "replicas"'],
   ["several unknown keys", { b: "1", a: "2" }, 'unknown parameters "a", "b"'],
   ["bad backend", { backend: "ceph" }, "backend must be spdk or kernel"],

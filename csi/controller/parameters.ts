@@ -73,6 +73,10 @@ const ParametersSchema = v.object({
   mkfsOptions: v.optional(
     v.pipe(v.string(), v.maxLength(1024, "mkfsOptions must be at most 1024 characters")),
   ),
+  thinProvisioning: v.optional(
+    v.picklist(["true", "false"], 'thinProvisioning must be "true" or "false"'),
+    "false",
+  ),
   dhchapSecretKey: v.optional(
     v.pipe(
       v.string(),
@@ -100,6 +104,11 @@ export interface VolumeParameters {
   fastIoFailTmo?: number;
   /** Extra mkfs arguments, whitespace-normalized; checked against the filesystem by CreateVolume. */
   mkfsOptions?: string;
+  /**
+   * thinProvisioning "true": a thin lvol, reserved against the drive's overcommit budget. Present
+   * only when true, so the records (and fingerprints) of thick volumes are what they always were.
+   */
+  thin?: true;
   /**
    * DH-HMAC-CHAP with keys generated per volume and host (dhchapMode other than none), the
    * defaults filled in; absent for none.
@@ -161,6 +170,11 @@ export function parseParameters(
     throw invalidArgument("volumeManager spdk-lvol requires backend spdk");
   if (p.volumeManager === "parted" && p.backend !== "kernel")
     throw invalidArgument("volumeManager parted requires backend kernel");
+  const thin = p.thinProvisioning === "true";
+  if (thin && p.backend !== "spdk")
+    throw invalidArgument(
+      "thinProvisioning true requires backend spdk: kernel-backend volumes are disk partitions, which are always thick",
+    );
   const dhchap = p.dhchapSecretName ?? p.dhchapSecretNamespace ?? p.dhchapSecretKey;
   if (dhchap !== undefined) {
     if (!p.dhchapSecretName)
@@ -188,6 +202,7 @@ export function parseParameters(
     ...(p.ctrlLossTmo === undefined ? {} : { ctrlLossTmo: p.ctrlLossTmo }),
     ...(p.reconnectDelay === undefined ? {} : { reconnectDelay: p.reconnectDelay }),
     ...(p.fastIoFailTmo === undefined ? {} : { fastIoFailTmo: p.fastIoFailTmo }),
+    ...(thin ? { thin: true as const } : {}),
     ...(p.mkfsOptions === undefined || p.mkfsOptions.trim() === ""
       ? {}
       : { mkfsOptions: p.mkfsOptions.trim().split(/\s+/).join(" ") }),

@@ -289,6 +289,7 @@ export async function validateVolumeCapabilities(c: ControllerState, req: Valida
       backend: p.spec.backend ?? "spdk",
       volumeManager: p.spec.volumeManager ?? "partition",
       transport: p.spec.targetOptions?.transport ?? "rdma",
+      ...(p.spec.thinProvisioning ? { thin: true as const } : {}),
     };
     if (canonicalJson(params) !== canonicalJson(have))
       return unconfirmed(`parameters differ from the volume's: it was created with ${canonicalJson(have)}`);

@@ -2,9 +2,11 @@
 // the API server confirms their partition gone or placed elsewhere, counts unledgered placements
 // without adopting them, raises Overcommitted). Keys are device names; partition changes map to the devices they touch.
 import type { NVMeDevice, NVMeDeviceStatus } from "../../api/index.ts";
+import { overcommitRatioOf } from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import type { Reconcile } from "../../lib/kube/runner.ts";
 import type { ManagerContext, Triggers } from "../context.ts";
+import { claimKeyOf } from "../ownership.ts";
 import { writeStatus } from "../status-write.ts";
 import { ConditionTypes } from "../vocabulary.ts";
 import { auditLedger, capacityStatus, entryIsDead } from "./capacity-core.ts";
@@ -42,7 +44,11 @@ export function capacityReconciler(ctx: ManagerContext): Reconcile {
       writeStatus<NVMeDeviceStatus, NVMeDevice>(
         clients.devices,
         inventory.latestDevice(name) ?? d,
-        (latest) => capacityStatus(latest, inventory.assigned(latest), dead, now),
+        (latest) => {
+          const key = claimKeyOf(latest);
+          const ratio = overcommitRatioOf(key ? inventory.claim(key) : undefined);
+          return capacityStatus(latest, inventory.assigned(latest), dead, now, ratio);
+        },
       ),
     );
     if (!stored) return;

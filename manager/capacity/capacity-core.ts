@@ -69,14 +69,17 @@ export function entryIsDead(
  * The status of `device` (as read at write time) with entries in `dead` removed, the entries of
  * partitions in `assigned` grown to their current rounded size (a placed partition without an
  * entry counts, but gets none: see below), freeBytes recomputed (never below 0) and Overcommitted set when placed
- * partitions exceed allocatable. Entries not in `dead` are always kept, including ones written
- * after the audit: only verified-dead UIDs are ever dropped.
+ * partitions exceed what the device may hold: thick ones beyond allocatable, or all of them beyond
+ * allocatable x `ratio` (the claim's overcommit ratio; thin partitions may use it). Entries not in
+ * `dead` are always kept, including ones written after the audit: only verified-dead UIDs are
+ * ever dropped. provisionedBytes and thinBytes record what the ledger promises, thin and thick.
  */
 export function capacityStatus(
   device: NVMeDevice,
   assigned: readonly PartitionUse[],
   dead: ReadonlySet<string>,
   now: Date,
+  ratio = 1,
 ): NVMeDeviceStatus {
   const ledger = ledgerOf(device)
     .filter((r) => !dead.has(r.uid))
@@ -94,15 +97,20 @@ export function capacityStatus(
   const base = device.status ?? INITIAL_DEVICE_STATUS;
   const usage = deviceUsage({ ...device, status: { ...base, reservations: ledger } }, live);
   const conditions: ConditionInput[] = [];
-  const over = usage.freeBytes < 0;
+  const alloc = device.spec.allocatableBytes;
+  const budget = Math.floor(alloc * ratio);
+  const thickOver = usage.thickBytes > alloc;
+  const over = thickOver || usage.committedBytes > budget;
   if (over || findCondition(base.conditions ?? [], ConditionTypes.Overcommitted)) {
     conditions.push({
       type: ConditionTypes.Overcommitted,
       status: over ? "True" : "False",
       reason: over ? "PlacedExceedsAllocatable" : "WithinAllocatable",
-      message: over
-        ? `partitions on this device add up to ${formatBytes(usage.committedBytes)}, ${formatBytes(-usage.freeBytes)} more than its ${formatBytes(device.spec.allocatableBytes)}`
-        : "",
+      message: !over
+        ? ""
+        : thickOver && usage.thinBytes > 0
+          ? `thick partitions on this device add up to ${formatBytes(usage.thickBytes)}, ${formatBytes(usage.thickBytes - alloc)} more than its ${formatBytes(alloc)}`
+          : `partitions on this device add up to ${formatBytes(usage.committedBytes)}, ${formatBytes(thickOver ? usage.thickBytes - alloc : usage.committedBytes - budget)} more than its ${formatBytes(alloc)}${ratio === 1 || thickOver ? "" : ` x overcommit ratio ${ratio}`}`,
     });
   }
   return applyStatusPatch(
@@ -114,6 +122,9 @@ export function capacityStatus(
         freeBytes: Math.max(0, usage.freeBytes),
         allocatable: formatQuantity(device.spec.allocatableBytes),
         free: formatQuantity(Math.max(0, usage.freeBytes)),
+        provisionedBytes: usage.committedBytes,
+        thinBytes: usage.thinBytes,
+        overcommitRatio: ratio,
       },
       conditions,
     },

@@ -71,6 +71,7 @@ export function placementConfig(ctx: ManagerContext): PlacementConfig {
     stalenessMs: ctx.config.stalenessMs,
     policy: ctx.config.spreadPolicy,
     backoff: ctx.config.placementBackoff,
+    thinLvstoreFullPercent: ctx.config.thinLvstoreFullPercent,
   };
 }
 
@@ -261,6 +262,7 @@ async function reserveOn(
       assigned: inventory.assigned(device),
       nowMs: ctx.clock.now(),
       stalenessMs: ctx.config.stalenessMs,
+      thinLvstoreFullPercent: ctx.config.thinLvstoreFullPercent,
     });
     if (verdict.kind === "held") return true;
     if (verdict.kind === "reject") {

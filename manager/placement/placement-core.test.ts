@@ -480,3 +480,73 @@ describe("decidePlacement with a content source (clone or restore)", () => {
     expect(reasonOf(nowhere)).toBe("SourceUnavailable");
   });
 });
+
+describe("thin partitions and the overcommit ratio", () => {
+  /** One 10 GiB drive whose claim has `ratio`, holding `held` (placed) partitions. */
+  function oneDrive(
+    ratio: number | undefined,
+    held: NVMePartition[],
+    lvstore?: { total: number; free: number },
+  ) {
+    const a = claimedDevice("d1", { node: "node-a", allocatable: 10 * GiB });
+    if (ratio !== undefined) a.claim.spec.overcommitRatio = ratio;
+    if (lvstore && a.device.status)
+      a.device.status.lvstore = {
+        totalBytes: lvstore.total,
+        freeBytes: lvstore.free,
+        observedTime: "2026-02-01T10:00:00Z",
+      };
+    return view({ devices: [a.device], claims: [a.claim], nodes: [storageNode("node-a")], partitions: held });
+  }
+  const placed = (name: string, size: number, thin: boolean) => {
+    const p = partition("apps", name, { node: "node-a", serial: "SER-d1", size });
+    if (thin) p.spec.thinProvisioning = true;
+    return p;
+  };
+  const want = (size: number, thin: boolean) => {
+    const p = pending({ size });
+    if (thin) p.spec.thinProvisioning = true;
+    return p;
+  };
+  const decide = (v: Inventory, p: NVMePartition) => decidePlacement(p, v, NOW, CFG);
+  const reasonOf = (out: ReturnType<typeof decide>) => out.status?.conditions?.[0];
+
+  test("ratio 1 (no setting): a thin volume gets no more than a thick one", () => {
+    const v = oneDrive(undefined, [placed("a", 8 * GiB, true)]);
+    expect(decide(v, want(2 * GiB, true)).result).toBe("placed");
+    const out = decide(v, want(3 * GiB, true));
+    expect(out.result).toBe("unschedulable");
+    expect(reasonOf(out)).toMatchObject({ reason: "InsufficientCapacity" });
+  });
+
+  test("ratio 2: thin volumes up to twice the drive, each counted at its full size", () => {
+    const v = oneDrive(2, [placed("a", 8 * GiB, true), placed("b", 8 * GiB, true)]);
+    expect(decide(v, want(4 * GiB, true)).result).toBe("placed");
+    const out = decide(v, want(5 * GiB, true));
+    expect(reasonOf(out)).toMatchObject({ status: "False", reason: "InsufficientCapacity" });
+    expect(reasonOf(out)?.message).toContain("thin");
+    expect(reasonOf(out)?.message).toContain("within the overcommit ratio (most free 4 GiB)");
+  });
+
+  test("ratio 2: a thick volume still needs physical room next to the thick ones", () => {
+    // 6 GiB thick + 4 GiB thin: 4 GiB physically left for thick, 10 GiB of budget.
+    const v = oneDrive(2, [placed("a", 6 * GiB, false), placed("b", 4 * GiB, true)]);
+    expect(decide(v, want(4 * GiB, false)).result).toBe("placed");
+    expect(reasonOf(decide(v, want(5 * GiB, false)))).toMatchObject({ reason: "InsufficientCapacity" });
+    expect(decide(v, want(10 * GiB, true)).result).toBe("placed");
+    expect(decide(v, want(11 * GiB, true)).result).toBe("unschedulable");
+  });
+
+  test("an lvstore above 85 % refuses new thin volumes (LvstoreFull), never thick ones", () => {
+    const total = 10 * GiB;
+    const full = oneDrive(4, [], { total, free: total / 10 }); // 90 % full
+    const out = decide(full, want(GiB, true));
+    expect(reasonOf(out)).toMatchObject({ status: "False", reason: "LvstoreFull" });
+    expect(reasonOf(out)?.message).toContain("above 85% full, too full for new thin volumes (fullest 90%)");
+    expect(decide(full, want(GiB, false)).result).toBe("placed");
+    expect(decide(oneDrive(4, [], { total, free: total / 5 }), want(GiB, true)).result).toBe("placed");
+    // The limit is configuration.
+    const lax = decidePlacement(want(GiB, true), full, NOW, { ...CFG, thinLvstoreFullPercent: 95 });
+    expect(lax.result).toBe("placed");
+  });
+});

@@ -9,7 +9,7 @@ import type {
   NVMePartitionStatus,
   RDMAStorageNode,
 } from "../../api/index.ts";
-import type { DeviceUsage } from "../../lib/device-ledger.ts";
+import { type DeviceUsage, lvstoreFullness, overcommitRatioOf, roomFor } from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
 import { formatBytes, roundUpToUnit } from "../../lib/units.ts";
 import { nodeHealth } from "../node-health.ts";
@@ -30,7 +30,15 @@ export interface PlacementConfig {
   policy: SpreadPolicy;
   /** Requeue delay while unschedulable: grows with time spent unschedulable, within [initial, max]. */
   backoff: { initialMs: number; maxMs: number };
+  /**
+   * A thin partition is not placed on a drive whose lvstore the agent reported fuller than this
+   * percentage (status.lvstore); absent: 85. Thick partitions own their clusters from creation.
+   */
+  thinLvstoreFullPercent?: number;
 }
+
+/** Default of PlacementConfig.thinLvstoreFullPercent (and the chart's lvstore alert). */
+export const DEFAULT_THIN_LVSTORE_FULL_PERCENT = 85;
 
 /** What placement reads. The inventory implements it over watch caches; tests over arrays. */
 export interface PlacementView {
@@ -51,6 +59,8 @@ export type UnschedulableReason =
   | "BackendLocked"
   | "TopologyMismatch"
   | "InsufficientCapacity"
+  /** Only for thin partitions: every drive with room has an lvstore above the fullness limit. */
+  | "LvstoreFull"
   /** A clone or restore whose source's drive is unknown, or whose source drive is unusable. */
   | "SourceUnavailable";
 
@@ -120,6 +130,7 @@ const STAGE: Record<UnschedulableReason, number> = {
   BackendLocked: 2,
   TopologyMismatch: 3,
   InsufficientCapacity: 4,
+  LvstoreFull: 4,
   SourceUnavailable: 5,
 };
 
@@ -161,8 +172,12 @@ export function decidePlacement(
     BackendLocked: [],
     TopologyMismatch: [],
     InsufficientCapacity: [],
+    LvstoreFull: [],
     SourceUnavailable: [],
   };
+  const thin = p.spec.thinProvisioning === true;
+  const fullLimit = (cfg.thinLvstoreFullPercent ?? DEFAULT_THIN_LVSTORE_FULL_PERCENT) / 100;
+  let fullest = 0;
   // A clone shares its source's lvstore: only that drive can hold it (no most-free choice).
   if (pin && pin.serial === undefined)
     return unschedulable(p, scheduled, nowMs, cfg, "SourceUnavailable", pin.why);
@@ -207,12 +222,20 @@ export function decidePlacement(
       continue;
     }
     const reuse = usage.holders.get(uid)?.inLedger === true;
-    if (!reuse && usage.freeBytes < bytes) {
+    // Thin: all holders within allocatable x the claim's ratio; thick: also physically.
+    const room = roomFor(d, usage, overcommitRatioOf(key ? view.claim(key) : undefined), thin);
+    if (!reuse && room < bytes) {
       rejected.InsufficientCapacity.push(d.metadata.name);
-      mostFree = Math.max(mostFree, usage.freeBytes);
+      mostFree = Math.max(mostFree, room);
       continue;
     }
-    candidates.push({ device: d, claimRef: own.claimRef, freeBytes: usage.freeBytes, rank, load: 0, reuse });
+    const full = thin ? lvstoreFullness(d) : undefined;
+    if (!reuse && full !== undefined && full > fullLimit) {
+      rejected.LvstoreFull.push(d.metadata.name);
+      fullest = Math.max(fullest, full);
+      continue;
+    }
+    candidates.push({ device: d, claimRef: own.claimRef, freeBytes: room, rank, load: 0, reuse });
   }
 
   if (candidates.length > 0) {
@@ -249,7 +272,13 @@ export function decidePlacement(
   const parts: string[] = [];
   const n = (r: UnschedulableReason) => rejected[r].length;
   if (n("InsufficientCapacity"))
-    parts.push(`${n("InsufficientCapacity")} without room (most free ${formatBytes(Math.max(0, mostFree))})`);
+    parts.push(
+      `${n("InsufficientCapacity")} without room${thin ? " within the overcommit ratio" : ""} (most free ${formatBytes(Math.max(0, mostFree))})`,
+    );
+  if (n("LvstoreFull"))
+    parts.push(
+      `${n("LvstoreFull")} with an lvstore above ${Math.round(fullLimit * 100)}% full, too full for new thin volumes (fullest ${Math.round(fullest * 100)}%)`,
+    );
   if (n("TopologyMismatch")) parts.push(`${n("TopologyMismatch")} outside the requested topology`);
   if (n("BackendLocked"))
     parts.push(`${n("BackendLocked")} locked to backend ${[...lockedTo].sort().join(", ")}`);
@@ -279,7 +308,7 @@ export function decidePlacement(
   const message =
     total === 0
       ? `no NVMeDevice exists to hold ${formatBytes(bytes)}`
-      : `0/${total} devices can hold ${formatBytes(bytes)} (${p.spec.backend}): ${parts.join("; ")}${pin ? ` (${pin.why})` : ""}`;
+      : `0/${total} devices can hold ${formatBytes(bytes)} (${p.spec.backend}${thin ? ", thin" : ""}): ${parts.join("; ")}${pin ? ` (${pin.why})` : ""}`;
   const out = unschedulable(p, scheduled, nowMs, cfg, reason, message);
   return settling > 0 ? { ...out, settling } : out;
 }

@@ -161,3 +161,62 @@ describe("reserveVerdict", () => {
     if (v.kind === "reject") expect(v.message).toMatch(message);
   });
 });
+
+describe("reserveVerdict for a thin partition", () => {
+  const thinP = partition("apps", "vol", { size: 3 * GiB });
+  thinP.spec.thinProvisioning = true;
+  const thinUse = partitionUse(thinP) as PartitionUse;
+  const withRatio = (ratio: number, reservations: { uid: string; bytes: number; thin?: boolean }[]) => {
+    const base = claimedDevice("d1", {
+      allocatable: 10 * GiB,
+      activeBackend: "spdk",
+      reservations: reservations.map((r) => ({ namespace: "apps", name: r.uid, ...r })),
+    });
+    base.claim.spec.overcommitRatio = ratio;
+    return base;
+  };
+
+  test("the entry is marked thin and counts against allocatable x ratio", () => {
+    const base = withRatio(2, [{ uid: "a", bytes: 9 * GiB, thin: true }]);
+    const v = reserveVerdict({
+      ...input({ device: base.device, claim: base.claim, partition: thinP }),
+      use: thinUse,
+    });
+    expect(v.kind).toBe("write");
+    if (v.kind !== "write") return;
+    expect(v.status.reservations?.at(-1)).toEqual({
+      uid: thinUse.uid,
+      namespace: "apps",
+      name: "vol",
+      bytes: 3 * GiB,
+      thin: true,
+    });
+    expect(v.status).toMatchObject({ provisionedBytes: 12 * GiB, thinBytes: 12 * GiB, overcommitRatio: 2 });
+  });
+
+  test("past the ratio it is refused on the fresh device; the same ledger at ratio 1 refuses sooner", () => {
+    const over = withRatio(2, [{ uid: "a", bytes: 18 * GiB, thin: true }]);
+    const v = reserveVerdict({
+      ...input({ device: over.device, claim: over.claim, partition: thinP }),
+      use: thinUse,
+    });
+    expect(v).toMatchObject({ kind: "reject" });
+    expect(v.kind === "reject" && v.message).toContain("2 GiB free within overcommit ratio 2, needs 3 GiB");
+    const one = withRatio(1, [{ uid: "a", bytes: 8 * GiB, thin: true }]);
+    expect(
+      reserveVerdict({ ...input({ device: one.device, claim: one.claim, partition: thinP }), use: thinUse })
+        .kind,
+    ).toBe("reject");
+  });
+
+  test("a full lvstore refuses it", () => {
+    const base = withRatio(4, []);
+    if (base.device.status)
+      base.device.status.lvstore = { totalBytes: 100, freeBytes: 5, observedTime: "2026-02-01T10:00:00Z" };
+    const v = reserveVerdict({
+      ...input({ device: base.device, claim: base.claim, partition: thinP }),
+      use: thinUse,
+    });
+    expect(v.kind === "reject" && v.message).toContain("lvstore is 95% full, above the 85% limit");
+  });
+});

@@ -8,11 +8,18 @@ import type {
   NVMePartition,
   RDMAStorageNode,
 } from "../../api/index.ts";
-import { deviceUsage, ledgerOf, type PartitionUse } from "../../lib/device-ledger.ts";
+import {
+  deviceUsage,
+  ledgerOf,
+  lvstoreFullness,
+  overcommitRatioOf,
+  type PartitionUse,
+  roomFor,
+} from "../../lib/device-ledger.ts";
 import { formatBytes, formatQuantity } from "../../lib/units.ts";
 import { nodeHealth } from "../node-health.ts";
 import { verifyOwner } from "../ownership.ts";
-import type { Reserve } from "./placement-core.ts";
+import { DEFAULT_THIN_LVSTORE_FULL_PERCENT, type Reserve } from "./placement-core.ts";
 import { topologyRank } from "./topology.ts";
 
 /** Ledger entries a device can hold (api/nvme-device.ts caps status.reservations at this). */
@@ -31,6 +38,8 @@ export interface ReserveInput {
   assigned: Iterable<PartitionUse>;
   nowMs: number;
   stalenessMs: number;
+  /** PlacementConfig.thinLvstoreFullPercent; absent: 85. */
+  thinLvstoreFullPercent?: number;
 }
 
 export type ReserveVerdict =
@@ -66,10 +75,21 @@ export function reserveVerdict(input: ReserveInput): ReserveVerdict {
   }
   const usage = deviceUsage(d, input.assigned);
   if (usage.holders.get(use.uid)?.inLedger) return { kind: "held" };
-  if (usage.freeBytes < r.bytes) {
+  const thin = p.spec.thinProvisioning === true;
+  const ratio = overcommitRatioOf(input.claim);
+  const room = roomFor(d, usage, ratio, thin);
+  if (room < r.bytes) {
     return {
       kind: "reject",
-      message: `device ${d.metadata.name} has ${formatBytes(Math.max(0, usage.freeBytes))} free, needs ${formatBytes(r.bytes)}`,
+      message: `device ${d.metadata.name} has ${formatBytes(Math.max(0, room))} free${thin ? ` within overcommit ratio ${ratio}` : ""}, needs ${formatBytes(r.bytes)}`,
+    };
+  }
+  const full = thin ? lvstoreFullness(d) : undefined;
+  const limit = input.thinLvstoreFullPercent ?? DEFAULT_THIN_LVSTORE_FULL_PERCENT;
+  if (full !== undefined && full * 100 > limit) {
+    return {
+      kind: "reject",
+      message: `device ${d.metadata.name}'s lvstore is ${Math.round(full * 100)}% full, above the ${limit}% limit for new thin volumes`,
     };
   }
   const ledger = ledgerOf(d);
@@ -84,11 +104,23 @@ export function reserveVerdict(input: ReserveInput): ReserveVerdict {
     kind: "write",
     status: {
       ...status,
-      reservations: [...ledger, { uid: use.uid, namespace: use.namespace, name: use.name, bytes: r.bytes }],
+      reservations: [
+        ...ledger,
+        {
+          uid: use.uid,
+          namespace: use.namespace,
+          name: use.name,
+          bytes: r.bytes,
+          ...(thin ? { thin: true } : {}),
+        },
+      ],
       // What the capacity reconciler would compute next, so it need not write the device again.
       freeBytes: Math.max(0, usage.freeBytes - r.bytes),
       allocatable: formatQuantity(d.spec.allocatableBytes),
       free: formatQuantity(Math.max(0, usage.freeBytes - r.bytes)),
+      provisionedBytes: usage.committedBytes + r.bytes,
+      thinBytes: usage.thinBytes + (thin ? r.bytes : 0),
+      overcommitRatio: ratio,
     },
   };
 }

@@ -46,8 +46,6 @@ export interface SpdkLvolOptions {
   /** For calls without a typed wrapper (bdev_wait_for_examine). */
   rpc: SpdkRpc;
   logger: Logger;
-  /** Thin lvols allocate on write; the default is thick, matching the manager's accounting. */
-  thinProvision?: boolean;
   /** Facts verified on the current target, shared with the SPDK target backend. Default: own one. */
   facts?: TargetFacts;
   /** Classifies a drive's first and last MiB before its first lvstore. Default: blkid on the host. */
@@ -316,7 +314,8 @@ export class SpdkLvolVolumeManager implements VolumeManager {
         lvol_name: spec.externalId,
         size_in_mib: Math.ceil(spec.sizeBytes / MiB),
         lvs_name: lvstoreNameFor(spec.device.serial),
-        thin_provision: this.opts.thinProvision ?? false,
+        // Per volume (spec.thinProvisioning), as the manager's ledger accounted for it.
+        thin_provision: spec.thin === true,
         clear_method: clear,
       });
     } catch (err) {

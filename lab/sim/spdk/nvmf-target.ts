@@ -11,7 +11,8 @@ import type { AnaState, Message, NamespaceInfo } from "./fabric-protocol.ts";
 import type { IoStat } from "./io-stat.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
-import { Errno, ErrnoError, errnoOf } from "./rpc-error.ts";
+import { initiatorErrnoOf } from "./nvme-completion.ts";
+import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** Transports nvmf_tgt can be built with. */
 export type Trtype = "TCP" | "RDMA";
@@ -666,7 +667,7 @@ export class NvmfTarget {
       pg.completedNvmeIo++;
     } catch (err) {
       stat?.fail();
-      send({ op: "error", tag: msg.tag, errno: errnoOf(err) });
+      send({ op: "error", tag: msg.tag, errno: initiatorErrnoOf(err) });
     } finally {
       if (--ctrl.inflight === 0 && s.controllers.includes(ctrl)) pg.currentIoQpairs--;
     }
