@@ -45,7 +45,7 @@ const NVMET_PID_FILE = "nvmet.pid";
  * Prepares kernel node `nodeDir` (`<lab dir>/nodes/<node>`) before the install: the drives'
  * sysfs tree, each drive a sparse file attached as a loop device with partition scanning (recorded
  * for teardown), the device map, and configfs with nvmet loaded (the node boots with the module).
- * A lab restart keeps the drive files and their bytes.
+ * The drive files start empty (attachLoopDrives makes them anew).
  */
 export async function prepareKernelNode(
   nodeDir: string,
