@@ -212,6 +212,13 @@ async function podReport(
       const msg = p.status?.message ?? p.status?.containerStatuses?.[0]?.state?.terminated?.message;
       if ((done || (running && p.status?.phase === "Running")) && msg?.startsWith("{"))
         return JSON.parse(msg) as WorkloadReport;
+      // A held workload under a real kubelet has no termination message yet: its line is in the log.
+      if (running && p.status?.phase === "Running") {
+        const line = String(await lab.core.readNamespacedPodLog({ name: pod, namespace: ns }))
+          .split("\n")
+          .find((l) => l.startsWith("{"));
+        if (line) return JSON.parse(line) as WorkloadReport;
+      }
       return undefined;
     },
     timeoutMs,
