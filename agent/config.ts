@@ -6,10 +6,6 @@ import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { parseDeviceList } from "./discovery/device-filter.ts";
 
-const bool = v.pipe(
-  v.picklist(["true", "false", "1", "0"], "must be true or false"),
-  v.transform((s) => s === "true" || s === "1"),
-);
 const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
 
 /** DPDK memory nvmf_tgt may take (its -s), in MiB: the hugepages the agent Pod is granted. */

@@ -72,11 +72,13 @@ test("every DISTORT process is a container under a real kubelet", async () => {
   const outside = procs.filter((p) => !p.cgroup.includes("kubepods"));
   expect(outside.map((p) => `${p.pid} ${p.cmd}`)).toEqual([]);
   const count = (re: RegExp) => procs.filter((p) => re.test(p.cmd)).length;
-  // Two managers, two CSI controllers, a CSI node per node, an agent and an emulated target per storage node.
+  // Two managers, a CSI node per node, an agent and an emulated target per SPDK storage node, the
+  // kernel agent variant (distort-agent-kernel-lab) on the kernel-backend node.
   expect(count(/distort-manager/)).toBe(2);
-  expect(count(/distort-agent/)).toBe(2);
-  expect(count(/nvmf_tgt/)).toBe(2);
-  expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(3);
+  expect(count(/distort-agent(\s|$)/)).toBe(lab.specs.filter((s) => s.storage).length);
+  expect(count(/distort-agent-kernel-lab(\s|$)/)).toBe(lab.specs.filter((s) => s.kernel).length);
+  expect(count(/nvmf_tgt/)).toBe(lab.specs.filter((s) => s.storage).length);
+  expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(lab.nodes.length);
   // One CSI controller replica in the lab values (a killed one comes back as the leader at once).
   expect(count(/distort-csi\b.*--mode=controller/)).toBe(1);
   const pods = await core.listPodForAllNamespaces();

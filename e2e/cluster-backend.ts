@@ -6,7 +6,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { containerProcess } from "../lab/cluster/containers.ts";
+import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
 import { REAL_LAB_VALUES, type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
+import { hostPathOf, NODE_PATHS } from "../lab/cluster/storage-prep.ts";
 import type { LabInfo } from "./support.ts";
 
 let shared: RealLab | undefined;
@@ -52,7 +54,8 @@ const CONSUMER_ORDER = ["node-c", "node-b", "node-a"];
 
 /** What a role's container process looks like, by the process-lab name's prefix. */
 const ROLE_COMMAND: Record<string, RegExp> = {
-  agent: /distort-agent(\s|$)/,
+  // The SPDK nodes' agent, or the kernel node's (the agent with the lab's configfs and drive ports).
+  agent: /distort-agent(-kernel-lab)?(\s|$)/,
   nvmf_tgt: /(^|\/)nvmf_tgt(\s|$)/,
   "csi-node": /distort-csi(-lab)?\s.*--mode=node/,
 };
@@ -72,7 +75,7 @@ export interface ClusterBackend {
 
 /**
  * Reads the cluster's current Pods and builds the suites' view. Names: `agent/<node>`,
- * `nvmf_tgt/<node>`, `csi-node/<node>`, `kubelet/<node>`, `containerd/<node>` (node daemons), each
+ * `nvmf_tgt/<node>`, `nvmet/<node>` (a kernel node's simulated nvmet, a node-level process), `csi-node/<node>`, `kubelet/<node>`, `containerd/<node>` (node daemons), each
  * manager replica by its Pod name, `csi-controller`. Paths are host paths: a node's kubelet root is
  * /proc/<holder>/root/var/lib/kubelet (the node's mount namespace, where its volumes are mounted),
  * its target's RPC socket `<dir>/nodes/<node>/run/distort/spdk.sock`.
@@ -127,6 +130,7 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
       kubeletRoot: `${nodeRoot(node(name).holderPid)}/var/lib/kubelet`,
       csi: `csi-node/${name}`,
       kubelet: `kubelet/${name}`,
+      hostSocket: join(node(name).paths.run, NODE_PATHS.nvmeHostSocket.slice("/run/".length)),
     })),
     storage: storage.map((s) => ({
       name: s.name,
@@ -135,8 +139,18 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
       agent: `agent/${s.name}`,
       serials: s.drives.map((d) => d.serial),
     })),
-    // The real cluster's storage nodes run the SPDK backend only (the kernel node is the process lab's).
-    kernelStorage: [],
+    kernelStorage: lab.specs
+      .filter((s) => s.kernel)
+      .map((s) => ({
+        name: s.name,
+        nvmetDir: join(
+          hostPathOf(node(s.name).paths.root, KERNEL_NODE_PATHS.hostRoot),
+          "sys/kernel/config/nvmet",
+        ),
+        target: `nvmet/${s.name}`,
+        agent: `agent/${s.name}`,
+        serials: s.drives.map((d) => d.serial),
+      })),
     managers: [...managers.keys()],
     csiController: "csi-controller",
     csiControllerSocket,
@@ -155,6 +169,7 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
         return containerProcess(CSI_CONTROLLER, { node: controller.spec?.nodeName ?? "" });
       const [role = "", nodeName = ""] = name.split("/");
       if (role === "kubelet" || role === "containerd") return node(nodeName).pids()[role];
+      if (role === "nvmet") return lab.nvmetPid(nodeName);
       const command = ROLE_COMMAND[role];
       if (!command) throw new Error(`no process named ${name} in the real-cluster lab`);
       return containerProcess(command, { node: nodeName });

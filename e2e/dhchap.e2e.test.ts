@@ -1,10 +1,12 @@
-// DH-HMAC-CHAP end to end on the process lab: a StorageClass asking for bidirectional
+// DH-HMAC-CHAP end to end (on the real cluster, or the process lab): a StorageClass asking for bidirectional
 // authentication gets keys generated per volume and host; the right host writes and reads; a
 // host presenting the right NQN with no key, a wrong key or a wrong controller key is refused by
 // the target (or refuses the target) when it connects through a lab host daemon's control socket,
 // as `nvme connect` would; and no key shows up in any process's argv or environment, any log
-// file, any Event or any object but its own Secret. On both backends (storage-k serves the kernel
-// one); DISTORT_E2E_DHCHAP_BACKEND=spdk|kernel runs only one.
+// file (the lab directory's: on the cluster every node's logs, Pod logs included), any Event or
+// any object but its own Secret; on the cluster the process scan covers every container's
+// processes. On both backends (the lab's kernel node serves the kernel one);
+// DISTORT_E2E_DHCHAP_BACKEND=spdk|kernel runs only one.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -211,7 +213,7 @@ describe.each(BACKENDS)("DH-HMAC-CHAP, bidirectional (%s backend)", (BACKEND) =>
         hostNqn: hostA,
         ctrlLossTmo: 1,
       };
-      const hostB = new HostControlInitiator(join(lab.dir, "nodes", b.name, "run", "nvme-host.sock"), 60_000);
+      const hostB = new HostControlInitiator(b.hostSocket, 60_000);
       const refused = async (what: string, dhchap?: { secret: string; ctrlSecret?: string }) => {
         const err = await hostB.connect(dhchap ? { ...base, dhchap } : base).then(
           () => undefined,

@@ -8,7 +8,12 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomBytes, randomUUID } from "node:crypto";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { attachmentNameFor } from "../csi/controller/volume-id.ts";
-import { connectController, createFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
+import {
+  connectController,
+  createFabric,
+  createTcpFabric,
+  type FabricController,
+} from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { type E2eLab, e2eLab, until } from "./support.ts";
 
@@ -41,7 +46,10 @@ async function tryConnect(
   open: FabricController[],
 ): Promise<string> {
   try {
-    const c = await connectController(createFabric(lab.fabricDir), {
+    // The process lab's fabric is its directory of unix sockets; the cluster's is TCP between node
+    // addresses, which this host reaches over the lab bridge.
+    const fabric = lab.fabricDir ? createFabric(lab.fabricDir) : createTcpFabric();
+    const c = await connectController(fabric, {
       trtype: "TCP",
       traddr: p.status?.portalIP as string,
       trsvcid: String(p.status?.portalPort),

@@ -7,7 +7,6 @@
 // device).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomBytes } from "node:crypto";
-import { readFileSync } from "node:fs";
 import * as k8s from "@kubernetes/client-node";
 import { kinds } from "../api/index.ts";
 import { FENCED_ANNOTATION } from "../csi/controller/fencing.ts";
@@ -91,7 +90,7 @@ function consumer(node: string) {
   return c;
 }
 
-/** The block device mounted at the volume's staging path on `node` (from the kernel's mount table). */
+/** The block device mounted at the volume's staging path on `node` (from the node's mount table). */
 function stagedDevice(node: string, t: VolumeTarget): string {
   const handle = `${t.partition.metadata.namespace}/${t.partition.metadata.name}/${t.partition.metadata.uid}`;
   const staged = stagingPath(consumer(node).kubeletRoot, {
@@ -100,7 +99,7 @@ function stagedDevice(node: string, t: VolumeTarget): string {
     pvName: "",
     mode: "Filesystem",
   });
-  for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
+  for (const line of lab.mountinfo(node).split("\n")) {
     const f = line.split(" ");
     if (f[4] !== staged) continue;
     const dash = f.indexOf("-");
@@ -213,6 +212,13 @@ async function podReport(
       const msg = p.status?.message ?? p.status?.containerStatuses?.[0]?.state?.terminated?.message;
       if ((done || (running && p.status?.phase === "Running")) && msg?.startsWith("{"))
         return JSON.parse(msg) as WorkloadReport;
+      // A held workload under a real kubelet has no termination message yet: its line is in the log.
+      if (running && p.status?.phase === "Running") {
+        const line = String(await lab.core.readNamespacedPodLog({ name: pod, namespace: ns }))
+          .split("\n")
+          .find((l) => l.startsWith("{"));
+        if (line) return JSON.parse(line) as WorkloadReport;
+      }
       return undefined;
     },
     timeoutMs,

@@ -49,7 +49,8 @@ export type LabInfo = Pick<
   /** The chart release the lab installed (or renders, for the process lab) and its values file (relative to helm/distort). */
   release: string;
   values: string;
-  consumers: Pick<LabConsumerNode, "name" | "kubeletRoot" | "csi" | "kubelet">[];
+  /** hostSocket: the control socket of the node's NVMe host driver (as `nvme connect` reaches the kernel). */
+  consumers: Pick<LabConsumerNode, "name" | "kubeletRoot" | "csi" | "kubelet" | "hostSocket">[];
   storage: (Pick<LabStorageNode, "name" | "spdkSocket" | "target" | "agent"> & { serials: string[] })[];
   /** Kernel-backend storage nodes (nvmet on simulated configfs); [] where the lab has none. */
   kernelStorage: (Pick<LabKernelNode, "name" | "nvmetDir" | "target" | "agent"> & { serials: string[] })[];
@@ -68,6 +69,7 @@ export function labInfo(lab: Lab): LabInfo {
       kubeletRoot: c.kubeletRoot,
       csi: c.csi,
       kubelet: c.kubelet,
+      hostSocket: c.hostSocket,
     })),
     storage: lab.storage.map((s) => ({
       name: s.name,

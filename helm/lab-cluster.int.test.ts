@@ -9,6 +9,8 @@ import { dirname } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
 import { parseCsiConfig } from "../csi/config.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
+import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
+import { KERNEL_STORAGE_LABEL_VALUE, STORAGE_LABEL } from "../lab/cluster/real-lab.ts";
 import { NODE_PATHS, storageLayout } from "../lab/cluster/storage-prep.ts";
 import { splitSimArgs } from "../lab/csi-node.ts";
 import { FABRIC_LABEL } from "../lab/harness/stack.ts";
@@ -184,6 +186,39 @@ describe("lab-cluster.yaml", () => {
         limits: ["cpu", "memory"],
       });
     }
+  });
+
+  test("the kernel node's agent: a variant DaemonSet on storage-node=kernel, the lab's kernel agent, no target container", () => {
+    const agents = workloads(lab).filter(
+      (o) => o.kind === "DaemonSet" && o.metadata.labels?.["app.kubernetes.io/component"] === "agent",
+    );
+    expect(agents.map((o) => o.metadata.name)).toEqual(["distort-agent", "distort-agent-kernel"]);
+    const [main, kernel] = agents as [KubeDoc, KubeDoc];
+    const selector = (o: KubeDoc) => podSpec(o) as PodSpec & { nodeSelector?: Record<string, string> };
+    expect(selector(main).nodeSelector).toEqual({ [STORAGE_LABEL]: "true" });
+    expect(selector(kernel).nodeSelector).toEqual({ [STORAGE_LABEL]: KERNEL_STORAGE_LABEL_VALUE });
+    // Its own Pods: the variant's selector and labels carry its name.
+    const sel = (kernel.spec as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels;
+    expect(sel["storage.distort.io/agent-variant"]).toBe("kernel");
+    const spec = podSpec(kernel);
+    expect(spec.containers.map((c) => c.name)).toEqual(["agent"]);
+    const agent = container(spec, "agent");
+    expect(agent.command).toEqual(["/usr/local/bin/distort-agent-kernel-lab"]);
+    expect(agent.args).toEqual([
+      `--sim-notice-socket=${KERNEL_NODE_PATHS.noticeSocket}`,
+      `--sim-device-map=${KERNEL_NODE_PATHS.deviceMap}`,
+    ]);
+    const cfg = parseAgentConfig(envOf(agent));
+    expect(cfg.backends).toEqual(["kernel"]);
+    expect(cfg.hostRoot).toBe(KERNEL_NODE_PATHS.hostRoot);
+    expect(cfg.portalAddresses).toEqual([NODE_IP]);
+    // No SPDK: no RPC socket volume; the node's storage directory (sim root, notice socket, device
+    // map) and the host's /dev and /sys (the loop device and its partitions) are mounted.
+    expect(spec.volumes?.some((v) => v.name === "spdk-socket")).toBe(false);
+    expect(hostPathOf(spec, "lab-storage")?.path).toBe(NODE_PATHS.storage);
+    expect(mountOf(agent, "lab-storage")?.mountPath).toBe(NODE_PATHS.storage);
+    expect(hostPathOf(spec, "dev")?.path).toBe("/dev");
+    expect(KERNEL_NODE_PATHS.hostRoot.startsWith(`${NODE_PATHS.storage}/`)).toBe(true);
   });
 
   test("the CSI node plugin: distort-csi-lab on the node's NVMe host, DISTORT's registrar and liveness", () => {
@@ -389,6 +424,26 @@ describe("the knobs", () => {
     );
     expect(r3.code).not.toBe(0);
     expect(r3.stderr).toContain("manager.placementBackoff.maxMs");
+  });
+
+  test("agent.variants: one more DaemonSet per entry with its overrides; the main one unchanged", async () => {
+    const objs = await objectsOf({
+      name: "variants",
+      files: [],
+      set: ["agent.variants.nvmet.backends={kernel}", "agent.variants.nvmet.nodeSelector.tier=nvmet"],
+    });
+    const agents = workloads(objs).filter(
+      (o) => o.metadata.labels?.["app.kubernetes.io/component"] === "agent",
+    );
+    expect(agents.map((o) => o.metadata.name)).toEqual(["distort-agent", "distort-agent-nvmet"]);
+    expect(agents[0]).toEqual(workload(prod, "DaemonSet", "agent"));
+    const spec = podSpec(agents[1] as KubeDoc) as PodSpec & { nodeSelector?: Record<string, string> };
+    // Maps merge, lists are replaced.
+    expect(spec.nodeSelector).toEqual({ "storage.distort.io/storage-node": "true", tier: "nvmet" });
+    expect(parseAgentConfig(envOf(container(spec, "agent"))).backends).toEqual(["kernel"]);
+    // The schema holds variants to the agent's own keys.
+    const bad = await template("--set", "agent.variants.x.nvmfTgt=/bin/true");
+    expect(bad.code).not.toBe(0);
   });
 
   test("extraContainers see chart values through tpl", async () => {

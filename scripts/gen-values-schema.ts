@@ -199,6 +199,62 @@ const StorageClassSchema = v.pipe(
   }),
 );
 
+/** The agent section's values, but for variants (each variant may replace any of them). */
+const AGENT_ENTRIES = {
+  nodeSelector: stringMap("selects the storage nodes"),
+  tolerations: anyList("agent Pod tolerations"),
+  backends: v.pipe(v.array(BackendSchema), v.minLength(1)),
+  spdk: v.strictObject({
+    nvmfTgt: text("nvmf_tgt the agent starts; empty adopts a running one"),
+    coreMask: v.pipe(v.string(), v.regex(CORE_MASK), v.description("nvmf_tgt reactor mask, e.g. 0x3")),
+    hugepages: v.strictObject({
+      pageSize: v.picklist(["2Mi", "1Gi"]),
+      sizeMiB: v.pipe(
+        v.union([v.literal(0), int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)]),
+        v.description("hugepage memory for nvmf_tgt (MiB); 0 requests no hugepages"),
+      ),
+    }),
+    setupScript: text("SPDK setup script; empty when drives are already bound"),
+    socketDir: absPath("host directory of the SPDK JSON-RPC socket"),
+    // Removed: thin provisioning is per StorageClass (storageClasses[].thinProvisioning). Still
+    // accepted so templates/agent.yaml can name the replacement when an old values file sets it.
+    thinLvols: v.optional(
+      v.pipe(
+        v.boolean(),
+        v.description("removed; true fails the install: use storageClasses[].thinProvisioning"),
+      ),
+    ),
+  }),
+  portal: v.strictObject({
+    // v.ip() is the very check agent/config.ts applies to DISTORT_PORTAL_ADDRESS.
+    address: v.pipe(
+      v.union([v.literal(""), v.pipe(v.string(), v.ip())]),
+      v.description("portal IP; empty discovers the RDMA address"),
+    ),
+    port: port("NVMe-oF listener port"),
+  }),
+  devices: v.strictObject({
+    allowed: text("drives the agent may use (serials or PCI addresses, comma-separated)"),
+    excluded: text("drives the agent must leave alone"),
+  }),
+  // Bounds of agent/config.ts.
+  reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
+  metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
+  verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
+  healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
+  stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
+  modulesDir: absPathOrNone("host directory of kernel modules; empty mounts none"),
+  resources: resources("agent container"),
+  extraContainers: anyList("containers beside the agent in its Pod (rendered through tpl)"),
+  extraEnv: anyList("EnvVars appended to the agent container's"),
+  extraVolumes: anyList("Volumes appended to the agent Pod's"),
+  extraVolumeMounts: anyList("VolumeMounts appended to the agent container's"),
+  command: strings("the agent container's command; empty keeps the image's entrypoint"),
+  args: strings("the agent container's arguments"),
+};
+/** Names of agent variants: a suffix of the DaemonSet's name and a label value. */
+const VARIANT_NAME = /^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$/;
+
 export const ValuesSchema = v.strictObject({
   logLevel: LogLevel,
   images: v.strictObject({
@@ -264,54 +320,11 @@ export const ValuesSchema = v.strictObject({
     affinity: anyObject("manager Pod affinity"),
   }),
   agent: v.strictObject({
-    nodeSelector: stringMap("selects the storage nodes"),
-    tolerations: anyList("agent Pod tolerations"),
-    backends: v.pipe(v.array(BackendSchema), v.minLength(1)),
-    spdk: v.strictObject({
-      nvmfTgt: text("nvmf_tgt the agent starts; empty adopts a running one"),
-      coreMask: v.pipe(v.string(), v.regex(CORE_MASK), v.description("nvmf_tgt reactor mask, e.g. 0x3")),
-      hugepages: v.strictObject({
-        pageSize: v.picklist(["2Mi", "1Gi"]),
-        sizeMiB: v.pipe(
-          v.union([v.literal(0), int(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)]),
-          v.description("hugepage memory for nvmf_tgt (MiB); 0 requests no hugepages"),
-        ),
-      }),
-      setupScript: text("SPDK setup script; empty when drives are already bound"),
-      socketDir: absPath("host directory of the SPDK JSON-RPC socket"),
-      // Removed: thin provisioning is per StorageClass (storageClasses[].thinProvisioning). Still
-      // accepted so templates/agent.yaml can name the replacement when an old values file sets it.
-      thinLvols: v.optional(
-        v.pipe(
-          v.boolean(),
-          v.description("removed; true fails the install: use storageClasses[].thinProvisioning"),
-        ),
-      ),
-    }),
-    portal: v.strictObject({
-      // v.ip() is the very check agent/config.ts applies to DISTORT_PORTAL_ADDRESS.
-      address: v.pipe(
-        v.union([v.literal(""), v.pipe(v.string(), v.ip())]),
-        v.description("portal IP; empty discovers the RDMA address"),
-      ),
-      port: port("NVMe-oF listener port"),
-    }),
-    devices: v.strictObject({
-      allowed: text("drives the agent may use (serials or PCI addresses, comma-separated)"),
-      excluded: text("drives the agent must leave alone"),
-    }),
-    // Bounds of agent/config.ts.
-    reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
-    metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
-    verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
-    healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
-    stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
-    modulesDir: absPathOrNone("host directory of kernel modules; empty mounts none"),
-    resources: resources("agent container"),
-    extraContainers: anyList("containers beside the agent in its Pod (rendered through tpl)"),
-    extraEnv: anyList("EnvVars appended to the agent container's"),
-    extraVolumes: anyList("Volumes appended to the agent Pod's"),
-    extraVolumeMounts: anyList("VolumeMounts appended to the agent container's"),
+    ...AGENT_ENTRIES,
+    variants: v.pipe(
+      v.record(v.pipe(v.string(), v.regex(VARIANT_NAME)), v.partial(v.strictObject(AGENT_ENTRIES))),
+      v.description("more agent DaemonSets: per key, the agent values with these replaced"),
+    ),
   }),
   csi: v.strictObject({
     kubeletDir: absPath("kubelet root directory"),

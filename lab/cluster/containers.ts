@@ -14,7 +14,7 @@ export interface DistortProcess {
 }
 
 const DISTORT_COMMAND =
-  /(^|\/)(distort-(agent|csi|csi-lab|manager|dpu))(\s|$)|(^|\/)nvmf_tgt(\s|$)|(agent|manager|csi|dpu)\/main\.ts|lab\/csi-node\.ts|sim\/spdk\/nvmf-tgt\.ts/;
+  /(^|\/)(distort-(agent|agent-kernel-lab|csi|csi-lab|manager|dpu))(\s|$)|(^|\/)nvmf_tgt(\s|$)|(agent|manager|csi|dpu)\/main\.ts|lab\/(csi-node|kernel-agent)\.ts|sim\/spdk\/nvmf-tgt\.ts/;
 
 /** Every host process whose command line names a DISTORT binary or a DISTORT entry point. */
 export function distortProcesses(): DistortProcess[] {

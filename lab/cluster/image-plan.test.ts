@@ -103,6 +103,7 @@ describe("imageKey", () => {
     binaryKeys: {
       "distort-agent": "a",
       nvmf_tgt: "n",
+      "distort-agent-kernel-lab": "k",
       "distort-csi": "c",
       "distort-csi-lab": "cl",
       "distort-manager": "m",

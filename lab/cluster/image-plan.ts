@@ -29,6 +29,7 @@ export type BinaryName =
   | "distort-csi"
   | "distort-dpu"
   | "nvmf_tgt"
+  | "distort-agent-kernel-lab"
   | "distort-csi-lab"
   | "distort-workload";
 
@@ -50,6 +51,10 @@ export const BINARIES: Readonly<Record<BinaryName, BinarySpec>> = {
   "distort-csi": { entry: "csi/main.ts", sources: ["api", "gen", "lib", "csi"] },
   "distort-dpu": { entry: "dpu/main.ts", sources: ["api", "gen", "lib", "dpu"] },
   nvmf_tgt: { entry: "lab/sim/spdk/nvmf-tgt.ts", sources: ["api", "gen", "lib", "lab/sim"] },
+  "distort-agent-kernel-lab": {
+    entry: "lab/kernel-agent.ts",
+    sources: ["api", "gen", "lib", "agent", "lab/kernel-agent.ts", "lab/sim"],
+  },
   "distort-csi-lab": {
     entry: "lab/csi-node.ts",
     sources: ["api", "gen", "lib", "csi", "lab/csi-node.ts", "lab/sim"],
@@ -109,7 +114,12 @@ export const IMAGES: Readonly<Record<ImageName, ImageSpec>> = {
     name: "agent-lab",
     containerfile: "images/agent.Containerfile",
     target: "agent-lab",
-    contexts: { runtime: BASE, build: bin("distort-agent"), "lab-build": bin("nvmf_tgt") },
+    contexts: {
+      runtime: BASE,
+      build: bin("distort-agent"),
+      "lab-build": bin("nvmf_tgt"),
+      "lab-kernel": bin("distort-agent-kernel-lab"),
+    },
   },
   csi: {
     name: "csi",

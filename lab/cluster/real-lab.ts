@@ -17,6 +17,13 @@ import { loopDevices } from "../sweep.ts";
 import { type ControlPlane, startControlPlane } from "./control-plane.ts";
 import { ensureHelm } from "./helm-tool.ts";
 import { type BuiltImages, buildImages, importAll } from "./images.ts";
+import {
+  detachKernelLoops,
+  killRecordedKernelTarget,
+  prepareKernelNode,
+  startKernelTarget,
+  stopKernelTarget,
+} from "./kernel-node.ts";
 import { BRIDGE_ADDRESS, ensureBridge, SERVICE_CIDR } from "./node-network.ts";
 import { type LabNode, startNodes, teardownNodes } from "./nodes.ts";
 import { pauseImageSpec, writeOciArchive } from "./oci-image.ts";
@@ -34,12 +41,20 @@ const GiB = 1024 ** 3;
 /** Images built but not imported into the nodes: nothing in the lab values runs them. */
 const NOT_IMPORTED = new Set(["agent", "dpu"]);
 
-/** One node of the lab: its name, whether it is a storage node (agent + emulated target), its drives. */
+/**
+ * One node of the lab: its name, whether it is a storage node (agent + emulated target), its
+ * drives; `kernel`: a kernel-backend storage node instead (the kernel agent variant, nvmet on
+ * simulated configfs, the drives loop devices: lab/cluster/kernel-node.ts), with `storage` false.
+ */
 export interface RealLabNodeSpec {
   name: string;
   storage: boolean;
+  kernel?: boolean;
   drives: LabDrive[];
 }
+
+/** The storage label's value on a kernel-backend node (the lab values' kernel agent variant selects it). */
+export const KERNEL_STORAGE_LABEL_VALUE = "kernel";
 
 /** Two storage nodes, two consumer nodes; node-b is both. */
 export const REAL_LAB_NODES: RealLabNodeSpec[] = [
@@ -60,6 +75,12 @@ export const REAL_LAB_NODES: RealLabNodeSpec[] = [
     ],
   },
   { name: "node-c", storage: false, drives: [] },
+  {
+    name: "node-k",
+    storage: false,
+    kernel: true,
+    drives: [{ serial: "LABK0001", pciAddress: "0000:5e:00.0", sizeBytes: 16 * GiB }],
+  },
 ];
 
 export interface RealLabOptions {
@@ -81,6 +102,8 @@ export interface RealLab {
   helmBin: string;
   /** Pid of a node's NVMe host driver (the kernel stand-in), while it runs. */
   nvmeHostPid(node: string): number | undefined;
+  /** Pid of a kernel node's simulated nvmet (its kernel target), while it runs. */
+  nvmetPid(node: string): number | undefined;
   /**
    * Builds every image again under `tag` and imports it into every node (what an operator's new
    * release is); resolves with the tag for `helm upgrade`.
@@ -112,15 +135,19 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
   let cp: ControlPlane | undefined;
   let nodes: LabNode[] = [];
   const hosts = new Map<string, Subprocess>();
+  const nvmets = new Map<string, Subprocess>();
   const stop = async () => {
     await stopNvmeHosts(hosts);
+    await Promise.all([...nvmets.values()].map(stopKernelTarget));
     await Promise.all(nodes.map((n) => n.stop()));
     await teardownNodes(dir);
+    for (const s of specs.filter((x) => x.kernel)) await detachKernelLoops(join(dir, "nodes", s.name));
     await cp?.stop();
   };
   try {
     for (const s of specs) {
       await prepareLabNode(join(dir, "nodes", s.name), s.storage ? { drives: s.drives } : {});
+      if (s.kernel) await prepareKernelNode(join(dir, "nodes", s.name), s.drives);
     }
     const pause = writeOciArchive(pauseImageSpec(`distort.lab/pause:${images.tag}`));
     // The API server listens on the lab bridge's address: the bridge comes first.
@@ -137,7 +164,11 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       cp,
       specs.map((s) => ({
         name: s.name,
-        labels: { [FABRIC_LABEL]: "lab", ...(s.storage ? { [STORAGE_LABEL]: "true" } : {}) },
+        labels: {
+          [FABRIC_LABEL]: "lab",
+          ...(s.storage ? { [STORAGE_LABEL]: "true" } : {}),
+          ...(s.kernel ? { [STORAGE_LABEL]: KERNEL_STORAGE_LABEL_VALUE } : {}),
+        },
       })),
       { dir, sandboxImage: pause.ref, images: [pause.path], progress: (l) => say(l) },
     );
@@ -149,6 +180,8 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
     say(`images imported into ${nodes.length} nodes (${ms()})`);
     for (const n of nodes) hosts.set(n.name, await startNvmeHost(n));
     say(`NVMe host drivers running on ${nodes.length} nodes (${ms()})`);
+    for (const n of nodes.filter((x) => specs.find((s) => s.name === x.name)?.kernel))
+      nvmets.set(n.name, await startKernelTarget(n));
 
     const conn = connect(cp.kubeconfigPath);
     const kubeconfigPath = cp.kubeconfigPath;
@@ -179,7 +212,9 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
     await claimAllDrives(
       conn,
       REAL_LAB_NAMESPACE,
-      specs.filter((s) => s.storage).map((s) => ({ name: s.name, serials: s.drives.map((d) => d.serial) })),
+      specs
+        .filter((s) => s.storage || s.kernel)
+        .map((s) => ({ name: s.name, serials: s.drives.map((d) => d.serial) })),
       120_000,
     );
     await waitCsiNodes(
@@ -202,6 +237,10 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       helm,
       chartArgs,
       nvmeHostPid: (name) => hosts.get(name)?.pid,
+      nvmetPid: (name) => {
+        const p = nvmets.get(name);
+        return p && p.exitCode === null && p.signalCode === null ? p.pid : undefined;
+      },
       async rebuildImages(tag) {
         const again = await buildImages({ tag, progress: (l) => say(`  ${l}`) });
         const use = Object.values(again.images).filter((i) => i && !NOT_IMPORTED.has(i.name));
@@ -294,6 +333,7 @@ export async function teardownLeftovers(dir: string): Promise<void> {
       }
       rmSync(pidFile, { force: true });
     }
+    for (const name of readdirSync(nodesDir)) killRecordedKernelTarget(join(nodesDir, name));
   }
   // Loop devices on a host driver's FUSE files: their backing path is the in-node state directory.
   for (const l of loopDevices()) {
@@ -302,6 +342,8 @@ export async function teardownLeftovers(dir: string): Promise<void> {
     }
   }
   await teardownNodes(dir);
+  if (existsSync(nodesDir))
+    for (const name of readdirSync(nodesDir)) await detachKernelLoops(join(nodesDir, name));
 }
 
 /**

@@ -6,14 +6,16 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { createLogger } from "../../../lib/log.ts";
 import { stopOnSignals } from "../../../lib/signals.ts";
-import { createFabric } from "../spdk/fabric.ts";
+import { createFabric, createTcpFabric } from "../spdk/fabric.ts";
 import { serveChangeNotices } from "./change-notice.ts";
 import { nvmetDeviceResolver, parseDeviceNames } from "./device-names.ts";
 import { startSimNvmet } from "./sim-nvmet.ts";
 
-const USAGE = `usage: bun lab/sim/nvmet/main.ts --root <dir> --fabric-dir <dir> [options]
+const USAGE = `usage: bun lab/sim/nvmet/main.ts --root <dir> (--fabric-dir <dir> | --fabric tcp) [options]
   --root <dir>           host root of the simulated configfs (holds sys/kernel/config/nvmet)
   --fabric-dir <dir>     shared SimFabric directory
+  --fabric tcp           the fabric over real TCP: ports listen on addr_traddr:addr_trsvcid
+                         (the real-cluster lab, where nvmet runs in the node's network namespace)
   --notice-socket <path> where configfs writers send change notices (default <root>/nvmet.sock)
   --watch-ms <n>         backstop rescan period in ms (default 1000; 0: notices only)
   --no-debugfs           do not keep <root>/sys/kernel/debug/nvmet (a kernel without it)
@@ -26,6 +28,7 @@ async function main(): Promise<void> {
     options: {
       root: { type: "string" },
       "fabric-dir": { type: "string" },
+      fabric: { type: "string" },
       "notice-socket": { type: "string" },
       "watch-ms": { type: "string" },
       "no-debugfs": { type: "boolean" },
@@ -33,7 +36,9 @@ async function main(): Promise<void> {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help || !values.root || !values["fabric-dir"]) {
+  const tcp = values.fabric === "tcp";
+  if (values.fabric !== undefined && !tcp) throw new Error(`--fabric ${values.fabric}: only tcp is known`);
+  if (values.help || !values.root || (!values["fabric-dir"] && !tcp)) {
     process.stderr.write(`${USAGE}\n`);
     process.exit(values.help ? 0 : 2);
   }
@@ -44,7 +49,7 @@ async function main(): Promise<void> {
     throw new Error(`--watch-ms ${values["watch-ms"]} is not a count`);
   const nvmet = await startSimNvmet({
     nvmetDir: join(root, "sys/kernel/config/nvmet"),
-    fabric: createFabric(values["fabric-dir"]),
+    fabric: tcp ? createTcpFabric() : createFabric(values["fabric-dir"] ?? ""),
     ...(values["no-debugfs"] ? {} : { debugfsDir: join(root, "sys/kernel/debug/nvmet") }),
     watchIntervalMs: watchMs,
     ...(values["device-map"]
