@@ -149,10 +149,14 @@ test("bdevs: a read is kept under its name and aliases; absent is never served; 
   await c.call("bdev_get_bdevs", { name: "lvs/v2" }).catch(() => {});
   await c.call("bdev_get_bdevs", { name: "lvs/v2" }).catch(() => {});
   expect(t.calls).toHaveLength(3);
+  // Waiting for examine changes no bdev it found: still served.
+  await c.call("bdev_wait_for_examine");
+  await c.call("bdev_get_bdevs", { name: "u1" });
+  expect(t.calls).toHaveLength(4);
   await c.call("bdev_lvol_resize", { name: "u1", size_in_mib: 8 });
   await c.call("bdev_get_bdevs", { name: "u1" });
   expect(t.calls.slice(-1)).toEqual(["bdev_get_bdevs"]);
-  expect(t.calls).toHaveLength(5);
+  expect(t.calls).toHaveLength(6);
 });
 
 test("a read with other parameters, and a method it does not know, pass straight through", async () => {

@@ -33,6 +33,11 @@ const READ_ONLY = new Set([
   "framework_get_reactors",
   "spdk_get_version",
   "rpc_get_methods",
+  "thread_get_stats",
+  "bdev_nvme_get_transport_statistics",
+  // Waits for examine to finish: bdevs may appear (lvols), none changes, and only bdevs found are
+  // ever kept, so what is kept stays true.
+  "bdev_wait_for_examine",
 ]);
 /** Mutations that touch one subsystem (params.nqn) and no bdev. */
 const SUBSYSTEM_ONLY = /^nvmf_(create_subsystem|delete_subsystem|subsystem_)/;

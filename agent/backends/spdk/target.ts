@@ -465,7 +465,7 @@ export class SpdkTarget implements TargetBackend {
   }
 
   async prefetch(): Promise<void> {
-    await this.opts.reads?.load({ timeoutMs: 10_000 });
+    await this.opts.reads?.load({ timeoutMs: 5000 });
   }
 
   listening(nqn: string): readonly ListenerState[] | undefined {
