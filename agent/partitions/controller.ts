@@ -20,7 +20,7 @@ import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { TerminalError } from "../../lib/kube/runner.ts";
-import { updateStatus } from "../../lib/kube/status.ts";
+import { jsonEqual, updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import { formatQuantity } from "../../lib/units.ts";
 import { isPartitionRecord } from "../attachments/partition-record.ts";
@@ -327,8 +327,7 @@ export class PartitionController {
     p: NVMePartition,
     patch: (s: NonNullable<NVMePartition["status"]>) => void,
     cond: Omit<Condition, "lastTransitionTime">,
-    from: NVMePartition = p,
-  ): Promise<NVMePartition | undefined> {
+  ) {
     const now = new Date(this.o.clock.now());
     const compute = (latest: NVMePartition) => {
       if (latest.metadata.uid !== p.metadata.uid) return undefined;
@@ -344,10 +343,10 @@ export class PartitionController {
       s.observedGeneration = latest.metadata.generation;
       return s;
     };
-    // From the cached object: a verify pass that changes nothing costs no API request, and a
-    // change costs one write (a stale copy: a conflict, then a read). If the cache is behind, the
-    // newer object's watch event queues another pass.
-    return updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, compute, 5, from);
+    // A verify pass that changes nothing must cost no API request: the cached object already has
+    // this status. If the cache is behind, the newer object's watch event queues another pass.
+    if (jsonEqual(compute(p), p.status)) return;
+    await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, compute);
   }
 
   private async report(
@@ -355,8 +354,8 @@ export class PartitionController {
     state: "Pending" | "Provisioning" | "Failed" | "Deleting",
     why: Why,
     ready: "False" | "Unknown" = "False",
-  ): Promise<NVMePartition | undefined> {
-    return this.setStatus(
+  ) {
+    await this.setStatus(
       p,
       (s) => {
         s.state = state;
@@ -489,19 +488,13 @@ export class PartitionController {
       await this.lockDevice(p, t.backend);
       await this.step("device-lock", key);
     }
-    // The object as this pass last wrote it: the next status write starts from it, not a read.
-    let written = p;
     if (p.status?.state !== "Exported") {
-      written =
-        (await this.report(
-          p,
-          "Provisioning",
-          {
-            reason: "Provisioning",
-            message: `carving ${t.volume.sizeBytes} bytes on ${t.volume.device.name}`,
-          },
-          "Unknown",
-        )) ?? p;
+      await this.report(
+        p,
+        "Provisioning",
+        { reason: "Provisioning", message: `carving ${t.volume.sizeBytes} bytes on ${t.volume.device.name}` },
+        "Unknown",
+      );
     }
     let device: DeviceRef;
     try {
@@ -622,7 +615,6 @@ export class PartitionController {
           `${t.nqn} on ${listening.map((l) => `${transport}://${l.address}:${l.port}`).join(", ")}` +
           (missing.length > 0 ? `; not listening on ${missing.map((a) => `${a}:${port}`).join(", ")}` : ""),
       },
-      written,
     );
     if (missing.length > 0 && !sameList(p.status?.portals, listening)) {
       // Once per change of the listening set, not on every verify pass.

@@ -24,11 +24,6 @@ export function jsonEqual(a: unknown, b: unknown): boolean {
  * it is given (it can run several times); returning undefined means "leave it". Returns the
  * stored object, or undefined when the object no longer exists. Gives up with
  * StorageError("conflict") after `attempts` conflicting writes in a row.
- *
- * With `from` (the object as a watch cache holds it), the first attempt starts from it instead of
- * a read: its resourceVersion guards the write, so a stale copy costs one conflict and a read,
- * and a status already equal to what `compute` makes of it costs no request at all (a newer
- * object's watch event is the caller's cue to look again).
  */
 export async function updateStatus<S, T extends WithStatus<S>>(
   client: ResourceClient<T>,
@@ -36,12 +31,9 @@ export async function updateStatus<S, T extends WithStatus<S>>(
   namespace: string | undefined,
   compute: (latest: T) => S | undefined,
   attempts = 5,
-  from?: T,
 ): Promise<T | undefined> {
-  let cached = from;
   return retryOnConflict(`status of ${name}`, attempts, async () => {
-    const latest = cached ?? (await client.get(name, namespace));
-    cached = undefined;
+    const latest = await client.get(name, namespace);
     if (!latest) return { done: undefined };
     const next = compute(latest);
     if (next === undefined || jsonEqual(next, latest.status)) return { done: latest };
