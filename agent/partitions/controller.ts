@@ -20,7 +20,7 @@ import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { TerminalError } from "../../lib/kube/runner.ts";
-import { jsonEqual, updateStatus } from "../../lib/kube/status.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import { formatQuantity } from "../../lib/units.ts";
 import { isPartitionRecord } from "../attachments/partition-record.ts";
@@ -343,9 +343,8 @@ export class PartitionController {
       s.observedGeneration = latest.metadata.generation;
       return s;
     };
-    // A verify pass that changes nothing must cost no API request: the cached object already has
-    // this status. If the cache is behind, the newer object's watch event queues another pass.
-    if (jsonEqual(compute(p), p.status)) return;
+    // From a fresh read: the agent's cache drops status.conditions (agentTransform), so only the
+    // stored object tells what a write would change, and a write must keep others' conditions.
     await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, compute);
   }
 
