@@ -63,7 +63,10 @@ type Obj = {
 
 /**
  * Streams watch events of a core collection (`path`, e.g. /api/v1/persistentvolumes) from "now" to
- * `on` until `signal` aborts. Opened before the objects are created, so nothing is missed.
+ * `on` until `signal` aborts. Opened before the objects are created, so nothing is missed. When the
+ * API server ends the watch (a slow reader under load is cut off), the collection is listed (every
+ * item delivered as MODIFIED, so a state reached meanwhile is seen, if late) and watched again from
+ * the list's resourceVersion.
  */
 function watchCollection(
   conn: KubeConnection,
@@ -72,27 +75,39 @@ function watchCollection(
   signal: AbortSignal,
 ): Promise<void> {
   return (async () => {
-    const res = await conn.request(`${path}?watch=1&timeoutSeconds=1800`, { signal });
-    if (!res.ok || !res.body) throw new Error(`watch ${path}: HTTP ${res.status}`);
-    const reader = res.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "";
-    try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) return;
-        buf += dec.decode(value, { stream: true });
-        for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
-          const line = buf.slice(0, nl).trim();
-          buf = buf.slice(nl + 1);
-          if (line) {
-            const ev = JSON.parse(line) as { type: string; object: Obj };
-            on(ev.type, ev.object);
+    let from = "";
+    while (!signal.aborted) {
+      const res = await conn.request(`${path}?watch=1&timeoutSeconds=1800${from}`, { signal });
+      if (!res.ok || !res.body) throw new Error(`watch ${path}: HTTP ${res.status}`);
+      const reader = res.body.getReader();
+      const dec = new TextDecoder();
+      let buf = "";
+      try {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+            const line = buf.slice(0, nl).trim();
+            buf = buf.slice(nl + 1);
+            if (line) {
+              const ev = JSON.parse(line) as { type: string; object: Obj };
+              on(ev.type, ev.object);
+            }
           }
         }
+      } catch (err) {
+        if (signal.aborted) return;
+        say(
+          `watch ${path} ended (${err instanceof Error ? err.message : String(err)}); listing and watching again`,
+        );
       }
-    } catch (err) {
-      if (!signal.aborted) throw err;
+      if (signal.aborted) return;
+      const list = await conn.request(path, { signal });
+      if (!list.ok) throw new Error(`list ${path}: HTTP ${list.status}`);
+      const body = (await list.json()) as { metadata: { resourceVersion: string }; items: Obj[] };
+      for (const o of body.items) on("MODIFIED", o);
+      from = `&resourceVersion=${body.metadata.resourceVersion}`;
     }
   })();
 }
@@ -300,7 +315,7 @@ try {
         conn,
         "/api/v1/persistentvolumes",
         (type, o) => {
-          if (type === "ADDED") first(t.pvCreated, o.metadata.name);
+          if (type === "ADDED" || type === "MODIFIED") first(t.pvCreated, o.metadata.name);
         },
         watches.signal,
       ),
