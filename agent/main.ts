@@ -126,6 +126,7 @@ export async function runAgent(
       logger,
       thinProvision: cfg.thinLvols,
       facts,
+      reads,
     });
   }
   if (cfg.backends.includes("kernel")) {
