@@ -2,6 +2,7 @@
 // shared caches of this node's partitions and drives and of the attachments, and drives the
 // backend and volume-manager ports through provisioning (13 steps) and deletion (reverse).
 // Every step is idempotent; `afterStep` lets tests crash the process between any two of them.
+import { createHash } from "node:crypto";
 import type {
   NVMeDevice,
   NVMePartition,
@@ -160,6 +161,11 @@ export class PartitionController {
   /** The backends' listing the passes queued with it wait for (see prefetch()). */
   private prefetching: Promise<void> | undefined;
   private cancelSweep: (() => void) | undefined;
+  /**
+   * Per partition key: the resourceVersion of the object the last status write stored (or found
+   * already right), and a digest of what that write asked for.
+   */
+  private readonly statusSeen = new Map<string, { uid: string | undefined; rv: string; asked: string }>();
 
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
@@ -343,9 +349,25 @@ export class PartitionController {
       s.observedGeneration = latest.metadata.generation;
       return s;
     };
-    // From a fresh read: the agent's cache drops status.conditions (agentTransform), so only the
-    // stored object tells what a write would change, and a write must keep others' conditions.
-    await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, compute);
+    // What this write asks for, independent of the object it is applied to.
+    const probe = {} as NonNullable<NVMePartition["status"]>;
+    patch(probe);
+    const asked = createHash("sha1")
+      .update(JSON.stringify([probe, cond]))
+      .digest("base64");
+    const key = objectKey(p.metadata);
+    const last = this.statusSeen.get(key);
+    // The object is still the one this agent last stored or read back (same resourceVersion in
+    // the cache) and the pass asks for what made no change then: it makes none now either. This
+    // is what keeps a verify sweep from reading every partition from the API server.
+    if (last && last.uid === p.metadata.uid && last.rv === p.metadata.resourceVersion && last.asked === asked)
+      return;
+    // Otherwise from a fresh read: the agent's cache drops status.conditions (agentTransform), so
+    // only the stored object tells what a write would change, and a write must keep others' conditions.
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, compute);
+    if (stored?.metadata.resourceVersion && stored.metadata.uid === p.metadata.uid)
+      this.statusSeen.set(key, { uid: p.metadata.uid, rv: stored.metadata.resourceVersion, asked });
+    else this.statusSeen.delete(key);
   }
 
   private async report(
@@ -387,6 +409,7 @@ export class PartitionController {
     const p = this.partitions.get(key);
     if (!p) {
       this.restarts.dropped(key);
+      this.statusSeen.delete(key);
       return;
     }
     const observed = {
