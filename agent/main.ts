@@ -24,6 +24,7 @@ import { stopOnSignals } from "../lib/signals.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { bunProcessRunner, findSetpriv, hostSocketFiles, procInspector } from "../lib/spdk/process-runner.ts";
+import { SpdkReadCache } from "../lib/spdk/read-cache.ts";
 import { NvmfTgtSupervisor } from "../lib/spdk/supervisor.ts";
 import { TargetFacts } from "../lib/spdk/target-facts.ts";
 import { AttachmentController } from "./attachments/controller.ts";
@@ -105,10 +106,14 @@ export async function runAgent(
   // What the SPDK backend and volume manager verified on the running target, shared so that a
   // target restart forgets all of it at once.
   let facts: TargetFacts | undefined;
+  let reads: SpdkReadCache | undefined;
   if (cfg.backends.includes("spdk")) {
     spdk = new SpdkClient({ socketPath: cfg.spdkSocket, logger: logger.with({ component: "spdk" }), clock });
-    facts = new TargetFacts({ rpc: spdk, clock });
-    const methods = new SpdkMethods(spdk);
+    // Every backend read goes through the read cache: a verify sweep or a replay lists the
+    // target once instead of reading each export's subsystem and bdev on its own.
+    reads = new SpdkReadCache({ rpc: spdk, clock });
+    facts = new TargetFacts({ rpc: reads, clock });
+    const methods = new SpdkMethods(reads);
     const binder = {
       async bind(pciAddress: string) {
         if (!cfg.spdkSetup) return;
@@ -117,17 +122,19 @@ export async function runAgent(
     };
     backends.spdk = new SpdkTarget({
       methods,
-      rpc: spdk,
+      rpc: reads,
       binder,
       keyFiles: dirKeyFiles(cfg.keyDir),
       logger: logger.with({ backend: "spdk" }),
       facts,
+      reads,
     });
     volumeManagers["spdk-lvol"] = new SpdkLvolVolumeManager({
       methods,
-      rpc: spdk,
+      rpc: reads,
       logger,
       facts,
+      reads,
     });
   }
   if (cfg.backends.includes("kernel")) {
@@ -267,6 +274,7 @@ export async function runAgent(
       metrics: registry,
       onRestart: () => {
         facts?.forget();
+        reads?.forget();
         partitions.targetRestarted("spdk");
       },
     });

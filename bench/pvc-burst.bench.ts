@@ -1,6 +1,8 @@
 // N PersistentVolumeClaims created at once, to Bound, through the real external-provisioner (flags as
 // the chart sets them, as the csi-controller ServiceAccount) and kube-controller-manager's PV binder.
-// Yardstick (same run): N bare PVs + N PVCs pre-bound to them, Bound by the same binder. Run: bun bench/pvc-burst.bench.ts [n]; without arguments (or --sizes a,b,c) it grows n over 100, 250, 500
+// Yardsticks (same run): the API server's own write rate (ConfigMap creates), and N bare PVs + N
+// PVCs pre-bound to them, Bound by the same binder. Run: bun bench/pvc-burst.bench.ts [n]; without
+// arguments (or --sizes a,b,c) it grows n over 100, 500, 1000
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -23,12 +25,22 @@ const CLASS = "distort-burst";
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
 const VOLUME = "64Mi";
-const TARGET_S = 30;
+/** Issue 19: 1000 claims created at once reach Bound at 20 per second or more. */
+const TARGET_RATE = 20;
 /** The chart's csi.controller.provisioner settings, except --timeout (60 s here, 120 s in the chart). */
-const PROVISIONER_WORKERS = 32;
+const PROVISIONER_WORKERS = 100;
+const PROVISIONER_QPS = 100;
+const PROVISIONER_BURST = 200;
+/** Writes in flight while the API server's own write rate is measured. */
+const YARDSTICK_IN_FLIGHT = 64;
 const BOUND_TIMEOUT_MS = 300_000;
-/** kube-controller-manager's client rate (client-go default; lab/cluster/control-plane.ts sets none). */
-const KCM_QPS = 20;
+/**
+ * kube-controller-manager's client rate. Its default (20/s, burst 30) caps the PV binder, which
+ * writes four times per claim, at about 5 claims per second whatever the provisioner does; a
+ * cluster meant for bursts of volumes raises it, and so does this bench (stated in its notes).
+ */
+const KCM_QPS = 100;
+const KCM_BURST = 200;
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
 /** Warnings and errors of the in-process components (manager, agent, CSI), counted by cause. */
@@ -51,7 +63,10 @@ type Obj = {
 
 /**
  * Streams watch events of a core collection (`path`, e.g. /api/v1/persistentvolumes) from "now" to
- * `on` until `signal` aborts. Opened before the objects are created, so nothing is missed.
+ * `on` until `signal` aborts. Opened before the objects are created, so nothing is missed. When the
+ * API server ends the watch (a slow reader under load is cut off), the collection is listed (every
+ * item delivered as MODIFIED, so a state reached meanwhile is seen, if late) and watched again from
+ * the list's resourceVersion.
  */
 function watchCollection(
   conn: KubeConnection,
@@ -60,27 +75,39 @@ function watchCollection(
   signal: AbortSignal,
 ): Promise<void> {
   return (async () => {
-    const res = await conn.request(`${path}?watch=1&timeoutSeconds=1800`, { signal });
-    if (!res.ok || !res.body) throw new Error(`watch ${path}: HTTP ${res.status}`);
-    const reader = res.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "";
-    try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) return;
-        buf += dec.decode(value, { stream: true });
-        for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
-          const line = buf.slice(0, nl).trim();
-          buf = buf.slice(nl + 1);
-          if (line) {
-            const ev = JSON.parse(line) as { type: string; object: Obj };
-            on(ev.type, ev.object);
+    let from = "";
+    while (!signal.aborted) {
+      const res = await conn.request(`${path}?watch=1&timeoutSeconds=1800${from}`, { signal });
+      if (!res.ok || !res.body) throw new Error(`watch ${path}: HTTP ${res.status}`);
+      const reader = res.body.getReader();
+      const dec = new TextDecoder();
+      let buf = "";
+      try {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+            const line = buf.slice(0, nl).trim();
+            buf = buf.slice(nl + 1);
+            if (line) {
+              const ev = JSON.parse(line) as { type: string; object: Obj };
+              on(ev.type, ev.object);
+            }
           }
         }
+      } catch (err) {
+        if (signal.aborted) return;
+        say(
+          `watch ${path} ended (${err instanceof Error ? err.message : String(err)}); listing and watching again`,
+        );
       }
-    } catch (err) {
-      if (!signal.aborted) throw err;
+      if (signal.aborted) return;
+      const list = await conn.request(path, { signal });
+      if (!list.ok) throw new Error(`list ${path}: HTTP ${list.status}`);
+      const body = (await list.json()) as { metadata: { resourceVersion: string }; items: Obj[] };
+      for (const o of body.items) on("MODIFIED", o);
+      from = `&resourceVersion=${body.metadata.resourceVersion}`;
     }
   })();
 }
@@ -140,14 +167,14 @@ const provisionerBin = existsSync(cachedProvisioner)
   : (await ensureSidecars()).provisioner;
 // Without a size (as `bun run bench` runs it), or with --sizes a,b,c: the growth run, one process
 // per size, each with its own control plane.
-const GROWTH_SIZES = [100, 250, 500];
+const GROWTH_SIZES = [100, 500, 1000];
 if (import.meta.main && (process.argv.length <= 2 || sizesArg(process.argv) !== undefined)) {
   await runGrowth({
     bench: "pvc-burst",
     file: import.meta.path,
     sizes: sizesArg(process.argv) ?? GROWTH_SIZES,
     argsFor: (n) => [String(n)],
-    targetSize: 100,
+    targetSize: 1000,
     noun: "PVCs",
     svgPath: new URL("../docs/pvc-burst-growth.svg", import.meta.url).pathname,
     chartTitle: "PVC burst: time by number of PVCs created at once",
@@ -155,7 +182,11 @@ if (import.meta.main && (process.argv.length <= 2 || sizesArg(process.argv) !== 
   process.exit(0);
 }
 
-const cp = await startControlPlane({ controllerManager: true, progress: (l) => say(`  ${l}`) });
+const cp = await startControlPlane({
+  controllerManager: true,
+  controllerManagerArgs: [`--kube-api-qps=${KCM_QPS}`, `--kube-api-burst=${KCM_BURST}`],
+  progress: (l) => say(`  ${l}`),
+});
 const work = mkdtempSync(join(tmpdir(), "distort-pvc-burst-"));
 const figures: Figure[] = [];
 const notes: string[] = [];
@@ -235,8 +266,8 @@ try {
       "--timeout=60s",
       "--retry-interval-max=60s",
       "--extra-create-metadata",
-      "--kube-api-qps=50",
-      "--kube-api-burst=100",
+      `--kube-api-qps=${PROVISIONER_QPS}`,
+      `--kube-api-burst=${PROVISIONER_BURST}`,
       `--http-endpoint=127.0.0.1:${metricsPort}`,
       "--v=2",
     ];
@@ -284,7 +315,7 @@ try {
         conn,
         "/api/v1/persistentvolumes",
         (type, o) => {
-          if (type === "ADDED") first(t.pvCreated, o.metadata.name);
+          if (type === "ADDED" || type === "MODIFIED") first(t.pvCreated, o.metadata.name);
         },
         watches.signal,
       ),
@@ -378,8 +409,36 @@ try {
     const api2 = await apiRequests(cp.server, cp.token, cp.caPem);
     say(`yardstick: ${N} PVs + ${N} pre-bound PVCs Bound after ${(ysMs / 1000).toFixed(1)} s`);
 
+    // --- yardstick: the API server's own write rate, same stack, same moment ---
+    const writesIn = (a: Map<string, number>, b: Map<string, number>) =>
+      [...b]
+        .filter(([k]) => /^(POST|PUT|PATCH|DELETE) /.test(k))
+        .reduce((sum, [k, v]) => sum + v - (a.get(k) ?? 0), 0);
+    const requestsIn = (a: Map<string, number>, b: Map<string, number>) =>
+      [...b].filter(([k]) => !/^WATCH/.test(k)).reduce((sum, [k, v]) => sum + v - (a.get(k) ?? 0), 0);
+    const burstWrites = writesIn(api0, api1);
+    const burstRequests = requestsIn(api0, api1);
+    await core.createNamespace({ body: { metadata: { name: "wr" } } });
+    const wrN = Math.max(1000, Math.min(4000, burstWrites));
+    const w0 = performance.now();
+    await pool(names("w", wrN), YARDSTICK_IN_FLIGHT, async (name) => {
+      const res = await conn.request("/api/v1/namespaces/wr/configmaps", {
+        method: "POST",
+        contentType: "application/json",
+        body: JSON.stringify({ metadata: { name }, data: { k: "v" } }),
+      });
+      if (res.status !== 201) throw new Error(`ConfigMap create: HTTP ${res.status}`);
+      await res.arrayBuffer();
+    });
+    const writeRate = wrN / ((performance.now() - w0) / 1000);
+    say(
+      `yardstick: the API server took ${wrN} ConfigMap creates at ${fmt(writeRate)}/s (${YARDSTICK_IN_FLIGHT} in flight)`,
+    );
+
     // --- figures ---
     const ratio = burstMs / ysMs;
+    const claimRate = N / (burstMs / 1000);
+    const burstWriteRate = burstWrites / (burstMs / 1000);
     figures.push(
       {
         id: "burst-seconds",
@@ -394,14 +453,33 @@ try {
         },
         ratio: Number(ratio.toFixed(2)),
         ratioLabel: "burst / pre-bound",
-        target: { text: `< ${TARGET_S} s`, met: burstMs < TARGET_S * 1000 },
       },
       {
         id: "burst-rate",
-        label: "claims bound per second",
-        value: Number((N / (burstMs / 1000)).toFixed(1)),
+        label: `claims bound per second (${N} at once)`,
+        value: Number(claimRate.toFixed(1)),
         unit: "claims/s",
         better: "higher",
+        yardstick: {
+          label: `API server write rate (ConfigMap creates, ${YARDSTICK_IN_FLIGHT} in flight)`,
+          value: Number(writeRate.toFixed(0)),
+          unit: "writes/s",
+        },
+        ratio: Number((burstWriteRate / writeRate).toFixed(3)),
+        ratioLabel: "burst's writes/s (all clients) / API server write rate",
+        target: { text: `>= ${TARGET_RATE} claims/s`, met: claimRate >= TARGET_RATE },
+      },
+      {
+        id: "burst-api-requests-per-claim",
+        label: "API requests per claim during the burst (every client, watches excluded)",
+        value: Number((burstRequests / N).toFixed(1)),
+        unit: "requests",
+        better: "lower",
+        yardstick: {
+          label: "writes per claim",
+          value: Number((burstWrites / N).toFixed(1)),
+          unit: "writes",
+        },
       },
     );
 
@@ -468,7 +546,14 @@ try {
     const diag = [
       `Per-claim stages (watch timestamps): ${lines.join("; ")}.`,
       `Claims reached Bound from ${fmt(percentile(boundAt, 0) / 1000)} s to ${fmt(percentile(boundAt, 100) / 1000)} s after the first create (p50 ${fmt(median(boundAt) / 1000)} s).`,
-      `Burst: ${volumeWrites(api0, api1, burstMs / 1000)}. Yardstick: ${volumeWrites(api1, api2, ysMs / 1000)}. kube-controller-manager runs all its controllers with client-go's default ${KCM_QPS} requests/s (burst 30).`,
+      `Burst: ${volumeWrites(api0, api1, burstMs / 1000)}. Yardstick: ${volumeWrites(api1, api2, ysMs / 1000)}. kube-controller-manager runs all its controllers with --kube-api-qps=${KCM_QPS} --kube-api-burst=${KCM_BURST} (client-go's default of 20/s, burst 30, caps its binder near 5 claims/s).`,
+      `API requests of the burst (every client, watches excluded) by verb and resource: ${[...api1]
+        .map(([k, v]) => [k, v - (api0.get(k) ?? 0)] as const)
+        .filter(([k, v]) => v > 0 && !k.startsWith("WATCH"))
+        .sort((a, b) => b[1] - a[1])
+        .slice(0, 14)
+        .map(([k, v]) => `${k} ${v} (${fmt(v / N)}/claim)`)
+        .join(", ")}.`,
       `csi-provisioner (its csi_sidecar_operations_seconds): ${createCalls} CreateVolume calls, mean ${createCalls ? fmt((createSecs / createCalls) * 1000) : "-"} ms; non-OK CSI calls ${failedCalls}.`,
       `The binder's ${binderWrites} writes of the burst need ${fmt(binderWrites / KCM_QPS)} s at kube-controller-manager's ${KCM_QPS} requests/s: the burst took ${fmt(burstMs / 1000)} s.`,
       ...[...trouble]
@@ -482,7 +567,7 @@ try {
       `Yardstick: ${N} PersistentVolumes (hostPath, Retain) created at once with ${N} claims pre-bound to them (volumeName/claimRef); the same binder brings them to Bound. It is the API and binder floor of the burst without any provisioning.`,
       `StorageClass ${CLASS}: the chart's distort-spdk-lvol parameters with volumeBindingMode Immediate; claims ask for ${VOLUME} (${64 * MiB} bytes).`,
     );
-    const missed = burstMs >= TARGET_S * 1000;
+    const missed = claimRate < TARGET_RATE;
     if (missed) profile.push(...diag);
     else notes.push(...diag);
     for (const l of diag) say(`  ${l}`);

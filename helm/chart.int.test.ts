@@ -360,7 +360,7 @@ describe("what the templates hand the binaries", () => {
       ["csi-attacher", "csi-provisioner", "csi-resizer", "distort-csi", "liveness-probe"].sort(),
     );
     expect((ctl.containers.find((c) => c.name === "csi-provisioner") as Container).args).toContain(
-      "--worker-threads=32",
+      "--worker-threads=100",
     );
     // Every container of every workload carries requests and limits.
     for (const w of [...byKind(objs, "Deployment"), ...byKind(objs, "DaemonSet")]) {

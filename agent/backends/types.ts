@@ -183,4 +183,11 @@ export interface TargetBackend {
   applyQos?(volume: Volume, limits: QosLimits): Promise<{ applied: QosLimits; changed: boolean }>;
   /** Removes the export (hosts first, then listener, namespace, subsystem). Absent counts as done. */
   removeExport(nqn: string): Promise<void>;
+  /**
+   * Reads the state of every export at once, so that the passes over many exports that follow
+   * (a verify sweep, the replay after a restart) are answered from that one read instead of one
+   * read each. Changes nothing; a failure only means the passes read for themselves. Absent on a
+   * backend whose reads are cheap (nvmet's configfs).
+   */
+  prefetch?(): Promise<void>;
 }

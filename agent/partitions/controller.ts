@@ -2,6 +2,7 @@
 // shared caches of this node's partitions and drives and of the attachments, and drives the
 // backend and volume-manager ports through provisioning (13 steps) and deletion (reverse).
 // Every step is idempotent; `afterStep` lets tests crash the process between any two of them.
+import { createHash } from "node:crypto";
 import type {
   NVMeDevice,
   NVMePartition,
@@ -105,12 +106,15 @@ export interface PartitionControllerOptions {
   clock: Clock;
   events?: EventRecorder;
   /**
-   * Partitions reconciled at once (default 16). SPDK answers a call two RPC polls (8 ms) after it
+   * Partitions reconciled at once (default 32). SPDK answers a call two RPC polls (8 ms) after it
    * arrives whatever the load, so one call at a time is 125 calls/s; after a target restart every
    * export's calls go through one connection, and only calls in flight raise that rate.
    */
   workers?: number;
-  /** How often an Exported partition is re-verified against the target (default 60 s). */
+  /**
+   * How often every Exported partition is re-verified against the target (default 60 s), all in
+   * one sweep answered from one listing of the target (see scheduleSweep).
+   */
   verifyPeriodMs?: number;
   /** Reads DH-HMAC-CHAP secrets referenced by partitions; required only when one asks for it. */
   secrets?: SecretReader;
@@ -154,6 +158,14 @@ export class PartitionController {
   private readonly restarts: RestartRepairs;
   /** A restart reported before the partition cache synced: its window opens once it has. */
   private restartBeforeSync: BackendName | undefined;
+  /** The backends' listing the passes queued with it wait for (see prefetch()). */
+  private prefetching: Promise<void> | undefined;
+  private cancelSweep: (() => void) | undefined;
+  /**
+   * Per partition key: the resourceVersion of the object the last status write stored (or found
+   * already right), and a digest of what that write asked for.
+   */
+  private readonly statusSeen = new Map<string, { uid: string | undefined; rv: string; asked: string }>();
 
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
@@ -192,16 +204,52 @@ export class PartitionController {
     o.manager.add({
       name: "partitions",
       queue: this.queue,
-      workers: o.workers ?? 16,
+      workers: o.workers ?? 32,
       reconcile: (key) => this.reconcile(key),
       onSynced: () => {
+        // The initial list queued every partition already: one listing answers their reads.
+        this.prefetch();
+        this.scheduleSweep();
         if (!this.restartBeforeSync) return;
-        // The initial list queued every partition already.
         this.restarts.begin(this.restartBeforeSync, this.exportedOn(this.restartBeforeSync));
         this.restartBeforeSync = undefined;
       },
-      onStop: () => this.restarts.close(),
+      onStop: () => {
+        this.cancelSweep?.();
+        this.cancelSweep = undefined;
+        this.restarts.close();
+      },
     });
+  }
+
+  /**
+   * Has every backend read the state of all its exports at once; passes started from now on wait
+   * for it and are answered from it. Never rejects: a failed listing only means each pass reads
+   * for itself.
+   */
+  private prefetch(): void {
+    const all = Object.values(this.o.backends).map((b) =>
+      b?.prefetch?.().catch((err: unknown) => this.o.logger.debug("backend listing failed", { err })),
+    );
+    const p: Promise<void> = Promise.all(all).then(() => {
+      if (this.prefetching === p) this.prefetching = undefined;
+    });
+    this.prefetching = p;
+  }
+
+  /**
+   * The periodic re-verify, one sweep per verify period for the whole node: one listing of each
+   * backend, then a pass over every Exported partition answered from it, so the target sees a
+   * fixed number of reads per period instead of several per export.
+   */
+  private scheduleSweep(): void {
+    this.cancelSweep?.();
+    this.cancelSweep = this.o.clock.setTimeout(() => {
+      this.prefetch();
+      for (const p of this.partitions.list())
+        if (p.status?.state === "Exported") this.queue.add(objectKey(p.metadata));
+      this.scheduleSweep();
+    }, this.o.verifyPeriodMs ?? 60_000);
   }
 
   /** Queues every partition of this node, e.g. after the target restarted and lost its exports. */
@@ -222,6 +270,7 @@ export class PartitionController {
       return;
     }
     this.restarts.begin(backend, this.exportedOn(backend));
+    this.prefetch();
     this.requeueAll();
   }
 
@@ -286,7 +335,7 @@ export class PartitionController {
     cond: Omit<Condition, "lastTransitionTime">,
   ) {
     const now = new Date(this.o.clock.now());
-    await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+    const compute = (latest: NVMePartition) => {
       if (latest.metadata.uid !== p.metadata.uid) return undefined;
       const s = structuredClone(latest.status ?? { state: "Pending", conditions: [] }) as NonNullable<
         NVMePartition["status"]
@@ -299,7 +348,26 @@ export class PartitionController {
       );
       s.observedGeneration = latest.metadata.generation;
       return s;
-    });
+    };
+    // What this write asks for, independent of the object it is applied to.
+    const probe = {} as NonNullable<NVMePartition["status"]>;
+    patch(probe);
+    const asked = createHash("sha1")
+      .update(JSON.stringify([probe, cond]))
+      .digest("base64");
+    const key = objectKey(p.metadata);
+    const last = this.statusSeen.get(key);
+    // The object is still the one this agent last stored or read back (same resourceVersion in
+    // the cache) and the pass asks for what made no change then: it makes none now either. This
+    // is what keeps a verify sweep from reading every partition from the API server.
+    if (last && last.uid === p.metadata.uid && last.rv === p.metadata.resourceVersion && last.asked === asked)
+      return;
+    // Otherwise from a fresh read: the agent's cache drops status.conditions (agentTransform), so
+    // only the stored object tells what a write would change, and a write must keep others' conditions.
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, compute);
+    if (stored?.metadata.resourceVersion && stored.metadata.uid === p.metadata.uid)
+      this.statusSeen.set(key, { uid: p.metadata.uid, rv: stored.metadata.resourceVersion, asked });
+    else this.statusSeen.delete(key);
   }
 
   private async report(
@@ -337,9 +405,11 @@ export class PartitionController {
   }
 
   async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
+    if (this.prefetching) await this.prefetching;
     const p = this.partitions.get(key);
     if (!p) {
       this.restarts.dropped(key);
+      this.statusSeen.delete(key);
       return;
     }
     const observed = {
@@ -589,7 +659,8 @@ export class PartitionController {
         `${t.nqn} on ${portal.address}:${port}`,
       );
     }
-    return { requeueAfterMs: this.o.verifyPeriodMs ?? 60_000 };
+    // Verified again by the next sweep (scheduleSweep), with every other export.
+    return undefined;
   }
 
   private async deprovision(key: string, p: NVMePartition, t: Target, log: Logger) {

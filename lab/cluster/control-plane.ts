@@ -14,6 +14,11 @@ export interface ControlPlaneOptions {
   dir?: string;
   /** Also run kube-controller-manager (PV binder, attach-detach, GC, namespace controllers). */
   controllerManager?: boolean;
+  /**
+   * Extra kube-controller-manager flags, e.g. its client rate (`--kube-api-qps`, default 20, and
+   * `--kube-api-burst`, default 30), which a cluster sized for volume bursts raises.
+   */
+  controllerManagerArgs?: readonly string[];
   /** Also run kube-scheduler (it picks Pods' nodes and WaitForFirstConsumer volumes' selected node). */
   scheduler?: boolean;
   /** Progress lines for a person watching; silent by default. */
@@ -456,6 +461,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
               `--service-cluster-ip-range=${cluster.serviceCidr}`,
             ]
           : []),
+        ...(opts.controllerManagerArgs ?? []),
         "--v=1",
       ]);
       await waitFor("kube-controller-manager", 180_000, kcm.proc, kcm.logPath, async () => {

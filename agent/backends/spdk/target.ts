@@ -8,6 +8,7 @@ import type { KeyFiles } from "../../../lib/key-files.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
+import type { SpdkReadCache } from "../../../lib/spdk/read-cache.ts";
 import type { NvmfSubsystem } from "../../../lib/spdk/schemas.ts";
 import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
 import {
@@ -43,6 +44,11 @@ export interface SpdkTargetOptions {
    * target restart forgets them all at once. Default: a private one over `rpc`.
    */
   facts?: TargetFacts;
+  /**
+   * The read cache `methods` calls through, if any: prefetch() fills it with one listing of
+   * every subsystem and bdev. Without it prefetch() does nothing.
+   */
+  reads?: SpdkReadCache;
 }
 
 const TRTYPE: Record<Transport, string> = { rdma: "RDMA", tcp: "TCP" };
@@ -292,6 +298,7 @@ export class SpdkTarget implements TargetBackend {
     await this.opts.rpc.serialize(exportLockKey(spec.nqn), async () => {
       let s = await this.subsystem(spec.nqn);
       if (!s) {
+        let created = false;
         try {
           await this.m.nvmfCreateSubsystem({
             nqn: spec.nqn,
@@ -302,11 +309,23 @@ export class SpdkTarget implements TargetBackend {
             // Only settable at creation (v25.05.1): per-listener ANA states for multipath.
             ana_reporting: true,
           });
+          created = true;
         } catch (err) {
           if (!isKind(err, "already-exists")) throw err;
         }
         repaired.push("subsystem");
-        s = await this.subsystem(spec.nqn);
+        // Made by this call under the export lock: exactly what was asked, nothing in it yet (one
+        // read fewer per export in a replay). One that already existed is read as it is.
+        s = created
+          ? {
+              nqn: spec.nqn,
+              subtype: "NVMe",
+              listen_addresses: [],
+              allow_any_host: false,
+              hosts: [],
+              namespaces: [],
+            }
+          : await this.subsystem(spec.nqn);
         if (!s) throw new StorageError("unavailable", `subsystem ${spec.nqn} vanished right after creation`);
       }
       if (s.allow_any_host) {
@@ -443,6 +462,10 @@ export class SpdkTarget implements TargetBackend {
       changed = true;
     }
     return changed;
+  }
+
+  async prefetch(): Promise<void> {
+    await this.opts.reads?.load({ timeoutMs: 5000 });
   }
 
   listening(nqn: string): readonly ListenerState[] | undefined {

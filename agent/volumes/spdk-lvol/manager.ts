@@ -9,6 +9,7 @@ import { hostExec } from "../../../lib/exec.ts";
 import type { Logger } from "../../../lib/log.ts";
 import type { SpdkRpc } from "../../../lib/spdk/client.ts";
 import type { SpdkMethods } from "../../../lib/spdk/methods.ts";
+import type { SpdkReadCache } from "../../../lib/spdk/read-cache.ts";
 import { TargetFacts } from "../../../lib/spdk/target-facts.ts";
 import { ALLOCATION_UNIT } from "../../../lib/units.ts";
 import type { DeviceRef, Volume, VolumeManager, VolumeSpec } from "../../backends/types.ts";
@@ -50,6 +51,12 @@ export interface SpdkLvolOptions {
   facts?: TargetFacts;
   /** Classifies a drive's first and last MiB before its first lvstore. Default: blkid on the host. */
   probe?: ContentProbe;
+  /**
+   * The read cache `methods` calls through, if any: once an existing lvstore is found loaded on a
+   * new target connection, it lists every bdev, so the passes that follow (a replay) find their
+   * lvols in that listing instead of reading each.
+   */
+  reads?: SpdkReadCache;
 }
 
 function isKind(err: unknown, kind: string): boolean {
@@ -103,12 +110,22 @@ export class SpdkLvolVolumeManager implements VolumeManager {
   async prepareLayout(device: DeviceRef): Promise<void> {
     const bdevName = device.bdevName;
     if (!bdevName) throw new StorageError("precondition", `drive ${device.serial} is not attached to SPDK`);
-    await this.facts.verified(`lvstore:${device.serial}:${bdevName}`, () =>
-      this.ensureLvstore(device.serial, bdevName),
-    );
+    await this.facts.verified(`lvstore:${device.serial}:${bdevName}`, async () => {
+      const loaded = await this.ensureLvstore(device.serial, bdevName);
+      const generation = this.opts.rpc.connectionGeneration;
+      if (loaded && this.opts.reads && generation !== undefined && generation !== this.listedOn) {
+        this.listedOn = generation;
+        // Inside the check: the passes waiting for this lvstore wait for the listing too.
+        await this.opts.reads.load({ timeoutMs: 5000 }).catch(() => {});
+      }
+    });
   }
 
-  private async ensureLvstore(serial: string, bdevName: string): Promise<void> {
+  /** The connection generation the bdevs were last listed on after an lvstore was found loaded. */
+  private listedOn: number | undefined;
+
+  /** True when the lvstore already existed (loaded by examine), false when this call made it. */
+  private async ensureLvstore(serial: string, bdevName: string): Promise<boolean> {
     const lvs = lvstoreNameFor(serial);
     // After an attach, SPDK examines the bdev and loads any lvstore on it asynchronously; looking
     // before examine finished would make an existing lvstore look absent and invite a second one.
@@ -123,7 +140,7 @@ export class SpdkLvolVolumeManager implements VolumeManager {
           `lvstore ${lvs} sits on ${existing.base_bdev}, not on ${bdevName}: refusing to touch it`,
         );
       }
-      return;
+      return true;
     }
     const [base] = await this.m.bdevGetBdevs({ name: bdevName });
     if (base?.claimed) {
@@ -145,6 +162,7 @@ export class SpdkLvolVolumeManager implements VolumeManager {
     } catch (err) {
       if (!isKind(err, "already-exists")) throw err;
     }
+    return false;
   }
 
   private async lvstore(name: string) {
