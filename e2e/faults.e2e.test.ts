@@ -40,6 +40,7 @@ import {
   workloadPod,
   workloadReport,
 } from "./support.ts";
+import { waitHeld } from "./user-steps.ts";
 
 const DRIVER = "storage.distort.io";
 const LEASE = "distort-manager";
@@ -443,24 +444,19 @@ async function createPod(r: Round, name: string, node: string, args: string[]): 
 /** A Failed Pod is final: reported at once instead of polled until the deadline. */
 type PodOutcome = { report: WorkloadReport } | { failed: string };
 
-function outcome(pod: k8s.V1Pod, holding: boolean): PodOutcome | undefined {
+function outcome(pod: k8s.V1Pod): PodOutcome | undefined {
   if (pod.status?.phase === "Failed")
     return { failed: pod.status.message ?? JSON.stringify(pod.status.containerStatuses ?? []) };
-  if (holding && pod.status?.phase === "Running" && pod.status.message) {
-    try {
-      return { report: JSON.parse(pod.status.message) as WorkloadReport };
-    } catch {
-      return undefined;
-    }
-  }
   const report = pod.status?.phase === "Succeeded" ? workloadReport(pod) : undefined;
   return report ? { report } : undefined;
 }
 
 async function waitPod(r: Round, name: string, holding: boolean): Promise<WorkloadReport> {
+  // A holding writer's result is its log line (a real kubelet) or status message (the stand-in).
+  if (holding) return waitHeld(lab, r.ns, name, WAIT_MS);
   const o = await until(
-    `Pod ${r.ns}/${name} to ${holding ? "report its result and hold" : "succeed"}`,
-    async () => outcome(await lab.core.readNamespacedPod({ name, namespace: r.ns }), holding),
+    `Pod ${r.ns}/${name} to succeed`,
+    async () => outcome(await lab.core.readNamespacedPod({ name, namespace: r.ns })),
     WAIT_MS,
   );
   if ("failed" in o) throw new Error(`Pod ${r.ns}/${name} failed: ${o.failed}`);
