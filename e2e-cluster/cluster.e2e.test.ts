@@ -11,6 +11,7 @@ import * as k8s from "@kubernetes/client-node";
 import { sharedRealLab } from "../e2e/cluster-backend.ts";
 import { chartParity } from "../lab/cluster/chart-parity.ts";
 import { distortProcesses } from "../lab/cluster/containers.ts";
+import { crashNode, restoreNode } from "../lab/cluster/node-faults.ts";
 import { type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
 import { type DemoNode, runDemo, type WorkloadReport, workloadPod, workloadReport } from "../lab/demo.ts";
 
@@ -319,16 +320,9 @@ test("kill -9 of a whole node's kubelet and containerd: NotReady, back Ready, it
     (await loopRounds("loop-node")) >= 3 ? true : undefined,
   );
   const node = lab.nodes.find((n) => n.name === "node-c");
-  await node?.kill();
-  await waitFor("node-c NotReady", 120_000, async () => {
-    const n = await core.readNode({ name: "node-c" });
-    return n.status?.conditions?.some((c) => c.type === "Ready" && c.status !== "True");
-  });
-  await node?.start();
-  await waitFor("node-c Ready", 120_000, async () => {
-    const n = await core.readNode({ name: "node-c" });
-    return n.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True");
-  });
+  if (!node) throw new Error("no node-c in the lab");
+  await crashNode(lab.conn, node);
+  await restoreNode(lab.conn, node);
   // The container kept running through the node's crash: its shim outlives kubelet and containerd.
   const after = await waitFor("the writer's log", 60_000, () => loopRounds("loop-node"));
   await waitFor("the writer still going", 120_000, async () =>

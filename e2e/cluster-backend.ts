@@ -7,6 +7,7 @@ import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { containerProcess } from "../lab/cluster/containers.ts";
 import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
+import { crashNode, restoreNode } from "../lab/cluster/node-faults.ts";
 import { REAL_LAB_VALUES, type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
 import { hostPathOf, NODE_PATHS } from "../lab/cluster/storage-prep.ts";
 import type { LabInfo } from "./support.ts";
@@ -71,6 +72,12 @@ export interface ClusterBackend {
   pid(name: string): number | undefined;
   /** The node's mount table (mountinfo text), mount points as host paths (/proc/<holder>/root/...). */
   mountinfo(node: string): string;
+  /** Every name pid() knows in this lab. */
+  processNames(): string[];
+  /** kill -9 of the node's kubelet and containerd, until the Node is NotReady; resolves with the kubelet's pid. */
+  crashNode(node: string): Promise<number>;
+  /** Starts a crashed node's daemons again, until the Node is Ready. */
+  restoreNode(node: string): Promise<void>;
 }
 
 /**
@@ -174,6 +181,14 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
       if (!command) throw new Error(`no process named ${name} in the real-cluster lab`);
       return containerProcess(command, { node: nodeName });
     },
+    processNames: () => [
+      ...managers.keys(),
+      "csi-controller",
+      ...storage.flatMap((s) => [`agent/${s.name}`, `nvmf_tgt/${s.name}`]),
+      ...lab.nodes.flatMap((n) => [`csi-node/${n.name}`, `kubelet/${n.name}`, `containerd/${n.name}`]),
+    ],
+    crashNode: (name) => crashNode(lab.conn, node(name)),
+    restoreNode: (name) => restoreNode(lab.conn, node(name)),
     mountinfo(name) {
       // The node's mount namespace as the host reaches it: /proc/<holder>/root/<path in the node>.
       const root = nodeRoot(node(name).holderPid);

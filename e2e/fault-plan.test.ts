@@ -2,6 +2,7 @@
 // and component; plus the env parsing and the summary lines the suite prints.
 import { describe, expect, test } from "bun:test";
 import {
+  BLOCK_ROUNDS,
   COMPONENTS,
   describeRound,
   faultPlan,
@@ -14,22 +15,30 @@ import {
 } from "./fault-plan.ts";
 
 describe("faultPlan", () => {
-  test("replays the plan the suite drew for seed 20261201 before its generator moved to lib/", () => {
-    // Recorded from the former e2e-local mulberry32 and shuffle: a printed seed must keep naming
-    // the same rounds.
+  test("replays the plan recorded for seed 20261201 since the node crash joined the components", () => {
+    // Recorded when "node" became the fifth component (blocks of five rounds): a printed seed
+    // must keep naming the same rounds.
     expect(
-      faultPlan(20261201, 4).map((r) => [r.phase, r.component, r.trigger, r.storageClass, r.bytes]),
+      faultPlan(20261201, 5).map((r) => [r.phase, r.component, r.trigger, r.storageClass, r.bytes]),
     ).toEqual([
-      ["delete", "csi-controller", { kind: "delay", ms: 459 }, "distort-lab", 5824512],
-      ["detach", "manager", { kind: "delay", ms: 244 }, "distort-lab", 1425408],
-      ["create", "agent", { kind: "delay", ms: 439 }, "distort-lab-immediate", 1818624],
-      ["attach", "nvmf_tgt", { kind: "step", step: "volumeattachment-created" }, "distort-lab", 6455296],
+      [
+        "delete",
+        "nvmf_tgt",
+        { kind: "step", step: "pvc-deletion-requested" },
+        "distort-lab-immediate",
+        5058560,
+      ],
+      ["detach", "agent", { kind: "step", step: "pod-deletion-requested" }, "distort-lab-immediate", 5926912],
+      ["create", "node", { kind: "delay", ms: 765 }, "distort-lab-immediate", 1650688],
+      ["attach", "manager", { kind: "step", step: "nvmeva-created" }, "distort-lab", 3125248],
+      ["delete", "csi-controller", { kind: "delay", ms: 26 }, "distort-lab-immediate", 1511424],
     ]);
-    expect(faultPlan(20261201, 4).map((r) => [r.fallbackStorageNode, r.writerHolds])).toEqual([
-      [0, false],
-      [0, false],
+    expect(faultPlan(20261201, 5).map((r) => [r.fallbackStorageNode, r.writerHolds])).toEqual([
       [1, false],
+      [0, false],
       [0, true],
+      [1, false],
+      [0, false],
     ]);
   });
 
@@ -48,11 +57,13 @@ describe("faultPlan", () => {
     expect(faultPlan(99, 5)).toEqual(faultPlan(99, 13).slice(0, 5));
   });
 
-  test("every four rounds cover every phase and every component, for any seed", () => {
+  test("every block of rounds covers every phase and every component, for any seed", () => {
+    expect(BLOCK_ROUNDS).toBe(COMPONENTS.length);
+    expect(BLOCK_ROUNDS).toBeGreaterThanOrEqual(PHASES.length);
     for (let seed = 0; seed < 500; seed++) {
-      const plan = faultPlan((seed * 2654435761) >>> 0, 12);
+      const plan = faultPlan((seed * 2654435761) >>> 0, 3 * BLOCK_ROUNDS);
       for (let block = 0; block < 3; block++) {
-        const part = plan.slice(block * 4, block * 4 + 4);
+        const part = plan.slice(block * BLOCK_ROUNDS, (block + 1) * BLOCK_ROUNDS);
         expect(new Set(part.map((p) => p.phase))).toEqual(new Set(PHASES));
         expect(new Set(part.map((p) => p.component))).toEqual(new Set(COMPONENTS));
       }
@@ -141,11 +152,11 @@ test("summarizeFaults counts per component and per phase", () => {
       { round: 3, phase: "attach", component: "nvmf_tgt", inProgress: true },
     ]),
   ).toEqual([
-    "faults injected: 3 (manager: 1, agent: 0, csi-controller: 0, nvmf_tgt: 2)",
+    "faults injected: 3 (manager: 1, agent: 0, csi-controller: 0, nvmf_tgt: 2, node: 0)",
     "faults per phase: create: 1, attach: 2, detach: 0, delete: 0",
     "faults that hit a phase still in progress: 2 of 3",
   ]);
   expect(summarizeFaults([])[0]).toBe(
-    "faults injected: 0 (manager: 0, agent: 0, csi-controller: 0, nvmf_tgt: 0)",
+    "faults injected: 0 (manager: 0, agent: 0, csi-controller: 0, nvmf_tgt: 0, node: 0)",
   );
 });

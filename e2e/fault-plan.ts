@@ -6,7 +6,12 @@ import { seededRandom, shuffled } from "../lib/seeded-random.ts";
 export const PHASES = ["create", "attach", "detach", "delete"] as const;
 export type Phase = (typeof PHASES)[number];
 
-export const COMPONENTS = ["manager", "agent", "csi-controller", "nvmf_tgt"] as const;
+/**
+ * What a round kills: a DISTORT process (on the cluster, a Pod's container), or "node": kill -9 of
+ * the writer's node (its kubelet and container runtime; its Pods' containers keep running), which
+ * is then brought back.
+ */
+export const COMPONENTS = ["manager", "agent", "csi-controller", "nvmf_tgt", "node"] as const;
 export type Component = (typeof COMPONENTS)[number];
 
 /**
@@ -67,6 +72,9 @@ export interface RoundPlan {
   dataSeed: string;
 }
 
+/** Rounds per block: every component once, every phase at least once. */
+export const BLOCK_ROUNDS = COMPONENTS.length;
+
 function pick<T>(rng: () => number, xs: readonly T[]): T {
   const x = xs[Math.floor(rng() * xs.length)];
   if (x === undefined) throw new Error("pick from an empty list");
@@ -74,10 +82,11 @@ function pick<T>(rng: () => number, xs: readonly T[]): T {
 }
 
 /**
- * The plan for `rounds` rounds. Rounds come in blocks of four, each block a shuffle of the phases
- * and an independent shuffle of the components, so any four consecutive block-aligned rounds hit
- * every phase and every component however the seed falls. Every value is drawn in a fixed order
- * per block, so the plan for n rounds is a prefix of the plan for more.
+ * The plan for `rounds` rounds. Rounds come in blocks of BLOCK_ROUNDS (one per component), each
+ * block a shuffle of the phases plus one more phase drawn at random, paired with an independent
+ * shuffle of the components, so any block-aligned BLOCK_ROUNDS rounds hit every phase and every
+ * component however the seed falls. Every value is drawn in a fixed order per block, so the plan
+ * for n rounds is a prefix of the plan for more.
  */
 export function faultPlan(seed: number, rounds: number, storageNodes = 2): RoundPlan[] {
   if (!Number.isInteger(rounds) || rounds < 0)
@@ -86,9 +95,9 @@ export function faultPlan(seed: number, rounds: number, storageNodes = 2): Round
   const rng = seededRandom(seed);
   const plan: RoundPlan[] = [];
   while (plan.length < rounds) {
-    const phases = shuffled(PHASES, rng);
+    const phases = [...shuffled(PHASES, rng), pick(rng, PHASES)];
     const components = shuffled(COMPONENTS, rng);
-    for (let i = 0; i < PHASES.length; i++) {
+    for (let i = 0; i < BLOCK_ROUNDS; i++) {
       const phase = phases[i] as Phase;
       const component = components[i] as Component;
       const byStep = rng() < 0.5;

@@ -1,6 +1,7 @@
-// Seeded fault injection: each round takes one volume through create, attach (write on worker-a),
-// detach, verify (on worker-b) and delete, and kill -9s one component (leading manager, agent,
-// csi controller or emulated nvmf_tgt) at a planned point of one phase; the round then requires
+// Seeded fault injection: each round takes one volume through create, attach (write on the first
+// consumer node), detach, verify (on the second) and delete, and kill -9s one component (leading
+// manager, agent, csi controller, emulated nvmf_tgt, or the writer's whole node: kubelet and
+// container runtime, then brought back) at a planned point of one phase; the round then requires
 // convergence, the data intact byte for byte, nothing left behind and a healthy system.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
@@ -16,6 +17,7 @@ import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { roundUpToUnit } from "../lib/units.ts";
 import {
+  BLOCK_ROUNDS,
   type Component,
   describeRound,
   describeTrigger,
@@ -38,6 +40,7 @@ import {
   workloadPod,
   workloadReport,
 } from "./support.ts";
+import { waitHeld } from "./user-steps.ts";
 
 const DRIVER = "storage.distort.io";
 const LEASE = "distort-manager";
@@ -47,7 +50,7 @@ const WAIT_MS = 240_000;
 const ROUND_TIMEOUT_MS = 15 * 60_000;
 
 const seed = parseSeed(process.env.DISTORT_FAULT_SEED);
-const rounds = parseRounds(process.env.DISTORT_FAULT_ROUNDS, 12);
+const rounds = parseRounds(process.env.DISTORT_FAULT_ROUNDS, 2 * BLOCK_ROUNDS);
 const plan = faultPlan(seed, rounds);
 console.log(`fault seed: ${seed} (rerun with DISTORT_FAULT_SEED=${seed})`);
 
@@ -266,10 +269,19 @@ async function injectFault(r: Round): Promise<void> {
   );
   if (r.aborted) return;
   const inProgress = !r.ended.has(p.phase);
-  const pid = await lab.kill(target.name);
+  const crash = p.component === "node" && target.node !== undefined;
+  const pid = crash ? await lab.crashNode(target.node as string) : await lab.kill(target.name);
   r.killed = { ...target, pid, inProgress };
   injected.push({ round: p.round, phase: p.phase, component: p.component, inProgress });
-  r.note(`killed ${target.name} (pid ${pid})${inProgress ? "" : " just after the phase's work finished"}`);
+  r.note(
+    `killed ${crash ? `node ${target.node} (kubelet pid ${pid})` : `${target.name} (pid ${pid})`}` +
+      (inProgress ? "" : " just after the phase's work finished"),
+  );
+  if (crash) {
+    // The node comes back, as a crashed machine reboots; its Pods' containers kept running.
+    await lab.restoreNode(target.node as string);
+    r.note(`node ${target.node} back`);
+  }
 }
 
 /** The running process that stands for `component` now; undefined while there is none to kill. */
@@ -284,7 +296,13 @@ async function processToKill(
     if (!m) return undefined;
     name = m;
   } else if (component === "csi-controller") name = lab.csiController;
-  else {
+  else if (component === "node") {
+    // The writer's node: where the volume is staged, published and unstaged.
+    const writer = lab.consumers[0];
+    if (!writer) throw new Error("the lab has no consumer node");
+    name = writer.kubelet;
+    node = writer.name;
+  } else {
     await currentPartition(r);
     const placed = r.storageNode;
     const s =
@@ -325,7 +343,7 @@ async function stepReached(r: Round, step: Step): Promise<boolean> {
       return (await nvmeAttachmentsOf(r)).length > 0;
     case "node-staged": {
       const node = lab.consumers[0];
-      return node !== undefined && stagedOn(r, node.kubeletRoot);
+      return node !== undefined && stagedOn(r, node);
     }
     case "volumeattachment-deleting": {
       const va = (await attachmentsOf(r)).find((x) => x.spec.nodeName === lab.consumers[0]?.name);
@@ -392,31 +410,27 @@ async function nvmeAttachmentsOf(r: Round): Promise<NVMeVolumeAttachment[]> {
   return (await nvmeVas.list()).items.filter((a) => a.spec.partitionUID === uid);
 }
 
-function mountPoints(): string[] {
-  return readFileSync("/proc/self/mountinfo", "utf8")
-    .split("\n")
-    .map((l) => l.split(" ")[4] ?? "")
-    .filter((m) => m !== "");
-}
+/** A consumer node as the round looks at it: its name and kubelet root (host paths, as lab.mountPoints gives). */
+type Consumer = { name: string; kubeletRoot: string };
 
-function stagedOn(r: Round, kubeletRoot: string): boolean {
+function stagedOn(r: Round, node: Consumer): boolean {
   if (!r.volumeHandle || !r.pv) return false;
-  const path = stagingPath(kubeletRoot, {
+  const path = stagingPath(node.kubeletRoot, {
     driver: DRIVER,
     volumeHandle: r.volumeHandle,
     pvName: r.pv,
     mode: "Filesystem",
   });
-  return mountPoints().includes(path);
+  return lab.mountPoints(node.name).includes(path);
 }
 
 /** Any mount of the volume under the node's kubelet root: its staging path or a Pod's publish path. */
-function mountedOn(r: Round, kubeletRoot: string): boolean {
-  if (stagedOn(r, kubeletRoot)) return true;
+function mountedOn(r: Round, node: Consumer): boolean {
+  if (stagedOn(r, node)) return true;
   const pv = r.pv;
   return (
     pv !== undefined &&
-    mountPoints().some((m) => m.startsWith(`${kubeletRoot}/pods/`) && m.includes(`/${pv}/`))
+    lab.mountPoints(node.name).some((m) => m.startsWith(`${node.kubeletRoot}/pods/`) && m.includes(`/${pv}/`))
   );
 }
 
@@ -430,24 +444,19 @@ async function createPod(r: Round, name: string, node: string, args: string[]): 
 /** A Failed Pod is final: reported at once instead of polled until the deadline. */
 type PodOutcome = { report: WorkloadReport } | { failed: string };
 
-function outcome(pod: k8s.V1Pod, holding: boolean): PodOutcome | undefined {
+function outcome(pod: k8s.V1Pod): PodOutcome | undefined {
   if (pod.status?.phase === "Failed")
     return { failed: pod.status.message ?? JSON.stringify(pod.status.containerStatuses ?? []) };
-  if (holding && pod.status?.phase === "Running" && pod.status.message) {
-    try {
-      return { report: JSON.parse(pod.status.message) as WorkloadReport };
-    } catch {
-      return undefined;
-    }
-  }
   const report = pod.status?.phase === "Succeeded" ? workloadReport(pod) : undefined;
   return report ? { report } : undefined;
 }
 
 async function waitPod(r: Round, name: string, holding: boolean): Promise<WorkloadReport> {
+  // A holding writer's result is its log line (a real kubelet) or status message (the stand-in).
+  if (holding) return waitHeld(lab, r.ns, name, WAIT_MS);
   const o = await until(
-    `Pod ${r.ns}/${name} to ${holding ? "report its result and hold" : "succeed"}`,
-    async () => outcome(await lab.core.readNamespacedPod({ name, namespace: r.ns }), holding),
+    `Pod ${r.ns}/${name} to succeed`,
+    async () => outcome(await lab.core.readNamespacedPod({ name, namespace: r.ns })),
     WAIT_MS,
   );
   if ("failed" in o) throw new Error(`Pod ${r.ns}/${name} failed: ${o.failed}`);
@@ -464,21 +473,13 @@ async function deletePodNow(r: Round, name: string): Promise<void> {
 }
 
 /** The Pod is gone, its node unstaged the volume and no VolumeAttachment ties it to that node. */
-async function waitDetached(
-  r: Round,
-  pod: string,
-  node: { name: string; kubeletRoot: string },
-): Promise<void> {
+async function waitDetached(r: Round, pod: string, node: Consumer): Promise<void> {
   await until(
     `Pod ${r.ns}/${pod} gone`,
     async () => !(await lab.core.readNamespacedPod({ name: pod, namespace: r.ns }).catch(() => undefined)),
     WAIT_MS,
   );
-  await until(
-    `volume unstaged and unpublished on ${node.name}`,
-    async () => !mountedOn(r, node.kubeletRoot),
-    WAIT_MS,
-  );
+  await until(`volume unstaged and unpublished on ${node.name}`, async () => !mountedOn(r, node), WAIT_MS);
   await until(
     `no VolumeAttachment of ${r.pv} to ${node.name}`,
     async () => !(await attachmentsOf(r)).some((va) => va.spec.nodeName === node.name),
@@ -534,11 +535,9 @@ async function waitNothingLeft(r: Round): Promise<void> {
   r.note(`nothing left of ${part.name}: no PVC, PV, partition, attachments, subsystem or lvol`);
 }
 
-/** Names of every process the lab runs (its pids.json), each with a live pid. */
+/** Every process the lab keeps running has a live pid. */
 async function allRunning(r: Round): Promise<boolean> {
-  const names = Object.keys(
-    JSON.parse(readFileSync(join(lab.dir, "pids.json"), "utf8")) as Record<string, number>,
-  );
+  const names = lab.processNames();
   const down = names.filter((n) => lab.pid(n) === undefined);
   if (down.length > 0) r.noteChange("processes", `not running yet: ${down.join(", ")}`);
   return names.length > 0 && down.length === 0;
@@ -698,11 +697,7 @@ async function diagnose(r: Round, err: unknown): Promise<string> {
     "lease",
     async () => (await coordination.readNamespacedLease({ name: LEASE, namespace: lab.namespace })).spec,
   );
-  await section("processes down", async () =>
-    Object.keys(
-      JSON.parse(readFileSync(join(lab.dir, "pids.json"), "utf8")) as Record<string, number>,
-    ).filter((n) => lab.pid(n) === undefined),
-  );
+  await section("processes down", async () => lab.processNames().filter((n) => lab.pid(n) === undefined));
   // The killed process's own log, and what the others said about this volume.
   const logOf = (name: string) => join(lab.dir, "logs", `${name.replaceAll("/", "_")}.log`);
   if (r.killed) out.push(`log tail of ${r.killed.name}:`, tail(logOf(r.killed.name), 25));

@@ -1,8 +1,8 @@
 // Which lab each e2e suite runs on: the suites moved to the real-cluster lab (scripts/e2e-cluster.ts
 // runs them, in this order, before e2e-cluster/) and the rest, which stay on the process lab
-// (scripts/e2e.ts): dpu needs its emulated DPU node,
-// faults needs node-level restarts the cluster backend does not offer yet, and single-writer's
-// fenced takeover waits on a thawed kubelet's unstage that a real kubelet did not do in time.
+// (scripts/e2e.ts): dpu needs its emulated DPU node, and multipath two portal addresses per
+// storage node, which the cluster's agent DaemonSet cannot be given per node (the downward API has
+// only the node's InternalIP).
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -18,6 +18,8 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/host-auth.e2e.test.ts",
   "e2e/dhchap.e2e.test.ts",
   "e2e/io-path.e2e.test.ts",
+  "e2e/single-writer.e2e.test.ts",
+  "e2e/faults.e2e.test.ts",
 ];
 
 /** Every e2e/*.e2e.test.ts not in CLUSTER_SUITES, sorted (paths relative to the repository root). */

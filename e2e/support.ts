@@ -101,6 +101,19 @@ export interface E2eLab extends LabInfo {
   pid(name: string): number | undefined;
   /** kill -9 (or `signal`) a lab process; the lab restarts it like a container. Resolves once it is gone. */
   kill(name: string, signal?: NodeJS.Signals): Promise<number>;
+  /**
+   * Names of every process the lab keeps running (what pid() knows): on the cluster, the Pods'
+   * DISTORT containers and each node's kubelet and containerd.
+   */
+  processNames(): string[];
+  /**
+   * A consumer node's crash: kill -9 of its kubelet (and on the cluster its containerd, until the
+   * Node is NotReady; the Pods' containers keep running). Resolves with the killed kubelet's pid;
+   * restoreNode() brings the node back.
+   */
+  crashNode(node: string): Promise<number>;
+  /** Brings a crashed node back: on the cluster its daemons start again and it is Ready; the process lab restarts its kubelet itself. */
+  restoreNode(node: string): Promise<void>;
   /** Waits until `name` runs again with a pid other than `oldPid`. */
   waitRestarted(name: string, oldPid: number, timeoutMs?: number): Promise<number>;
   /**
@@ -143,7 +156,7 @@ export async function e2eLab(): Promise<E2eLab> {
   if (real) {
     const backend = await clusterBackend(real);
     workloadImage = backend.workloadImage;
-    return makeE2eLab(backend.info, backend.pid, backend.mountinfo);
+    return makeE2eLab(backend.info, backend);
   }
   workloadImage = undefined;
   const shared = process.env.DISTORT_E2E_LAB;
@@ -159,7 +172,25 @@ export async function e2eLab(): Promise<E2eLab> {
     const p = readPids(info.dir)[name];
     return p !== undefined && alive(p) ? p : undefined;
   };
-  const lab = makeE2eLab(info, pid, () => readFileSync("/proc/self/mountinfo", "utf8"));
+  const kubeletOf = (node: string) => {
+    const c = info.consumers.find((x) => x.name === node);
+    if (!c) throw new Error(`no consumer node ${node} in the process lab`);
+    return c.kubelet;
+  };
+  const lab = makeE2eLab(info, {
+    pid,
+    mountinfo: () => readFileSync("/proc/self/mountinfo", "utf8"),
+    processNames: () => Object.keys(readPids(info.dir)),
+    // The kubelet stand-in is the node's only daemon; the lab restarts it like a crashed node's.
+    async crashNode(node) {
+      const p = pid(kubeletOf(node));
+      if (p === undefined) throw new Error(`${kubeletOf(node)} is not running`);
+      process.kill(p, "SIGKILL");
+      while (alive(p)) await Bun.sleep(20);
+      return p;
+    },
+    async restoreNode() {},
+  });
   return {
     ...lab,
     async stop() {
@@ -171,19 +202,22 @@ export async function e2eLab(): Promise<E2eLab> {
   };
 }
 
-/** The suites' lab over a backend's process ids and mount tables; stop() does nothing. */
-function makeE2eLab(
-  info: LabInfo,
-  pid: (name: string) => number | undefined,
-  mountinfo: (node: string) => string,
-): E2eLab {
+/** What a lab backend provides to the suites' view of it. */
+type LabBackend = Pick<E2eLab, "pid" | "mountinfo" | "processNames" | "crashNode" | "restoreNode">;
+
+/** The suites' lab over a backend's process ids, mount tables and node faults; stop() does nothing. */
+function makeE2eLab(info: LabInfo, backend: LabBackend): E2eLab {
   const conn = connect(info.kubeconfig);
+  const { pid, mountinfo } = backend;
   return {
     ...info,
     conn,
     core: conn.api(k8s.CoreV1Api),
     storageApi: conn.api(k8s.StorageV1Api),
     pid,
+    processNames: backend.processNames,
+    crashNode: backend.crashNode,
+    restoreNode: backend.restoreNode,
     async kill(name, signal = "SIGKILL") {
       const p = pid(name);
       if (p === undefined) throw new Error(`lab process ${name} is not running`);
