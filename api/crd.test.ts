@@ -440,6 +440,12 @@ describe("CEL rules required by the design", () => {
       "!has(self.qos) || self.backend == 'spdk'",
       "spec.qos requires spec.backend spdk: nvmet has no per-namespace rate limits",
     ],
+    [
+      "NVMePartition",
+      ".spec.targetOptions",
+      "!has(self.tls) || (has(self.transport) && self.transport == 'tcp')",
+      "spec.targetOptions.tls needs transport tcp: TLS is defined for NVMe/TCP only",
+    ],
     ["NVMeSnapshot", ".spec.sourcePartitionName", "self == oldSelf", "spec.sourcePartitionName is immutable"],
     ["NVMeSnapshot", ".spec.sourcePartitionUID", "self == oldSelf", "spec.sourcePartitionUID is immutable"],
     ["NVMeVolumeAttachment", ".spec.partitionName", "self == oldSelf", "spec.partitionName is immutable"],
