@@ -111,6 +111,7 @@ export async function runAgent(
       rpc: spdk,
       binder,
       keyFiles: dirKeyFiles(cfg.keyDir),
+      tlsSaltFixBackported: cfg.spdkTlsSaltFix,
       logger: logger.with({ backend: "spdk" }),
       facts,
     });
