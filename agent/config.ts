@@ -6,6 +6,10 @@ import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { parseDeviceList } from "./discovery/device-filter.ts";
 
+const bool = v.pipe(
+  v.picklist(["true", "false", "1", "0"], "must be true or false"),
+  v.transform((s) => s === "true" || s === "1"),
+);
 const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
 
 /** DPDK memory nvmf_tgt may take (its -s), in MiB: the hugepages the agent Pod is granted. */
@@ -60,6 +64,11 @@ const EnvSchema = v.object({
     v.pipe(v.string(), v.regex(/^0x[0-9a-fA-F]+$/, "must be hex like 0x3")),
     "0x1",
   ),
+  /**
+   * The nvmf_tgt image carries SPDK commit 197ff0c9a5 (TLS-PSK HKDF salt fix, in v26.01) as a
+   * backport; its version cannot say so. Below v26.01 without it, TLS classes are refused.
+   */
+  DISTORT_SPDK_TLS_SALT_FIX: v.optional(bool, "false"),
   /** SPDK's setup script; empty: drives are already bound (the lab). */
   DISTORT_SPDK_SETUP: v.optional(v.string(), ""),
   DISTORT_HOST_ROOT: v.optional(absPath, "/"),
@@ -104,6 +113,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     spdkMemSizeMb: c.DISTORT_SPDK_MEM_SIZE_MB,
     spdkMaxSubsystems: c.DISTORT_SPDK_MAX_SUBSYSTEMS,
     spdkSetup: c.DISTORT_SPDK_SETUP,
+    spdkTlsSaltFix: c.DISTORT_SPDK_TLS_SALT_FIX,
     hostRoot: c.DISTORT_HOST_ROOT,
     keyDir: c.DISTORT_KEY_DIR,
     /** Configured portal addresses, the primary first; undefined: discovery picks one. */

@@ -125,6 +125,7 @@ export async function runAgent(
       rpc: reads,
       binder,
       keyFiles: dirKeyFiles(cfg.keyDir),
+      tlsSaltFixBackported: cfg.spdkTlsSaltFix,
       logger: logger.with({ backend: "spdk" }),
       facts,
       reads,

@@ -452,6 +452,12 @@ describe("CEL rules required by the design", () => {
       "has(self.thinProvisioning) == has(oldSelf.thinProvisioning) && (!has(self.thinProvisioning) || self.thinProvisioning == oldSelf.thinProvisioning)",
       "spec.thinProvisioning is immutable",
     ],
+    [
+      "NVMePartition",
+      ".spec.targetOptions",
+      "!has(self.tls) || (has(self.transport) && self.transport == 'tcp')",
+      "spec.targetOptions.tls needs transport tcp: TLS is defined for NVMe/TCP only",
+    ],
     ["NVMeSnapshot", ".spec.sourcePartitionName", "self == oldSelf", "spec.sourcePartitionName is immutable"],
     ["NVMeSnapshot", ".spec.sourcePartitionUID", "self == oldSelf", "spec.sourcePartitionUID is immutable"],
     ["NVMeVolumeAttachment", ".spec.partitionName", "self == oldSelf", "spec.partitionName is immutable"],

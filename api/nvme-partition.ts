@@ -67,6 +67,18 @@ export const DhchapOptionsSchema = v.pipe(
   ),
 );
 export type DhchapOptions = v.InferOutput<typeof DhchapOptionsSchema>;
+
+export const TlsOptionsSchema = v.pipe(
+  v.object({
+    secretName: name(
+      "Secret (partition's namespace) with one NVMe/TCP TLS PSK per host NQN, written by the CSI controller at publish.",
+    ),
+  }),
+  v.description(
+    "NVMe/TCP TLS 1.3 with a PSK per host (tcp only): the listeners accept only TLS connections, and hosts without a PSK in the Secret are not admitted.",
+  ),
+);
+export type TlsOptions = v.InferOutput<typeof TlsOptionsSchema>;
 /** Most portals (listeners) one export may have: the agent refuses a longer configured list. */
 export const MAX_PORTALS = 8;
 
@@ -106,7 +118,16 @@ export const TargetOptionsSchema = v.pipe(
     ),
     dhchapSecretRef: v.optional(SecretKeyRefSchema),
     dhchap: v.optional(DhchapOptionsSchema),
+    tls: v.optional(TlsOptionsSchema),
   }),
+  v.check(
+    (o) => o.tls === undefined || o.transport === "tcp",
+    "spec.targetOptions.tls needs transport tcp: TLS is defined for NVMe/TCP only",
+  ),
+  cel(
+    "!has(self.tls) || (has(self.transport) && self.transport == 'tcp')",
+    "spec.targetOptions.tls needs transport tcp: TLS is defined for NVMe/TCP only",
+  ),
   v.description("Backend-specific export options. Immutable: initiators already hold the old portal."),
 );
 export type TargetOptions = v.InferOutput<typeof TargetOptionsSchema>;

@@ -14,7 +14,7 @@ import { StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
 import { parseMkfsOptions } from "../lib/mkfs-options.ts";
-import { hostKeyPairFrom } from "../lib/nvme/dhchap-keys.ts";
+import { hostKeyPairFrom, hostPskFrom } from "../lib/nvme/dhchap-keys.ts";
 import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
 import { parseVolumeId } from "./controller/volume-id.ts";
 import { alreadyExists, failedPrecondition, invalidArgument, notFound } from "./errors.ts";
@@ -250,6 +250,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
   async function connectPaths(
     target: ReturnType<typeof parseStageContexts>,
     dhchap: ConnectSecrets | undefined,
+    psk: string | undefined,
   ): Promise<void> {
     let pending = [target.connect, ...target.morePortals.map((p) => ({ ...target.connect, ...p }))];
     let first: unknown;
@@ -258,7 +259,12 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       const failed: typeof pending = [];
       for (const c of pending) {
         try {
-          await initiator.connect({ ...c, hostNqn: deps.hostNqn, ...(dhchap ? { dhchap } : {}) });
+          await initiator.connect({
+            ...c,
+            hostNqn: deps.hostNqn,
+            ...(dhchap ? { dhchap } : {}),
+            ...(psk ? { tls: { psk } } : {}),
+          });
           ok++;
         } catch (err) {
           first ??= err;
@@ -370,7 +376,13 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
           // DH-HMAC-CHAP keys come as NodeStage secrets: kubelet reads the PV's node-stage Secret
           // (node authorization lets it read only Secrets of volumes its Pods use) and hands
           // them over in the request; this plugin has no access to Secrets of its own.
-          await connectPaths(target, hostKeyPairFrom(req.secrets, deps.hostNqn));
+          // A TLS volume's PSK for this host comes in the same Secret; with one, every path is TLS
+          // (its listeners take nothing else).
+          await connectPaths(
+            target,
+            hostKeyPairFrom(req.secrets, deps.hostNqn),
+            hostPskFrom(req.secrets, deps.hostNqn),
+          );
           const device = await waitFor(`the namespace of ${nqn} did not appear`, ctx.signal, async () => {
             const dev = await initiator.findNamespaceDevice(nqn, target.namespaceUUID);
             return dev !== undefined && (await fs.exists(dev)) ? dev : undefined;

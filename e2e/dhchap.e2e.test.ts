@@ -8,9 +8,7 @@
 // processes. On both backends (the lab's kernel node serves the kernel one);
 // DISTORT_E2E_DHCHAP_BACKEND=spdk|kernel runs only one.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
-import * as k8s from "@kubernetes/client-node";
+import { writeFileSync } from "node:fs";
 import { HostControlInitiator } from "../lab/sim/fabric/host-control.ts";
 import { generateDhchapSecret } from "../lib/nvme/dhchap.ts";
 import {
@@ -19,6 +17,7 @@ import {
   hostKeyPairFrom,
 } from "../lib/nvme/dhchap-keys.ts";
 import { VolumeContextKeys } from "../lib/volume-context.ts";
+import { leaks, logFiles } from "./key-leaks.ts";
 import { allowedHosts, hostNqnOf, targetRpc, volumeTarget } from "./storage-target.ts";
 import { createPvc, deletePod, type E2eLab, e2eLab, runWorkload, until, workloadPod } from "./support.ts";
 
@@ -36,89 +35,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await lab?.stop();
 }, 300_000);
-
-/** Every regular file under `dir` whose name says it is a log, depth-first. */
-function logFiles(dir: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string) => {
-    let entries: string[];
-    try {
-      entries = readdirSync(d);
-    } catch {
-      return;
-    }
-    for (const e of entries) {
-      const p = join(d, e);
-      let st: ReturnType<typeof statSync>;
-      try {
-        st = statSync(p);
-      } catch {
-        continue;
-      }
-      if (st.isDirectory()) walk(p);
-      else if (st.isFile() && /log/i.test(e)) out.push(p);
-    }
-  };
-  walk(dir);
-  return out;
-}
-
-/** Where some `needles` show up: process argv/environment, log files, Events and objects. */
-async function leaks(needles: string[], ownSecret: { namespace: string; name: string }): Promise<string[]> {
-  const found: string[] = [];
-  const check = (where: string, text: string) => {
-    for (const n of needles) if (text.includes(n)) found.push(where);
-  };
-  for (const pid of readdirSync("/proc").filter((x) => /^\d+$/.test(x))) {
-    for (const f of ["cmdline", "environ"]) {
-      try {
-        check(`/proc/${pid}/${f}`, readFileSync(`/proc/${pid}/${f}`, "latin1"));
-      } catch {
-        // gone, or not ours to read
-      }
-    }
-  }
-  for (const f of logFiles(lab.dir)) check(f, readFileSync(f, "latin1"));
-  const core = lab.core;
-  check("events (core/v1)", JSON.stringify(await core.listEventForAllNamespaces()));
-  check(
-    "events (events.k8s.io)",
-    JSON.stringify(await lab.conn.api(k8s.EventsV1Api).listEventForAllNamespaces()),
-  );
-  check("persistentvolumes", JSON.stringify(await core.listPersistentVolume()));
-  check("persistentvolumeclaims", JSON.stringify(await core.listPersistentVolumeClaimForAllNamespaces()));
-  check("pods", JSON.stringify(await core.listPodForAllNamespaces()));
-  check("nodes", JSON.stringify(await core.listNode()));
-  check("configmaps", JSON.stringify(await core.listConfigMapForAllNamespaces()));
-  check("volumeattachments", JSON.stringify(await lab.storageApi.listVolumeAttachment()));
-  check("csinodes", JSON.stringify(await lab.storageApi.listCSINode()));
-  const secrets = await core.listSecretForAllNamespaces();
-  for (const s of secrets.items) {
-    if (s.metadata?.namespace === ownSecret.namespace && s.metadata?.name === ownSecret.name) continue;
-    check(`secret ${s.metadata?.namespace}/${s.metadata?.name}`, JSON.stringify(s));
-    // Secret data is base64: look for the encoded needle as well.
-    for (const val of Object.values(s.data ?? {}))
-      check(
-        `secret ${s.metadata?.namespace}/${s.metadata?.name}`,
-        Buffer.from(val, "base64").toString("latin1"),
-      );
-  }
-  const custom = lab.conn.api(k8s.CustomObjectsApi);
-  for (const plural of [
-    "nvmepartitions",
-    "nvmevolumeattachments",
-    "nvmedevices",
-    "nvmedeviceclaims",
-    "rdmastoragenodes",
-    "nvmesnapshots",
-  ]) {
-    const list = await custom
-      .listClusterCustomObject({ group: "storage.distort.io", version: "v1alpha1", plural })
-      .catch(() => undefined);
-    if (list) check(plural, JSON.stringify(list));
-  }
-  return [...new Set(found)];
-}
 
 describe.each(BACKENDS)("DH-HMAC-CHAP, bidirectional (%s backend)", (BACKEND) => {
   test("the right host writes and reads; right NQN without key, wrong key, wrong controller key are refused; no key leaks", async () => {
@@ -248,9 +164,9 @@ describe.each(BACKENDS)("DH-HMAC-CHAP, bidirectional (%s backend)", (BACKEND) =>
       // Nothing but the Secret holds the keys.
       const needles = [pair.secret, pair.ctrlSecret].flatMap((s) => [s, s.split(":")[2] as string]);
       expect(logFiles(lab.dir).length).toBeGreaterThan(0);
-      expect(await leaks(needles, { namespace: lab.namespace, name: secretName })).toEqual([]);
+      expect(await leaks(lab, needles, { namespace: lab.namespace, name: secretName })).toEqual([]);
       // The search does find a key where one is: the Secret itself, when not excluded.
-      expect(await leaks(needles, { namespace: "-", name: "-" })).toContain(
+      expect(await leaks(lab, needles, { namespace: "-", name: "-" })).toContain(
         `secret ${lab.namespace}/${secretName}`,
       );
 

@@ -165,6 +165,12 @@ const StorageClassSchema = v.pipe(
         ),
       }),
     ),
+    tls: v.optional(
+      v.pipe(
+        v.picklist(["required", "none"]),
+        v.description("NVMe/TCP TLS with a PSK generated per volume and host (transport tcp, backend spdk)"),
+      ),
+    ),
     dhchapSecret: v.optional(
       v.strictObject({
         name: name("Secret (in the release namespace) holding the DH-HMAC-CHAP key"),

@@ -208,7 +208,7 @@ export class AttachmentController {
           // A host whose keys the Secret does not hold yet is left out; the read-back below then
           // keeps the attachment waiting until a later pass admits it.
           const acl = await keyedAclFor(p as NVMePartition, g.hosts, this.o.secrets);
-          await this.backend(g.backend).setHosts(g.nqn, acl.hosts, acl.keys);
+          await this.backend(g.backend).setHosts(g.nqn, acl.hosts, acl.keys, acl.psks);
           // Read back: AccessReady means the target really holds exactly this ACL.
           const state = await this.backend(g.backend).inspectExport(g.nqn);
           const have = [...(state?.hosts ?? [])].sort();
@@ -245,7 +245,7 @@ export class AttachmentController {
               const r = this.decideNow(key, p);
               const hosts = r.action === "revoke" ? r.hosts : d.hosts;
               const acl = await keyedAclFor(p as NVMePartition, hosts, this.o.secrets);
-              await this.backend(backend).setHosts(nqn, acl.hosts, acl.keys);
+              await this.backend(backend).setHosts(nqn, acl.hosts, acl.keys, acl.psks);
             });
           } catch (err) {
             // No subsystem means no ACL left to revoke.

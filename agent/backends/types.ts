@@ -33,6 +33,9 @@ export interface HostKey {
  */
 export type HostKeys = ReadonlyMap<string, string | HostKey>;
 
+/** Host NQN -> its NVMe/TCP TLS PSK (interchange form, NVMeTLSkey-1:...) on a TLS export. Never logged. */
+export type HostPsks = ReadonlyMap<string, string>;
+
 /** The HostKey form of one HostKeys entry. */
 export function hostKeyOf(v: string | HostKey): HostKey {
   return typeof v === "string" ? { secret: v } : v;
@@ -105,7 +108,16 @@ export interface ExportSpec {
   moreAddresses?: readonly string[];
   /** Subsystem serial number shown to initiators; derived from externalId. */
   serialNumber: string;
+  /**
+   * NVMe/TCP TLS 1.3 only (tcp): every listener takes TLS connections and nothing else, and hosts
+   * are admitted with their PSK (setHosts' psks). A backend that cannot serve it refuses with
+   * StorageError details.reason TLS_UNSUPPORTED and the reason in its message.
+   */
+  tls?: boolean;
 }
+
+/** details.reason of the StorageError a backend refuses a TLS export with (the why in its message). */
+export const TLS_UNSUPPORTED = "TLSUnsupported";
 
 /** ANA state of a listener as NVMe defines it (SPDK reports it per ANA group). */
 export type AnaState = "optimized" | "non_optimized" | "inaccessible" | "persistent_loss" | "change";
@@ -164,9 +176,10 @@ export interface TargetBackend {
    * (SPDK's remove_host disconnects it; nvmet needs its ports bounced). Never any-host.
    * `keys` maps a host NQN to the DH-HMAC-CHAP secret (DHHC-1 form) it must authenticate with,
    * and the controller secret the target answers with when bidirectional; a host whose keys
-   * changed is revoked and re-admitted with the new ones.
+   * changed is revoked and re-admitted with the new ones. `psks` (TLS exports) maps a host to the
+   * PSK its TLS handshake must prove; a host whose PSK changed is re-admitted with the new one.
    */
-  setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void>;
+  setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys, psks?: HostPsks): Promise<void>;
   /**
    * The listeners the last successful ensureExport(nqn) of this process found or made, read back
    * from the target (primary first, then the further portals in the order asked), or undefined when

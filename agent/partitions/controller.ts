@@ -31,6 +31,7 @@ import {
   DRIVE_MISSING,
   type QosLimits,
   type TargetBackend,
+  TLS_UNSUPPORTED,
   type Transport,
   type VolumeManager,
   type VolumeManagerName,
@@ -558,15 +559,27 @@ export class PartitionController {
     const more = backend.listening
       ? (this.o.morePortalAddresses ?? []).filter((a) => a !== portal.address)
       : [];
-    const repaired = await backend.ensureExport({
-      nqn: t.nqn,
-      volume,
-      transport,
-      address: portal.address,
-      port,
-      ...(more.length > 0 ? { moreAddresses: more } : {}),
-      serialNumber: serialNumberFor(t.volume.externalId),
-    });
+    let repaired: string[];
+    try {
+      repaired = await backend.ensureExport({
+        nqn: t.nqn,
+        volume,
+        transport,
+        address: portal.address,
+        port,
+        ...(more.length > 0 ? { moreAddresses: more } : {}),
+        serialNumber: serialNumberFor(t.volume.externalId),
+        ...(p.spec.targetOptions?.tls ? { tls: true } : {}),
+      });
+    } catch (err) {
+      if (!(err instanceof StorageError && err.details.reason === TLS_UNSUPPORTED)) throw err;
+      // The target cannot serve TLS (an SPDK without the HKDF salt fix): nothing but another
+      // target image fixes it, so say why on the partition and look again now and then.
+      const why = { reason: TLS_UNSUPPORTED, message: err.message };
+      await this.report(p, "Pending", why);
+      log.warn("TLS export refused by the backend", { error: err.message });
+      return { requeueAfterMs: DRIVE_MISSING_RETRY_MS };
+    }
     // What really listens, not what was asked: a backend without multipath serves the primary only.
     const listening: PortalStatus[] = (
       backend.listening?.(t.nqn) ?? [{ transport, address: portal.address, port }]
@@ -590,7 +603,7 @@ export class PartitionController {
     await aclLocks.run(t.nqn, async () => {
       const hosts = desiredHosts(p, this.attachmentsFor(p));
       const acl = await keyedAclFor(p, hosts, this.o.secrets);
-      await backend.setHosts(t.nqn, acl.hosts, acl.keys);
+      await backend.setHosts(t.nqn, acl.hosts, acl.keys, acl.psks);
     });
     await this.step("acl", key);
     const wasExported = p.status?.state === "Exported";

@@ -6,6 +6,7 @@ import { exampleNVMePartition } from "../../api/examples.ts";
 import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { generateHostKeyPair, hostEntryKeys } from "../../lib/nvme/dhchap-keys.ts";
+import { generateInterchangePsk } from "../../lib/nvme/tls-psk.ts";
 import { keyedAclFor, type SecretReader } from "./host-keys.ts";
 
 const H1 = "nqn.2014-08.org.nvmexpress:uuid:6b4e0f5c-3f3b-4b0e-9d55-0c8f1d2b7a11";
@@ -78,4 +79,29 @@ test("a value that is not a DH-HMAC-CHAP secret is refused, not installed", asyn
   expect(err).toBeInstanceOf(StorageError);
   expect((err as StorageError).kind).toBe("invalid");
   expect((err as Error).message).not.toContain("hunter2");
+});
+
+test("TLS: hosts with a PSK are admitted with it, others left out; a malformed PSK is refused", async () => {
+  const p = exampleNVMePartition();
+  const tls = {
+    ...p,
+    metadata: { ...p.metadata, namespace: "distort-system" },
+    spec: { ...p.spec, targetOptions: { transport: "tcp", tls: { secretName: "dhchap-pvc-1" } } },
+  } as NVMePartition;
+  const psk = generateInterchangePsk();
+  const acl = await keyedAclFor(tls, [H1, H2], reader({ [hostEntryKeys(H1).psk]: psk }));
+  expect(acl.hosts).toEqual([H1]);
+  expect(acl.psks?.get(H1)).toBe(psk);
+  expect(acl.keys).toBeUndefined();
+  const bad = await keyedAclFor(
+    tls,
+    [H1],
+    reader({ [hostEntryKeys(H1).psk]: "NVMeTLSkey-1:01:AAAA:" }),
+  ).catch((e) => e);
+  expect(bad).toBeInstanceOf(StorageError);
+  expect(String(bad)).not.toContain("AAAA");
+  // Revoking reads nothing.
+  const none = reader({});
+  expect(await keyedAclFor(tls, [], none)).toEqual({ hosts: [], keys: undefined });
+  expect(none.reads).toBe(0);
 });

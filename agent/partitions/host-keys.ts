@@ -1,4 +1,4 @@
-// DH-HMAC-CHAP for an export: per-host key pairs from the volume's key Secret
+// DH-HMAC-CHAP and TLS PSKs for an export: per-host key pairs and PSKs from the volume's key Secret
 // (targetOptions.dhchap, written by the CSI controller at publish), or the one secret named by
 // targetOptions.dhchapSecretRef, demanded from every host the ACL admits. Secrets are read when
 // needed and never stored in any object or log.
@@ -6,7 +6,8 @@ import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { SecretReader } from "../../lib/kube/secrets.ts";
 import { hostEntryKeys, hostKeyPairFrom } from "../../lib/nvme/dhchap-keys.ts";
-import type { HostKey, HostKeys } from "../backends/types.ts";
+import { isInterchangePsk } from "../../lib/nvme/tls-psk.ts";
+import type { HostKey, HostKeys, HostPsks } from "../backends/types.ts";
 
 export type { SecretReader };
 
@@ -46,15 +47,46 @@ export async function hostKeysFor(
 export interface KeyedAcl {
   readonly hosts: string[];
   readonly keys: HostKeys | undefined;
+  /** TLS exports (targetOptions.tls): each admitted host's PSK. */
+  readonly psks?: HostPsks;
 }
 
 /**
  * The ACL to set for `hosts` on a partition: all of them, unkeyed, without DH-HMAC-CHAP; with
  * per-host keys (targetOptions.dhchap), only the hosts whose pair the volume's Secret holds (a
  * host without one is left out, never admitted unkeyed, and is admitted by a later pass once the
- * CSI controller wrote it). Revoking needs no Secret: with no host left nothing is read.
+ * CSI controller wrote it). A TLS partition (targetOptions.tls) admits only hosts whose PSK the
+ * Secret holds, and returns the PSKs. Revoking needs no Secret: with no host left nothing is read.
  */
 export async function keyedAclFor(
+  p: NVMePartition,
+  hosts: readonly string[],
+  secrets: SecretReader | undefined,
+): Promise<KeyedAcl> {
+  const acl = await dhchapAclFor(p, hosts, secrets);
+  const tls = p.spec.targetOptions?.tls;
+  if (!tls || acl.hosts.length === 0) return acl;
+  if (!secrets) throw new StorageError("unimplemented", "this agent cannot read Secrets for TLS PSKs");
+  const ns = p.metadata.namespace as string;
+  // A host without its PSK is left out (never admitted without TLS: the listeners take nothing
+  // else), and admitted by a later pass once the CSI controller wrote it.
+  const psks = new Map<string, string>();
+  for (const h of acl.hosts) {
+    const psk = (await secrets.read(ns, tls.secretName, hostEntryKeys(h).psk))?.trim();
+    if (psk === undefined) continue;
+    if (!isInterchangePsk(psk)) {
+      throw new StorageError(
+        "invalid",
+        `Secret ${ns}/${tls.secretName} holds a value for host ${h} that is not an NVMe/TCP TLS PSK (NVMeTLSkey-1:<hh>:<base64>:)`,
+      );
+    }
+    psks.set(h, psk);
+  }
+  return { hosts: acl.hosts.filter((h) => psks.has(h)), keys: acl.keys, psks };
+}
+
+/** keyedAclFor without TLS: the hosts and their DH-HMAC-CHAP keys. */
+async function dhchapAclFor(
   p: NVMePartition,
   hosts: readonly string[],
   secrets: SecretReader | undefined,

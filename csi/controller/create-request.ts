@@ -154,6 +154,8 @@ export function buildPartition(
         ...(params.dhchap === undefined
           ? {}
           : { dhchap: { ...params.dhchap, secretName: dhchapSecretName(plan.requestName) } }),
+        // The same Secret carries the hosts' TLS PSKs: one node-stage secret delivers both.
+        ...(params.tls === undefined ? {} : { tls: { secretName: dhchapSecretName(plan.requestName) } }),
       },
       ...(plan.topology ? { topology: plan.topology } : {}),
       ...(contentSource ? { contentSource } : {}),

@@ -97,6 +97,7 @@ const StoredRecordSchema = v.object({
         dhgroup: v.picklist(["null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192"]),
       }),
     ),
+    tls: v.optional(v.literal("required")),
   }),
   capabilities: v.array(
     v.object({

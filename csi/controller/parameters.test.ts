@@ -94,6 +94,13 @@ const refusals: [string, Record<string, string>, string][] = [
     "dhchapGroup must be one of",
   ],
   ["dhchapHash without a mode", { dhchapHash: "sha256" }, "need dhchapMode"],
+  ["bad tls", { transport: "tcp", tls: "yes" }, "tls must be required or none"],
+  ["tls on rdma", { tls: "required" }, "tls required needs transport tcp"],
+  [
+    "tls on the kernel backend",
+    { backend: "kernel", volumeManager: "parted", transport: "tcp", tls: "required" },
+    "not supported on backend kernel",
+  ],
 ];
 
 test("dhchapMode: none adds nothing; a mode fills hash and group defaults", () => {
@@ -126,3 +133,9 @@ for (const [name, raw, says] of refusals) {
     expect((err as StorageError).message).toContain(says);
   });
 }
+
+test("tls: required on tcp is recorded, none (the default) leaves it out", () => {
+  expect(parseParameters({ transport: "tcp", tls: "required" }, NS).params.tls).toBe("required");
+  expect(parseParameters({ transport: "tcp", tls: "none" }, NS).params.tls).toBeUndefined();
+  expect(parseParameters({ transport: "tcp" }, NS).params.tls).toBeUndefined();
+});

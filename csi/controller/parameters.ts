@@ -28,6 +28,8 @@ export const ProvisionerKeys = {
 const BACKENDS = ["spdk", "kernel"] as const satisfies readonly Backend[];
 const VOLUME_MANAGERS = ["partition", "spdk-lvol", "parted"] as const satisfies readonly VolumeManager[];
 const TRANSPORTS = ["rdma", "tcp"] as const satisfies readonly Transport[];
+/** NVMe/TCP TLS with a per-host PSK: required (TLS-only listeners) or none. */
+const TLS_MODES = ["required", "none"] as const;
 
 // The reconnect ranges are the node's: reuse the volume-context schema entries, one source of truth.
 const ctx = VolumeContextSchema.entries;
@@ -70,6 +72,7 @@ const ParametersSchema = v.object({
   dhchapGroup: v.optional(
     v.picklist(DHCHAP_DHGROUPS, `dhchapGroup must be one of ${DHCHAP_DHGROUPS.join(", ")}`),
   ),
+  tls: v.optional(v.picklist(TLS_MODES, "tls must be required or none"), "none"),
   mkfsOptions: v.optional(
     v.pipe(v.string(), v.maxLength(1024, "mkfsOptions must be at most 1024 characters")),
   ),
@@ -114,6 +117,8 @@ export interface VolumeParameters {
    * defaults filled in; absent for none.
    */
   dhchap?: { mode: "unidirectional" | "bidirectional"; hash: DhchapHashName; dhgroup: DhchapDhgroup };
+  /** NVMe/TCP TLS with a PSK generated per volume and host; absent for none. */
+  tls?: "required";
 }
 
 export interface ParsedParameters {
@@ -132,7 +137,8 @@ export interface ParsedParameters {
  * INVALID_ARGUMENT naming the parameter: unknown keys, bad values, a volume manager that does not
  * belong to the backend, QoS limits (qos.*) that are malformed or on the kernel backend, the
  * operator-supplied DH-HMAC-CHAP Secret (dhchapSecretName: validated, then refused, as generated
- * per-host keys replace it). Exporting without the authentication a StorageClass asked for would
+ * per-host keys replace it), tls other than required/none, tls on rdma or on the kernel backend.
+ * Exporting without the authentication a StorageClass asked for would
  * be worse than failing. `driverNamespace` is where the partition,
  * and so any Secret it references, lives.
  */
@@ -191,6 +197,15 @@ export function parseParameters(
   if (p.dhchapMode === "none" && (p.dhchapHash !== undefined || p.dhchapGroup !== undefined))
     throw invalidArgument("dhchapHash/dhchapGroup need dhchapMode unidirectional or bidirectional");
 
+  if (p.tls === "required" && p.transport !== "tcp")
+    throw invalidArgument(
+      `tls required needs transport tcp (TLS is defined for NVMe/TCP only; got ${p.transport})`,
+    );
+  if (p.tls === "required" && p.backend === "kernel") {
+    throw invalidArgument(
+      "tls required is not supported on backend kernel: nvmet takes its PSKs from the kernel's .nvme keyring and tlshd, which DISTORT does not provision (docs/api.md, TLS); use backend spdk",
+    );
+  }
   const qos = parseQos(qosRaw, "parameter");
   requireQosBackend(p.backend, qos, "parameters");
   const params: VolumeParameters = {
@@ -209,6 +224,7 @@ export function parseParameters(
     ...(p.dhchapMode === "none"
       ? {}
       : { dhchap: { mode: p.dhchapMode, hash: p.dhchapHash ?? "sha256", dhgroup: p.dhchapGroup ?? "null" } }),
+    ...(p.tls === "required" ? { tls: "required" as const } : {}),
   };
   return { params, provisioner, ...(qos ? { qos } : {}) };
 }

@@ -110,7 +110,7 @@ export async function publishVolume(
       access: capabilityKey(cap),
       readonly: req.readonly,
     };
-    // The host's DH-HMAC-CHAP keys exist before the attachment admits it: the agent installs
+    // The host's DH-HMAC-CHAP keys (and TLS PSK) exist before the attachment admits it: the agent installs
     // them with the ACL, kubelet hands them to the node at NodeStage. Nothing secret is returned.
     const dhchap = p.spec.targetOptions?.dhchap;
     // nvmet keeps one key per host for all its subsystems: there the pair is the host's own,
@@ -120,6 +120,10 @@ export async function publishVolume(
         perHost: p.spec.backend === "kernel",
       });
     }
+    // A TLS volume's PSK for this host, in the same Secret, before the attachment admits it.
+    const tls = p.spec.targetOptions?.tls;
+    if (tls) await c.keys.ensurePsk(p, tls.secretName, hostNQN);
+    const keySecret = dhchap?.secretName ?? tls?.secretName;
     const multi = isMultiNodeMode(cap.mode) ? cap.mode : undefined;
     let last: NVMeVolumeAttachment | undefined;
     const a = await c.budget(
@@ -132,11 +136,11 @@ export async function publishVolume(
     );
     // A host this volume was taken from (fenced by now: the attachment is AccessReady for the
     // new one) keeps no pair behind.
-    if (dhchap) {
+    if (keySecret) {
       const published = [...(await primaryOf(c, ref)), ...(await readersOf(c, ref))].map(
         (x) => x.spec.hostNQN,
       );
-      await c.keys.retainHosts(c.ns, dhchap.secretName, [...new Set([...published, hostNQN])]);
+      await c.keys.retainHosts(c.ns, keySecret, [...new Set([...published, hostNQN])]);
     }
     return {
       publishContext: {
@@ -406,8 +410,9 @@ export async function unpublishVolume(
             last = o;
           });
           // Only once the target no longer admits the host: its keys go last.
-          const dhchap = (await c.partitionOf(ref))?.spec.targetOptions?.dhchap;
-          if (dhchap) await c.keys.removeHost(c.ns, dhchap.secretName, cur.spec.hostNQN);
+          const opts = (await c.partitionOf(ref))?.spec.targetOptions;
+          const keySecret = opts?.dhchap?.secretName ?? opts?.tls?.secretName;
+          if (keySecret) await c.keys.removeHost(c.ns, keySecret, cur.spec.hostNQN);
           c.log.info("volume unpublished", { partition: key, node: cur.spec.nodeId });
         }
       },

@@ -1,5 +1,6 @@
 // nvme-cli adapter: exact argv for connect/disconnect/list-subsys, list-subsys JSON parsing from a
 // realistic fixture, idempotent connect/disconnect, and the sysfs NQN -> namespace device lookup.
+
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -9,6 +10,7 @@ import { type HostFs, hostFs } from "../../lib/fs.ts";
 import { dirKeyFiles } from "../../lib/key-files.ts";
 import { silentLogger } from "../../lib/log.ts";
 import { generateDhchapSecret } from "../../lib/nvme/dhchap.ts";
+import { generateInterchangePsk } from "../../lib/nvme/tls-psk.ts";
 import { parseControllerAddress, parseListSubsys } from "./list-subsys.ts";
 import {
   connectArgv,
@@ -316,6 +318,33 @@ describe("NvmeCli", () => {
             },
           ],
         },
+      ]);
+      expect(readdirSync(keyDir)).toEqual([]);
+    } finally {
+      rmSync(keyDir, { recursive: true, force: true });
+    }
+  });
+
+  test("a TLS connect: --tls on argv, the PSK only in the 0600 config's port (libnvme tls, tls_key)", async () => {
+    const keyDir = mkdtempSync(join(tmpdir(), "nvme-keys-"));
+    try {
+      const psk = generateInterchangePsk();
+      const p: ConnectParams = { ...base, tls: { psk } };
+      let seen: { path: string; mode: number; text: string } | undefined;
+      const exec = new ScriptedExec()
+        .on(["nvme", "list-subsys"], { stdout: "[]" })
+        .on(["nvme", "connect"], (argv) => {
+          const path = argv[argv.indexOf("-J") + 1] as string;
+          seen = { path, mode: statSync(path).mode & 0o777, text: readFileSync(path, "utf8") };
+          return { code: 0 };
+        });
+      await new NvmeCli({ exec, fs, logger: silentLogger, secretFiles: dirKeyFiles(keyDir) }).connect(p);
+      const c = exec.calls.find((x) => x.argv[1] === "connect");
+      expect(c?.argv).toEqual(["nvme", "connect", "-J", seen?.path as string, "-q", HOST, "--tls"]);
+      expect(JSON.stringify(exec.calls)).not.toContain(psk);
+      expect(seen?.mode).toBe(0o600);
+      expect(JSON.parse(seen?.text as string)[0].subsystems[0].ports).toEqual([
+        { transport: "tcp", traddr: "192.168.100.7", trsvcid: "4420", tls: true, tls_key: psk },
       ]);
       expect(readdirSync(keyDir)).toEqual([]);
     } finally {

@@ -36,10 +36,10 @@ export function connectArgv(p: ConnectParams): string[] {
  * DH-HMAC-CHAP secrets: one host, one subsystem, one port carrying the secrets and the reconnect
  * settings. libnvme reads a port's "dhchap_key" as the host secret for that controller and its
  * "dhchap_ctrl_key" as the controller secret (json.c, json_parse_port), so nothing secret goes on
- * the command line. Only for keyed connects: `p.dhchap` must be set.
+ * the command line. Only for keyed connects: `p.dhchap` or `p.tls` must be set.
  */
 export function connectConfig(p: ConnectParams): string {
-  const port: Record<string, string | number> = {
+  const port: Record<string, string | number | boolean> = {
     transport: p.transport,
     traddr: p.address,
     trsvcid: String(p.port),
@@ -51,6 +51,13 @@ export function connectConfig(p: ConnectParams): string {
     port.dhchap_key = p.dhchap.secret;
     if (p.dhchap.ctrlSecret !== undefined) port.dhchap_ctrl_key = p.dhchap.ctrlSecret;
   }
+  // libnvme's port "tls" (a boolean option, json_update_attributes) and "tls_key" (the
+  // interchange PSK, which libnvme imports into the kernel's .nvme keyring under the identity it
+  // derives for this host and subsystem before it connects).
+  if (p.tls) {
+    port.tls = true;
+    port.tls_key = p.tls.psk;
+  }
   return `${JSON.stringify([{ hostnqn: p.hostNqn, subsystems: [{ nqn: p.nqn, ports: [port] }] }], null, 2)}\n`;
 }
 
@@ -59,8 +66,9 @@ export function connectConfig(p: ConnectParams): string {
  * configuration given with --config/-J for the host NQN given with -q (fabrics.c,
  * nvme_connect_config), taking the secrets from that file. The path is all argv carries.
  */
-export function keyedConnectArgv(configPath: string, hostNqn: string): string[] {
-  return ["nvme", "connect", "-J", configPath, "-q", hostNqn];
+export function keyedConnectArgv(configPath: string, hostNqn: string, tls = false): string[] {
+  // --tls is a flag (no key): the PSK itself is in the configuration file.
+  return ["nvme", "connect", "-J", configPath, "-q", hostNqn, ...(tls ? ["--tls"] : [])];
 }
 
 /** The configuration file's name for one connect: per subsystem and address, no secret in it. */
@@ -127,17 +135,19 @@ export class NvmeCli implements NvmeInitiator {
 
   /** Runs `nvme connect`; a keyed one through a configuration file that is removed afterwards. */
   async #runConnect(p: ConnectParams) {
-    if (!p.dhchap) return this.#exec.run(connectArgv(p), { timeoutMs: this.#connectMs });
+    if (!p.dhchap && !p.tls) return this.#exec.run(connectArgv(p), { timeoutMs: this.#connectMs });
     if (!this.#secretFiles) {
       throw new StorageError(
         "precondition",
-        `subsystem ${p.nqn} demands DH-HMAC-CHAP and this node has no directory for nvme-cli's key configuration`,
+        `subsystem ${p.nqn} demands ${p.tls ? "TLS" : "DH-HMAC-CHAP"} and this node has no directory for nvme-cli's key configuration`,
       );
     }
     const name = connectConfigName(p);
     const path = await this.#secretFiles.write(name, connectConfig(p));
     try {
-      return await this.#exec.run(keyedConnectArgv(path, p.hostNqn), { timeoutMs: this.#connectMs });
+      return await this.#exec.run(keyedConnectArgv(path, p.hostNqn, p.tls !== undefined), {
+        timeoutMs: this.#connectMs,
+      });
     } finally {
       await this.#secretFiles.remove(name);
     }

@@ -25,6 +25,12 @@ export interface ConnectParams {
    * takes them from its JSON configuration (a 0600 file) or the kernel from /dev/nvme-fabrics.
    */
   readonly dhchap?: ConnectSecrets;
+  /**
+   * NVMe/TCP TLS with this host's configured PSK (interchange form, NVMeTLSkey-1:...), when the
+   * volume's listeners accept TLS only. Handled like the DH-HMAC-CHAP secrets: never argv,
+   * environment or log.
+   */
+  readonly tls?: { readonly psk: string };
 }
 
 /** The host's DH-HMAC-CHAP secret and, for bidirectional authentication, the controller's. */

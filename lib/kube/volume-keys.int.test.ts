@@ -7,7 +7,8 @@ import { exampleNVMePartition } from "../../api/examples.ts";
 import { kinds, type NVMePartition } from "../../api/index.ts";
 import { type TestCluster, testCluster } from "../../lab/cluster/test-support.ts";
 import { parseDhchapSecret } from "../nvme/dhchap.ts";
-import { hostEntryKeys, hostKeyPairFrom } from "../nvme/dhchap-keys.ts";
+import { hostEntryKeys, hostKeyPairFrom, hostPskFrom } from "../nvme/dhchap-keys.ts";
+import { isInterchangePsk } from "../nvme/tls-psk.ts";
 import { ResourceClient } from "./resource.ts";
 import { kubeVolumeKeyStore, ROTATION_GENERATION_KEY, VOLUME_KEYS_SECRET_TYPE } from "./volume-keys.ts";
 
@@ -57,6 +58,13 @@ test("pairs per host in one owned Secret; concurrent writers both land; removal 
   // Publishing again keeps the pair (a connected host keeps working).
   await store.ensureHost(p, name, H1, "bidirectional", "sha384");
   expect(hostKeyPairFrom((await store.read(ns, name)) as Record<string, string>, H1)).toEqual(a);
+
+  // A TLS PSK for H2 goes beside its pair and is kept when asked again.
+  await store.ensurePsk(p, name, H2);
+  const psk = hostPskFrom((await store.read(ns, name)) as Record<string, string>, H2);
+  expect(isInterchangePsk(psk as string)).toBe(true);
+  await store.ensurePsk(p, name, H2);
+  expect(hostPskFrom((await store.read(ns, name)) as Record<string, string>, H2)).toBe(psk as string);
 
   await store.removeHost(ns, name, H1);
   const after = (await store.read(ns, name)) as Record<string, string>;

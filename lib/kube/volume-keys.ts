@@ -1,6 +1,6 @@
-// The Secret that holds one volume's DH-HMAC-CHAP keys (layout: lib/nvme/dhchap-keys.ts), as a
-// port: the CSI controller adds a host's pair at publish and drops it after unpublish; the agent
-// reads pairs to install them. Owned by the volume's NVMePartition, so it goes with the volume.
+// The Secret that holds one volume's DH-HMAC-CHAP keys and TLS PSKs (layout:
+// lib/nvme/dhchap-keys.ts), as a port: the CSI controller adds a host's entries at publish and
+// drops them after unpublish; the agent reads them to install them. Owned by the volume's NVMePartition, so it goes with the volume.
 import { randomBytes } from "node:crypto";
 import * as k8s from "@kubernetes/client-node";
 import { StorageError } from "../errors.ts";
@@ -13,6 +13,7 @@ import {
   generateHostKeyPair,
   hostEntryKeys,
 } from "../nvme/dhchap-keys.ts";
+import { generateInterchangePsk, isInterchangePsk } from "../nvme/tls-psk.ts";
 import type { KubeConnection } from "./connection.ts";
 import { kubeError } from "./resource.ts";
 
@@ -48,7 +49,13 @@ export interface VolumeKeyStore {
     hash: DhchapHashName,
     opts?: { perHost?: boolean },
   ): Promise<void>;
-  /** Drops `hostNqn`'s pair from Secret namespace/name; a missing Secret or pair is done. */
+  /**
+   * Makes sure Secret `name` holds an NVMe/TCP TLS PSK (interchange form, a random configured
+   * PSK with hash 01) for `hostNqn`, generating it when missing or malformed; creates the Secret,
+   * owned by `owner`, on first use. An existing PSK is kept (a connected host keeps working).
+   */
+  ensurePsk(owner: KeyOwner, name: string, hostNqn: string): Promise<void>;
+  /** Drops `hostNqn`'s entries (pair, PSK) from Secret namespace/name; a missing Secret or entry is done. */
   removeHost(namespace: string, name: string, hostNqn: string): Promise<void>;
   /**
    * Drops every pair but those of `hostNqns` (a host taken over from, no longer published to);
@@ -139,48 +146,74 @@ export function kubeVolumeKeyStore(
       }
     }
   };
+  /**
+   * Read-modify-write of Secret `name` (owner's namespace): `next` gets the decoded data ({} when
+   * the Secret does not exist) and returns the new data, or undefined when nothing is to change.
+   * Creates the Secret, owned by `owner`, on first use.
+   */
+  const upsert = async (
+    owner: KeyOwner,
+    name: string,
+    next: (data: Record<string, string>) => Record<string, string> | undefined,
+  ) => {
+    const namespace = owner.metadata.namespace as string;
+    if (!owner.metadata.uid) throw new StorageError("invalid", `owner ${owner.metadata.name} has no uid`);
+    await retrying(`write Secret ${namespace}/${name}`, async () => {
+      const cur = await get(namespace, name);
+      const data = cur ? decode(cur) : {};
+      const want = next(data);
+      if (cur && want === undefined) return;
+      const body = want ?? data;
+      if (!cur) {
+        await core.createNamespacedSecret({
+          namespace,
+          body: {
+            metadata: {
+              name,
+              namespace,
+              labels,
+              ownerReferences: [
+                {
+                  apiVersion: owner.apiVersion,
+                  kind: owner.kind,
+                  name: owner.metadata.name,
+                  uid: owner.metadata.uid as string,
+                },
+              ],
+            },
+            type: VOLUME_KEYS_SECRET_TYPE,
+            immutable: false,
+            data: encode(body),
+          },
+        });
+        return;
+      }
+      await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(body) } });
+    });
+  };
   return {
     async ensureHost(owner, name, hostNqn, mode, hash, opts = {}) {
       const namespace = owner.metadata.namespace as string;
-      if (!owner.metadata.uid) throw new StorageError("invalid", `owner ${owner.metadata.name} has no uid`);
       const k = hostEntryKeys(hostNqn);
       const derived = opts.perHost ? deriveHostKeyPair(await masterKey(namespace), mode, hostNqn) : undefined;
-      await retrying(`write Secret ${namespace}/${name}`, async () => {
-        const cur = await get(namespace, name);
-        const data = cur ? decode(cur) : {};
+      await upsert(owner, name, (data) => {
         const shapeOk = derived
           ? data[k.secret] === derived.secret && data[k.ctrlSecret] === derived.ctrlSecret
           : !!data[k.secret] && (mode === "bidirectional") === !!data[k.ctrlSecret];
-        if (cur && shapeOk) return;
+        if (shapeOk) return undefined;
         const pair = derived ?? generateHostKeyPair(mode, hash);
         const next: Record<string, string> = { ...data, [k.secret]: pair.secret, [k.hostNqn]: hostNqn };
         if (pair.ctrlSecret) next[k.ctrlSecret] = pair.ctrlSecret;
         else delete next[k.ctrlSecret];
-        if (!cur) {
-          await core.createNamespacedSecret({
-            namespace,
-            body: {
-              metadata: {
-                name,
-                namespace,
-                labels,
-                ownerReferences: [
-                  {
-                    apiVersion: owner.apiVersion,
-                    kind: owner.kind,
-                    name: owner.metadata.name,
-                    uid: owner.metadata.uid as string,
-                  },
-                ],
-              },
-              type: VOLUME_KEYS_SECRET_TYPE,
-              immutable: false,
-              data: encode(next),
-            },
-          });
-          return;
-        }
-        await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(next) } });
+        return next;
+      });
+    },
+    async ensurePsk(owner, name, hostNqn) {
+      const k = hostEntryKeys(hostNqn);
+      await upsert(owner, name, (data) => {
+        if (isInterchangePsk(data[k.psk] ?? "") && data[k.hostNqn] === hostNqn) return undefined;
+        const psk = isInterchangePsk(data[k.psk] ?? "") ? (data[k.psk] as string) : generateInterchangePsk();
+        return { ...data, [k.psk]: psk, [k.hostNqn]: hostNqn };
       });
     },
     async removeHost(namespace, name, hostNqn) {
@@ -189,10 +222,8 @@ export function kubeVolumeKeyStore(
         const cur = await get(namespace, name);
         if (!cur) return;
         const data = decode(cur);
-        if (!(k.secret in data) && !(k.ctrlSecret in data) && !(k.hostNqn in data)) return;
-        delete data[k.secret];
-        delete data[k.ctrlSecret];
-        delete data[k.hostNqn];
+        if (!Object.values(k).some((key) => key in data)) return;
+        for (const key of Object.values(k)) delete data[key];
         await core.replaceNamespacedSecret({ name, namespace, body: { ...cur, data: encode(data) } });
       });
     },

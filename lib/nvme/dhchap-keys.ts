@@ -1,5 +1,5 @@
-// Where a volume's DH-HMAC-CHAP keys live: one Secret per volume (named after its
-// PersistentVolume, so the StorageClass can template it as the node-stage secret), one pair of
+// Where a volume's DH-HMAC-CHAP keys and TLS PSKs live: one Secret per volume (named after its
+// PersistentVolume, so the StorageClass can template it as the node-stage secret), one set of
 // entries per host NQN. The CSI controller writes them, the agent installs them on the target,
 // kubelet hands them to the CSI node at NodeStage. One layout, shared by all three.
 import { createHash, hkdfSync } from "node:crypto";
@@ -41,9 +41,24 @@ export function dhchapSecretName(pvName: string): string {
  * The data keys of one host's entries. A host NQN is not a valid data key (":" is not allowed),
  * so entries are named by a digest of it; `<id>.hostnqn` records the NQN itself (not secret).
  */
-export function hostEntryKeys(hostNqn: string): { secret: string; ctrlSecret: string; hostNqn: string } {
+export function hostEntryKeys(hostNqn: string): {
+  secret: string;
+  ctrlSecret: string;
+  hostNqn: string;
+  psk: string;
+} {
   const id = createHash("sha256").update(hostNqn).digest("hex").slice(0, 32);
-  return { secret: `${id}.key`, ctrlSecret: `${id}.ctrl`, hostNqn: `${id}.hostnqn` };
+  return { secret: `${id}.key`, ctrlSecret: `${id}.ctrl`, hostNqn: `${id}.hostnqn`, psk: `${id}.psk` };
+}
+
+/**
+ * One host's NVMe/TCP TLS PSK (interchange form, lib/nvme/tls-psk.ts) from a Secret's decoded
+ * data, or undefined when the host has none. It lives beside the host's DH-HMAC-CHAP pair in the
+ * same volume Secret, so it travels the same way (agent, node-stage secrets).
+ */
+export function hostPskFrom(data: Readonly<Record<string, string>>, hostNqn: string): string | undefined {
+  const psk = data[hostEntryKeys(hostNqn).psk]?.trim();
+  return psk ? psk : undefined;
 }
 
 /**

@@ -56,6 +56,8 @@ const GOOD_HOST = {
   "sys/module/nvme_tcp/": "",
   "sys/module/nvme_auth/": "",
   "sys/module/nvme_keyring/": "",
+  "proc/sys/kernel/osrelease": "6.8.0\n",
+  "proc/keys": "1f3a2b4c I--Q---     1 perm 3f030000     0     0 keyring   .nvme: empty\n",
 };
 
 const ids = (r: PreflightReport) => Object.fromEntries(r.checks.map((c) => [c.id, c.status]));
@@ -84,6 +86,7 @@ test("a well-prepared host passes every role; nvme version runs through the exec
     "module:nvme_tcp": "pass",
     "module:nvme_auth": "pass",
     "module:nvme_keyring": "pass",
+    "nvme-tls": "pass",
     "nvme-cli": "pass",
   });
   expect(exec.calls).toEqual([["nvme", "version"]]);
@@ -141,6 +144,7 @@ test("only the roles asked for are checked; warnings alone exit 0, or 3 when str
     "module:nvme_tcp",
     "module:nvme_auth",
     "module:nvme_keyring",
+    "nvme-tls",
     "nvme-cli",
   ]);
   expect(r.worst).toBe("warn");

@@ -8,6 +8,7 @@ import { checkCoreMask, readOnlineCpus } from "./cpu.ts";
 import { checkHugepages, readHugepages } from "./hugepages.ts";
 import { checkConfigfs, checkModules, checkUserspaceDriver, type ModuleNeed } from "./kernel.ts";
 import { checkNvmeCli } from "./nvme-cli.ts";
+import { checkTlsKernel } from "./tls.ts";
 
 /** The parts of a node a preflight covers; a role not listed is not checked at all. */
 export type PreflightRole = "spdk" | "kernel-target" | "initiator";
@@ -88,6 +89,7 @@ export async function runPreflight(plan: PreflightPlan, ports: PreflightPorts): 
         { name: "nvme_keyring", missing: "warn", why: "volumes over TLS cannot connect" },
       ])),
     );
+    checks.push(await checkTlsKernel(ports.fs));
     checks.push(await checkNvmeCli(ports.exec));
   }
   return reportOf(checks);

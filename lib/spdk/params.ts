@@ -272,6 +272,8 @@ export const HostAddParams = v.strictObject({
   /** Keyring key names for DH-HMAC-CHAP (v24.05+), not secrets. */
   dhchap_key: v.optional(Name),
   dhchap_ctrlr_key: v.optional(Name),
+  /** Keyring key name of the host's TLS PSK (interchange file; v24.09+), not the PSK. */
+  psk: v.optional(Name),
 });
 
 export const KeyringFileAddParams = v.strictObject({

@@ -13,6 +13,7 @@ import {
   type HostKeys,
   hostKeyOf,
   type TargetBackend,
+  TLS_UNSUPPORTED,
   type Transport,
 } from "../types.ts";
 import { addressFamily, serviceId } from "./address.ts";
@@ -161,6 +162,16 @@ export class KernelTarget implements TargetBackend {
    * they emptied. [] when exact.
    */
   async ensureExport(spec: ExportSpec): Promise<string[]> {
+    // nvmet's TLS (port addr_tsas tls1.3) takes the PSK from the kernel's .nvme keyring, derived
+    // and inserted by tlshd/nvme-cli for each host and subsystem, and the handshake is tlshd's.
+    // DISTORT provisions neither, so a TLS export is refused rather than served in the clear.
+    if (spec.tls) {
+      throw new StorageError(
+        "precondition",
+        "TLS exports are not supported on the kernel backend: nvmet needs the PSK in the kernel's .nvme keyring and tlshd for the handshake, which DISTORT does not provision (docs/api.md, TLS)",
+        { details: { reason: TLS_UNSUPPORTED } },
+      );
+    }
     const d = desired(spec);
     return this.#mutex.run(async () => {
       await this.#loadModules([d.transport]);

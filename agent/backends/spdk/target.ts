@@ -17,13 +17,16 @@ import {
   type ExportSpec,
   type ExportState,
   type HostKeys,
+  type HostPsks,
   hostKeyOf,
   type ListenerState,
   type QosLimits,
   type TargetBackend,
+  TLS_UNSUPPORTED,
   type Transport,
   type Volume,
 } from "../types.ts";
+import { type TlsSupport, tlsSupport } from "./tls-support.ts";
 
 /** Binds a PCIe function to a user-space driver (SPDK's setup script in production). */
 export interface DriverBinder {
@@ -34,8 +37,13 @@ export interface SpdkTargetOptions {
   methods: SpdkMethods;
   rpc: SpdkRpc;
   binder: DriverBinder;
-  /** Storage for DH-HMAC-CHAP secrets handed to SPDK's file keyring. */
+  /** Storage for DH-HMAC-CHAP secrets and TLS PSKs handed to SPDK's file keyring. */
   keyFiles: KeyFiles;
+  /**
+   * The target's SPDK carries commit 197ff0c9a5 (the TLS-PSK HKDF salt fix of v26.01) as a
+   * backport, which spdk_get_version cannot show (DISTORT_SPDK_TLS_SALT_FIX). Default false.
+   */
+  tlsSaltFixBackported?: boolean;
   logger: Logger;
   /** Model number shown to initiators. */
   modelNumber?: string;
@@ -85,6 +93,19 @@ export function keyNameFor(nqn: string, host: string, secret: string): string {
   return `dhchap-${createHash("sha256").update(`${nqn}\0${host}\0${secret}`).digest("hex").slice(0, 24)}`;
 }
 
+/**
+ * Keyring name of one host's TLS PSK on one subsystem (named like keyNameFor). SPDK keeps the
+ * PSK in its TCP transport, not on the host entry (nvmf_get_subsystems lists the host bare), so
+ * whether a host uses it is read from the key's refcnt: 1 for the keyring's own reference, one
+ * more while the host entry holds it (v25.05.1-ha-qos-tls.jsonl seq 331, 353).
+ */
+export function pskNameFor(nqn: string, host: string, psk: string): string {
+  return `tls-${createHash("sha256").update(`${nqn}\0${host}\0${psk}`).digest("hex").slice(0, 24)}`;
+}
+
+/** The fact key of the target's TLS verdict (spdk_get_version), once per target incarnation. */
+const TLS_SUPPORT = "tls-support";
+
 /** One keyring entry to install: its name and the secret its file holds. */
 interface KeyEntry {
   readonly name: string;
@@ -114,6 +135,8 @@ export class SpdkTarget implements TargetBackend {
   /** What the last successful ensureExport of each NQN found listening (listening()). */
   private readonly listened = new Map<string, ListenerState[]>();
   private readonly facts: TargetFacts;
+  /** A TLS PSK was installed or found held by this process (so revokes may free one). */
+  private pskSeen = false;
 
   constructor(private readonly opts: SpdkTargetOptions) {
     this.m = opts.methods;
@@ -292,7 +315,22 @@ export class SpdkTarget implements TargetBackend {
     return this.facts.forgetOnError(() => this.reconcileExport(spec));
   }
 
+  /**
+   * Refuses a TLS export on a target whose SPDK cannot derive TLS PSKs (tls-support.ts), before
+   * anything is created: StorageError precondition, details.reason TLS_UNSUPPORTED.
+   */
+  private async requireTls(spec: ExportSpec): Promise<void> {
+    if (spec.transport !== "tcp")
+      throw new StorageError("invalid", `TLS export ${spec.nqn} needs transport tcp, not ${spec.transport}`);
+    const verdict = await this.facts.verified<TlsSupport>(TLS_SUPPORT, async () =>
+      tlsSupport(await this.m.spdkGetVersion(), this.opts.tlsSaltFixBackported === true),
+    );
+    if (!verdict.ok)
+      throw new StorageError("precondition", verdict.why, { details: { reason: TLS_UNSUPPORTED } });
+  }
+
   private async reconcileExport(spec: ExportSpec): Promise<string[]> {
+    if (spec.tls) await this.requireTls(spec);
     const repaired: string[] = [];
     if (await this.ensureTransport(spec.transport)) repaired.push("transport");
     await this.opts.rpc.serialize(exportLockKey(spec.nqn), async () => {
@@ -420,7 +458,14 @@ export class SpdkTarget implements TargetBackend {
       trsvcid: String(spec.port),
     };
     try {
-      await this.m.nvmfSubsystemAddListener({ nqn: spec.nqn, listen_address: want });
+      // A TLS listener takes TLS connections only. SPDK refuses one on a subsystem allowing any
+      // host; ours never do (reconcileExport turned it off above), and the listing does not show
+      // secure_channel, so the spec (immutable) is what keeps it.
+      await this.m.nvmfSubsystemAddListener({
+        nqn: spec.nqn,
+        listen_address: want,
+        ...(spec.tls ? { secure_channel: true } : {}),
+      });
     } catch (err) {
       if (!isKind(err, "already-exists")) throw err;
       // Under the export lock a duplicate cannot have appeared since the listing, so only the
@@ -472,16 +517,18 @@ export class SpdkTarget implements TargetBackend {
     return this.listened.get(nqn);
   }
 
-  async setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys): Promise<void> {
+  async setHosts(nqn: string, hostNQNs: readonly string[], keys?: HostKeys, psks?: HostPsks): Promise<void> {
     await this.opts.rpc.serialize(exportLockKey(nqn), async () => {
       const s = await this.subsystem(nqn);
       if (!s) throw new StorageError("not-found", `subsystem ${nqn} does not exist`);
       // Host NQN -> the keyring names (and secrets) it is admitted with; none for an unkeyed host.
-      const want = new Map<string, { key?: KeyEntry; ctrlr?: KeyEntry }>();
+      const want = new Map<string, { key?: KeyEntry; ctrlr?: KeyEntry; psk?: KeyEntry }>();
       for (const h of hostNQNs) {
         const v = keys?.get(h);
+        const psk = psks?.get(h);
+        const tls = psk === undefined ? {} : { psk: { name: pskNameFor(nqn, h, psk), secret: psk } };
         if (v === undefined) {
-          want.set(h, {});
+          want.set(h, tls);
           continue;
         }
         const k = hostKeyOf(v);
@@ -490,13 +537,19 @@ export class SpdkTarget implements TargetBackend {
           ...(k.ctrlSecret === undefined
             ? {}
             : { ctrlr: { name: keyNameFor(nqn, `${h}\0ctrlr`, k.ctrlSecret), secret: k.ctrlSecret } }),
+          ...tls,
         });
       }
+      if (psks?.size) this.pskSeen = true;
+      // The PSKs in use: a host holds its key (refcnt above the keyring's own 1).
+      const held = psks?.size
+        ? new Set((await this.m.keyringGetKeys()).filter((k) => (k.refcnt ?? 0) > 1).map((k) => k.name))
+        : new Set<string>();
       // Revoke before granting, so a takeover never has two hosts allowed at once. A host that
-      // stays and gets new keys (a rotation) keeps its entry and its connected controllers: its
-      // new keys are loaded and swapped in with nvmf_subsystem_set_keys, which only later
-      // authentications see; the old keys then have no user and are collected. A host that loses
-      // its keys is revoked and re-admitted.
+      // stays and gets new DH-HMAC-CHAP keys (a rotation) keeps its entry and its connected
+      // controllers: its new keys are loaded and swapped in with nvmf_subsystem_set_keys, which
+      // only later authentications see; the old keys then have no user and are collected. A host
+      // that loses its keys, or whose PSK changed (set_keys carries none), is revoked and re-admitted.
       const kept = new Set<string>();
       const rekeyed = new Set<string>();
       for (const h of s.hosts) {
@@ -504,12 +557,13 @@ export class SpdkTarget implements TargetBackend {
         if (
           w !== undefined &&
           w.key?.name === (h.dhchap_key || undefined) &&
-          w.ctrlr?.name === (h.dhchap_ctrlr_key || undefined)
+          w.ctrlr?.name === (h.dhchap_ctrlr_key || undefined) &&
+          (w.psk === undefined || held.has(w.psk.name))
         ) {
           kept.add(h.nqn);
           continue;
         }
-        if (w?.key !== undefined) {
+        if (w?.key !== undefined && (w.psk === undefined || held.has(w.psk.name))) {
           rekeyed.add(h.nqn);
           continue;
         }
@@ -522,8 +576,9 @@ export class SpdkTarget implements TargetBackend {
         // otherwise see a freshly loaded key as unused.
         await this.opts.rpc.serialize(KEYS_LOCK, async () => {
           try {
-            const loaded = w.key ? new Set((await this.m.keyringGetKeys()).map((k) => k.name)) : new Set();
-            for (const e of [w.key, w.ctrlr]) {
+            const loaded =
+              w.key || w.psk ? new Set((await this.m.keyringGetKeys()).map((k) => k.name)) : new Set();
+            for (const e of [w.key, w.ctrlr, w.psk]) {
               if (!e || loaded.has(e.name)) continue;
               const path = await this.opts.keyFiles.write(e.name, e.secret);
               await this.m.keyringFileAddKey({ name: e.name, path }).catch((err) => {
@@ -536,18 +591,19 @@ export class SpdkTarget implements TargetBackend {
               ...(w.key ? { dhchap_key: w.key.name } : {}),
               ...(w.ctrlr ? { dhchap_ctrlr_key: w.ctrlr.name } : {}),
             };
+            const tls = w.psk ? { psk: w.psk.name } : {};
             if (rekeyed.has(h)) {
               await this.m.nvmfSubsystemSetKeys(entry);
               // The keys it authenticated with may be unused from now on.
               this.facts.forget(KEYS_COLLECTED);
             } else {
-              await this.m.nvmfSubsystemAddHost(entry).catch((err) => {
+              await this.m.nvmfSubsystemAddHost({ ...entry, ...tls }).catch((err) => {
                 if (!isKind(err, "already-exists")) throw err;
               });
             }
           } catch (err) {
             // The key may be installed while its host is not admitted: unused until a later pass.
-            if (w.key) this.facts.forget(KEYS_COLLECTED);
+            if (w.key || w.psk) this.facts.forget(KEYS_COLLECTED);
             throw err;
           }
         });
@@ -565,7 +621,9 @@ export class SpdkTarget implements TargetBackend {
     } finally {
       // After the attempt, even a failed one (it may have happened): a collection recorded from
       // now on lists the subsystem without this host.
-      if (h.dhchap_key || h.dhchap_ctrlr_key) this.facts.forget(KEYS_COLLECTED);
+      // A host's PSK is not listed on its entry: once this process has seen PSKs, any revoked
+      // host may have held one. (A new process collects once anyway: the fact starts unknown.)
+      if (h.dhchap_key || h.dhchap_ctrlr_key || this.pskSeen) this.facts.forget(KEYS_COLLECTED);
     }
   }
 
@@ -591,15 +649,19 @@ export class SpdkTarget implements TargetBackend {
         if (h.dhchap_ctrlr_key) used.add(h.dhchap_ctrlr_key);
       }
     }
-    for (const k of await this.m.keyringGetKeys()) {
-      if (k.name.startsWith("dhchap-") && !used.has(k.name)) {
+    const keys = await this.m.keyringGetKeys();
+    // A PSK is used while a host entry holds it (refcnt above the keyring's own reference).
+    for (const k of keys) if (k.name.startsWith("tls-") && (k.refcnt ?? 0) > 1) used.add(k.name);
+    for (const k of keys) {
+      if ((k.name.startsWith("dhchap-") || k.name.startsWith("tls-")) && !used.has(k.name)) {
         await this.m.keyringFileRemoveKey(k.name).catch((err) => {
           if (!isKind(err, "not-found")) throw err;
         });
       }
     }
     for (const f of await this.opts.keyFiles.list()) {
-      if (f.startsWith("dhchap-") && !used.has(f)) await this.opts.keyFiles.remove(f);
+      if ((f.startsWith("dhchap-") || f.startsWith("tls-")) && !used.has(f))
+        await this.opts.keyFiles.remove(f);
     }
   }
 

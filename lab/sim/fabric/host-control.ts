@@ -18,6 +18,8 @@ const ConnectParamsSchema = v.object({
   fastIoFailTmo: v.optional(v.number()),
   // The secrets travel in the request as nvme-cli writes them to /dev/nvme-fabrics: never argv.
   dhchap: v.optional(v.object({ secret: v.string(), ctrlSecret: v.optional(v.string()) })),
+  // The TLS PSK likewise, as nvme-cli hands the key to the kernel's keyring.
+  tls: v.optional(v.object({ psk: v.string() })),
 });
 
 const RequestSchema = v.variant("method", [

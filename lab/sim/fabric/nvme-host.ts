@@ -65,6 +65,8 @@ interface Path {
   readonly trsvcid: string;
   /** The DH-HMAC-CHAP secrets it connected with, kept for reconnects as the kernel keeps its options. */
   readonly dhchap: ConnectSecrets | undefined;
+  /** The TLS PSK it connected with (the kernel keeps the key serial for reconnects). */
+  readonly tls: { readonly psk: string } | undefined;
   state: PathState;
   ctrl: FabricController | undefined;
   /** When the link was lost (the start of ctrl_loss_tmo and fast_io_fail_tmo). */
@@ -150,7 +152,7 @@ export class NvmeHost implements NvmeInitiator {
       }
       if (sub?.paths.some((x) => x.traddr === p.address && x.trsvcid === trsvcid && x.state !== "deleting"))
         return;
-      const ctrl = await this.#dial(p.nqn, p.hostNqn, p.transport, p.address, trsvcid, p.dhchap);
+      const ctrl = await this.#dial(p.nqn, p.hostNqn, p.transport, p.address, trsvcid, p.dhchap, p.tls);
       const created = sub === undefined;
       if (!sub) {
         sub = {
@@ -174,6 +176,7 @@ export class NvmeHost implements NvmeInitiator {
         traddr: p.address,
         trsvcid,
         dhchap: p.dhchap,
+        tls: p.tls,
         state: "live",
         ctrl: undefined,
         lostAt: undefined,
@@ -274,10 +277,12 @@ export class NvmeHost implements NvmeInitiator {
     traddr: string,
     trsvcid: string,
     dhchap: ConnectSecrets | undefined,
+    tls?: { readonly psk: string },
   ): Promise<FabricController> {
     try {
       return await connectController(this.#fabric, {
         ...(dhchap === undefined ? {} : { dhchap }),
+        ...(tls === undefined ? {} : { tls }),
         trtype: transport.toUpperCase(),
         traddr,
         trsvcid,
@@ -353,6 +358,7 @@ export class NvmeHost implements NvmeInitiator {
         path.traddr,
         path.trsvcid,
         path.dhchap,
+        path.tls,
       );
       if (path.state !== "connecting" || sub.gone) {
         ctrl.close();

@@ -13,7 +13,7 @@ import { Keyring } from "./keyring.ts";
 import { LvolStores } from "./lvol-store.ts";
 import type { RpcState } from "./method-table.ts";
 import { NvmeControllers } from "./nvme-controllers.ts";
-import { NvmfTarget, type Trtype } from "./nvmf-target.ts";
+import { type Host, NvmfTarget, type Trtype } from "./nvmf-target.ts";
 import type { PreparedDrive } from "./sim-drive.ts";
 
 /** What an App is built from; fixed for the emulator's lifetime. */
@@ -38,7 +38,16 @@ export interface AppConfig {
   readonly lvolDir: string | undefined;
   /** Whether the host has an IP address a listener may bind (see hostAddressCheck). */
   readonly hasAddress: HasAddress;
+  /**
+   * The SPDK release spdk_get_version reports and whose TLS-PSK behaviour the app follows:
+   * "25.05.1" (the recorded one, default: its NULL HKDF salt fails every PSK derivation on
+   * OpenSSL 3.0.17+) or "26.01" (salt fixed, commit 197ff0c9a5).
+   */
+  readonly spdkVersion?: SimSpdkVersion;
 }
+
+/** The SPDK releases the emulator can pose as. */
+export type SimSpdkVersion = "25.05.1" | "26.01";
 
 /** Process-level actions methods may ask for. */
 export interface AppHooks {
@@ -100,19 +109,29 @@ export class App {
       config.clock,
       log,
     );
-    this.target = new NvmfTarget(this.registry, config.fabric, config.cores.length, log, (host) => {
-      // The keys the host entry holds, read from their files now (a deleted file fails the host).
-      const secret = (name: string | undefined) => {
-        const key = this.keyring.heldBy(host).find((k) => k.name === name);
-        try {
-          return key ? this.keyring.read(key) : undefined;
-        } catch {
-          return undefined;
-        }
-      };
-      return { hostSecret: secret(host.dhchapKey), ctrlSecret: secret(host.dhchapCtrlrKey) };
-    });
+    // The keys a host entry holds, read from their files when used (a deleted file fails the host).
+    const held = (host: Host, name: string | undefined) => {
+      const key = this.keyring.heldBy(host).find((k) => k.name === name);
+      try {
+        return key ? this.keyring.read(key) : undefined;
+      } catch {
+        return undefined;
+      }
+    };
+    this.target = new NvmfTarget(
+      this.registry,
+      config.fabric,
+      config.cores.length,
+      log,
+      (host) => ({ hostSecret: held(host, host.dhchapKey), ctrlSecret: held(host, host.dhchapCtrlrKey) }),
+      (host) => held(host, host.psk),
+    );
     this.#state = config.waitForRpc ? "startup" : "runtime";
+  }
+
+  /** True when this release derives TLS PSKs (the HKDF salt fix); false for v25.05.1. */
+  get tlsPskWorks(): boolean {
+    return this.config.spdkVersion === "26.01";
   }
 
   get state(): RpcState {

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { type Clock, realClock } from "../../../lib/clock.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
-import { App, type AppConfig } from "./app.ts";
+import { App, type AppConfig, type SimSpdkVersion } from "./app.ts";
 import { checkRange, type FileExtent, zeroRange } from "./block-io.ts";
 import { parseCoreMask } from "./core-mask.ts";
 import type { SimFabric } from "./fabric.ts";
@@ -72,6 +72,8 @@ export interface SpdkEmulatorOptions {
    * Default: every address is the host's (see hostAddressCheck).
    */
   readonly hostAddresses?: readonly string[];
+  /** The SPDK release to pose as (AppConfig.spdkVersion); default the recorded v25.05.1. */
+  readonly spdkVersion?: SimSpdkVersion;
 }
 
 /** Where the emulated process is in its life. */
@@ -214,6 +216,7 @@ export async function startSpdkEmulator(opts: SpdkEmulatorOptions): Promise<Spdk
     initDelayMs: opts.initDelayMs ?? 10,
     lvolDir: join(opts.dataDir, "lvols"),
     hasAddress: hostAddressCheck(opts.hostAddresses),
+    ...(opts.spdkVersion ? { spdkVersion: opts.spdkVersion } : {}),
   });
   await emu.boot();
   return emu;

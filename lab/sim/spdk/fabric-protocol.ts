@@ -98,6 +98,19 @@ export const MessageSchema = v.variant("op", [
   v.object({ op: v.literal("auth_send"), tag: v.number() }),
   /** Authentication Receive: the reply is "data" carrying one message. */
   v.object({ op: v.literal("auth_receive"), tag: v.number() }),
+  /**
+   * Stand-in for a TLS 1.3 ClientHello with one external PSK (fabric-tls.ts): the PSK identity,
+   * the client's nonce and its binder (hex). Only as the first frame on a secure listener.
+   */
+  v.object({
+    op: v.literal("tls_client_hello"),
+    tag: v.number(),
+    identity: v.string(),
+    nonce: v.string(),
+    binder: v.string(),
+  }),
+  /** The server's answer: its nonce and its Finished MAC (hex) over both nonces. */
+  v.object({ op: v.literal("tls_server_hello"), tag: v.number(), nonce: v.string(), finished: v.string() }),
   v.object({ op: v.literal("ok"), tag: v.number() }),
   v.object({ op: v.literal("error"), tag: v.number(), errno: v.number() }),
   /** Unsolicited: the ANA state of this controller's listener changed (an ANA change AEN). */

@@ -15,6 +15,7 @@ import {
   type Message,
   type NamespaceInfo,
 } from "./fabric-protocol.ts";
+import { tlsConnect } from "./fabric-tls.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 import { closeServer, listenOn, takeSocketPath } from "./unix-socket.ts";
 
@@ -203,6 +204,11 @@ export interface ConnectOptions extends FabricAddress {
   /** DH-HMAC-CHAP secrets, used when the target asks the host to authenticate. */
   readonly dhchap?: HostDhchapOptions;
   /**
+   * NVMe/TCP TLS with this configured PSK (interchange form): each queue's connection starts with
+   * the handshake (fabric-tls.ts) before its CONNECT.
+   */
+  readonly tls?: { readonly psk: string };
+  /**
    * Keep Alive Timeout in ms. The controller sends Keep Alive half of it after the previous one
    * completed and, like the kernel (the command's timeout is kato), treats one left unanswered
    * for a whole kato as a lost link.
@@ -241,12 +247,14 @@ export async function connectController(fabric: SimFabric, opts: ConnectOptions)
       peerPort,
     };
     const limit = opts.connectTimeoutMs ?? 10_000;
+    if (opts.tls) await withTimeout(secured(admin, opts), limit);
     const a = await withTimeout(
       authenticated(admin, { ...base, qid: 0, kato: opts.kato ?? 0 }, opts.dhchap),
       limit,
     );
     const connected = verdict(a.msg);
     io = new FabricQueue(await fabric.dial(opts));
+    if (opts.tls) await withTimeout(secured(io, opts), limit);
     const ioConnect = { ...base, qid: 1, cntlid: connected.ctrlr.cntlid };
     verdict((await withTimeout(authenticated(io, ioConnect, opts.dhchap), limit)).msg);
     return new FabricController(admin, io, connected, opts.kato ?? 0);
@@ -254,6 +262,18 @@ export async function connectController(fabric: SimFabric, opts: ConnectOptions)
     admin.close();
     io?.close();
     throw err;
+  }
+}
+
+/** The TLS handshake on one queue's connection; a failed one is EIO, as SPDK's initiator reports it. */
+async function secured(q: FabricQueue, opts: ConnectOptions): Promise<void> {
+  try {
+    await tlsConnect((m) => q.request(m), (opts.tls as { psk: string }).psk, opts.hostnqn, opts.subnqn);
+  } catch (err) {
+    throw new FabricConnectError(
+      Errno.EIO,
+      `TLS handshake with ${opts.traddr}:${opts.trsvcid} failed: ${(err as Error).message}`,
+    );
   }
 }
 

@@ -8,6 +8,7 @@ import { TICK_RATE } from "./core-mask.ts";
 import type { FabricListener, FabricServerConnection, SimFabric } from "./fabric.ts";
 import { authGate, serveAuthFrame, type TargetAuthSession, type TargetKeys } from "./fabric-auth.ts";
 import type { AnaState, Message, NamespaceInfo } from "./fabric-protocol.ts";
+import { tlsAccept } from "./fabric-tls.ts";
 import type { IoStat } from "./io-stat.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
@@ -45,6 +46,8 @@ export interface Host {
   readonly nqn: string;
   readonly dhchapKey?: string;
   readonly dhchapCtrlrKey?: string;
+  /** Keyring name of the host's TLS PSK (kept by the TCP transport; not listed on the entry). */
+  readonly psk?: string;
 }
 
 /** A connected controller of a subsystem (one fabric connection). */
@@ -72,6 +75,8 @@ export interface TargetController {
 export class Subsystem {
   readonly hosts: Host[] = [];
   readonly listeners: ListenAddress[] = [];
+  /** listenerKey()s of the listeners added with secure_channel (TLS only; not listed by SPDK). */
+  readonly secure = new Set<string>();
   readonly namespaces = new Map<number, Namespace>();
   readonly controllers: TargetController[] = [];
   allowAnyHost: boolean;
@@ -193,6 +198,8 @@ export class NvmfTarget {
     private readonly log: Logger,
     /** The DH-HMAC-CHAP secrets behind a host entry's key names; without it keyed hosts are refused. */
     private readonly hostKeys?: (host: Host) => TargetKeys,
+    /** The configured TLS PSK (interchange text) behind a host entry's psk, read at handshake time. */
+    private readonly hostPsk?: (host: Host) => string | undefined,
   ) {
     this.#pollGroups = Array.from({ length: pollGroups }, () => ({
       adminQpairs: 0,
@@ -310,7 +317,7 @@ export class NvmfTarget {
    * Starts listening for `s` on `addr` (sharing the socket with other subsystems on the same
    * address). TargetError when the listener exists or the address cannot be bound.
    */
-  async addListener(s: Subsystem, addr: ListenAddress): Promise<void> {
+  async addListener(s: Subsystem, addr: ListenAddress, secureChannel = false): Promise<void> {
     if (s.findListener(addr)) throw new TargetError("Listener already exists");
     const key = listenerKey(addr);
     let bound = this.#bound.get(key);
@@ -334,6 +341,7 @@ export class NvmfTarget {
       this.#bound.set(key, bound);
     }
     bound.users.add(s);
+    if (secureChannel) s.secure.add(key);
     // SPDK lists listeners newest first.
     s.listeners.unshift(addr);
   }
@@ -345,6 +353,7 @@ export class NvmfTarget {
     s.listeners.splice(s.listeners.indexOf(mine), 1);
     for (const c of [...s.controllers]) if (sameAddress(c.listen, addr)) dropController(c);
     const key = listenerKey(addr);
+    s.secure.delete(key);
     const bound = this.#bound.get(key);
     if (bound) {
       bound.users.delete(s);
@@ -448,7 +457,26 @@ export class NvmfTarget {
     let sub: Subsystem | undefined;
     let auth: TargetAuthSession | undefined;
     let ioQueue = false;
+    // A secure_channel listener takes TLS only: the handshake comes before any NVMe frame, and
+    // the CONNECT must be for the host and subsystem of the PSK identity proven (fabric-tls.ts).
+    const key = listenerKey(addr);
+    const secure = [...this.#subsystems.values()].some((x) => x.secure.has(key));
+    let tls: { hostNqn: string; subNqn: string } | undefined;
     conn.onFrame((msg, payload) => {
+      if (secure && !tls) {
+        const r = tlsAccept(msg, (hostNqn, subNqn) => {
+          const host = this.#subsystems.get(subNqn)?.hosts.find((h) => h.nqn === hostNqn);
+          return host?.psk !== undefined ? this.hostPsk?.(host) : undefined;
+        });
+        if ("drop" in r) {
+          this.log.info("TLS connection dropped", { listener: key, reason: r.drop });
+          return conn.close();
+        }
+        tls = { hostNqn: r.hostNqn, subNqn: r.subNqn };
+        return conn.send(r.reply);
+      }
+      // A ClientHello on a plain listener is not NVMe/TCP: the connection goes.
+      if (msg.op === "tls_client_hello") return conn.close();
       if (msg.op === "auth_send" || msg.op === "auth_receive")
         return serveAuthFrame(auth, conn, msg, payload, this.log);
       if (msg.op === "connect") {
@@ -463,6 +491,8 @@ export class NvmfTarget {
           });
           conn.send({ op: "rejected", tag: msg.tag, reason });
         };
+        if (tls && (msg.hostnqn !== tls.hostNqn || msg.subnqn !== tls.subNqn))
+          return reject("the CONNECT is not for the TLS PSK identity");
         if (s?.subtype !== "NVMe") return reject("subsystem not found");
         if (!s.findListener(addr)) return reject("listener not allowed for this subsystem");
         if (!s.hostAllowed(msg.hostnqn)) return reject(`host ${msg.hostnqn} not allowed`);

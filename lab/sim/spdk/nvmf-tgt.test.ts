@@ -121,3 +121,10 @@ test("exits after answering spdk_kill_instance", async () => {
   expect(await c.replies(1)).toEqual([{ jsonrpc: "2.0", id: 1, result: true }]);
   expect(await proc.exited).toBe(0);
 });
+
+test("--sim-spdk-version picks the release posed as; anything else is a usage error", () => {
+  const base = ["--sim-data-dir", "/tmp/x"];
+  expect(parseArgs([...base, "--sim-spdk-version", "25.05.1"])).toMatchObject({ spdkVersion: "25.05.1" });
+  expect(parseArgs([...base, "--sim-spdk-version=v26.01"])).toMatchObject({ spdkVersion: "26.01" });
+  expect(() => parseArgs([...base, "--sim-spdk-version", "24.09"])).toThrow(UsageError);
+});

@@ -27,6 +27,8 @@ export interface NvmfTgtArgs {
   readonly hostAddresses?: readonly string[];
   /** --sim-rpc-poll-ms: the RPC poll period (default SPDK's 4 ms; 0 answers on arrival). */
   readonly rpcPollMs?: number;
+  /** --sim-spdk-version: the release posed as (absent: the lab's default, 26.01). */
+  readonly spdkVersion?: "25.05.1" | "26.01";
   /** Real nvmf_tgt options accepted and ignored (memory, tracing, PCI filters...). */
   readonly ignored: readonly string[];
 }
@@ -45,6 +47,8 @@ export const USAGE = `usage: nvmf-tgt.ts [options]
       --sim-transports <l>   comma list of built-in transports; default tcp,rdma
       --sim-rpc-poll-ms <ms> the RPC server's poll period; default 4 (SPDK's RPC_SELECT_INTERVAL),
                              0 answers every request on arrival
+      --sim-spdk-version <v> 26.01 (default: TLS PSKs work) or 25.05.1 (the recorded release,
+                             whose NULL HKDF salt fails every TLS PSK)
       --sim-host-addresses <l> comma list of the node's IP addresses; listeners elsewhere are
                              refused like a failed bind(); default: any address
   accepted and ignored: -s/--mem-size, -i/--shm-id, -e/--tpoint-group, -L/--logflag,
@@ -102,6 +106,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
   let transports: Trtype[] = ["TCP", "RDMA"];
   let hostAddresses: string[] | undefined;
   let rpcPollMs: number | undefined;
+  let spdkVersion: "25.05.1" | "26.01" | undefined;
   const ignored: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     let arg = argv[i] as string;
@@ -168,6 +173,13 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
           throw new UsageError(`--sim-host-addresses takes IP addresses, got ${hostAddresses.join(",")}`);
         }
         break;
+      case "--sim-spdk-version": {
+        const raw = value().replace(/^v/, "");
+        if (raw !== "25.05.1" && raw !== "26.01")
+          throw new UsageError(`--sim-spdk-version takes 25.05.1 or 26.01, got ${raw}`);
+        spdkVersion = raw;
+        break;
+      }
       case "--sim-rpc-poll-ms": {
         const raw = value();
         rpcPollMs = Number(raw);
@@ -197,6 +209,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
     transports,
     ...(hostAddresses ? { hostAddresses } : {}),
     ...(rpcPollMs === undefined ? {} : { rpcPollMs }),
+    ...(spdkVersion === undefined ? {} : { spdkVersion }),
     ignored,
   };
 }
@@ -229,6 +242,8 @@ export async function run(
     transports: args.transports,
     ...(args.hostAddresses ? { hostAddresses: args.hostAddresses } : {}),
     ...(args.rpcPollMs === undefined ? {} : { rpcPollMs: args.rpcPollMs }),
+    // The lab's target carries the TLS-PSK salt fix unless told to pose as the recorded release.
+    spdkVersion: args.spdkVersion ?? "26.01",
     logger: log,
   });
   return new Promise<number>((resolve) => {

@@ -23,6 +23,12 @@ export const SPDK_VERSION: JsonValue = {
   fields: { major: 25, minor: 5, patch: 1, suffix: "", commit: "44b23be7c3" },
 };
 
+/** spdk_get_version of a v26.01 release build (no git sha1: built from the release tarball). */
+export const SPDK_VERSION_26_01: JsonValue = {
+  version: "SPDK v26.01",
+  fields: { major: 26, minor: 1, patch: 0, suffix: "" },
+};
+
 /** nvmf_tgt's subsystems and their dependencies (a property of the app, not of its state). */
 const NVMF_TGT_SUBSYSTEMS: JsonValue = [
   { subsystem: "keyring", depends_on: [] },
@@ -49,7 +55,7 @@ export function frameworkMethods(app: App, implemented: () => ReadonlyMap<string
       states: ANY_STATE,
       handler: (req) => {
         noParams(req, "spdk_get_version method requires no parameters");
-        return SPDK_VERSION;
+        return app.config.spdkVersion === "26.01" ? SPDK_VERSION_26_01 : SPDK_VERSION;
       },
     },
     {

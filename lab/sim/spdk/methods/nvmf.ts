@@ -2,6 +2,7 @@
 // stats, with v25.05.1's error answers (-32602 "Invalid parameters" for most failures, -32603
 // for duplicate subsystems/transports/hosts and invalid host NQNs).
 import * as v from "valibot";
+import { isInterchangePsk } from "../../../../lib/nvme/tls-psk.ts";
 import type { App } from "../app.ts";
 import { TICK_RATE } from "../core-mask.ts";
 import type { JsonValue } from "../json-stream.ts";
@@ -352,7 +353,7 @@ export function nvmfMethods(app: App): MethodSpec[] {
             if (!app.config.hasAddress(addr.traddr)) {
               throw new TargetError(`Cannot assign requested address ${addr.traddr}`);
             }
-            await target.addListener(s, addr);
+            await target.addListener(s, addr, p.secure_channel === true);
           }),
         );
         return true;
@@ -446,13 +447,26 @@ export function nvmfMethods(app: App): MethodSpec[] {
           k === undefined ? undefined : app.keyring.get(k),
         );
         if ((p.dhchap_key && !keys[0]) || (p.dhchap_ctrlr_key && !keys[1])) throw RpcError.invalidParams();
-        // The TCP transport resolves a PSK by key name; an unknown one fails the host add.
-        if (p.psk !== undefined && !app.keyring.get(p.psk)) throw RpcError.internal();
+        // The TCP transport resolves a PSK by key name and derives the retained PSK from it now:
+        // an unknown or malformed key fails the host add (-32603), and so does every PSK on
+        // v25.05.1, whose NULL HKDF salt OpenSSL 3.0.17+ refuses ("Unable to derive retained PSK").
+        const pskKey = p.psk === undefined ? undefined : app.keyring.get(p.psk);
+        if (p.psk !== undefined) {
+          if (!pskKey) throw RpcError.internal();
+          let text: string;
+          try {
+            text = app.keyring.read(pskKey);
+          } catch {
+            throw RpcError.internal();
+          }
+          if (!isInterchangePsk(text) || !app.tlsPskWorks) throw RpcError.internal();
+        }
         if (!isValidNqn(p.host) || s.subtype !== "NVMe") throw RpcError.internal();
         const host = {
           nqn: p.host,
           ...(p.dhchap_key ? { dhchapKey: p.dhchap_key } : {}),
           ...(p.dhchap_ctrlr_key ? { dhchapCtrlrKey: p.dhchap_ctrlr_key } : {}),
+          ...(p.psk ? { psk: p.psk } : {}),
         };
         try {
           target.addHost(s, host);
@@ -463,7 +477,7 @@ export function nvmfMethods(app: App): MethodSpec[] {
         // The host entry holds its keys (the target reads them at each connect).
         app.keyring.hold(
           host,
-          keys.filter((k) => k !== undefined),
+          [...keys, pskKey].filter((k) => k !== undefined),
         );
         return true;
       },
