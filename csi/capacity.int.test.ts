@@ -218,7 +218,7 @@ test("the external-provisioner publishes one CSIStorageCapacity per segment: the
   const reach = async (expected: Seen, what: string) => {
     try {
       await eventually(
-        async () => JSON.stringify(await published()) === JSON.stringify(expected),
+        async () => Bun.deepEquals(await published(), expected),
         60_000,
         what,
       );
