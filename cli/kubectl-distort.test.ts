@@ -89,11 +89,15 @@ test("preflight runs on the host root it is given, prints text or data, and exit
     "sys/module/nvme_tcp/": "",
     "sys/module/nvme_auth/": "",
     "sys/module/nvme_keyring/": "",
+    // A kernel whose NVMe/TCP host can do TLS: 6.7 or later with the .nvme keyring loaded.
+    "proc/sys/kernel/osrelease": "6.8.0-49-generic\n",
+    "proc/keys": "1b8c4f2a I--Q---     1 perm 1f030000     0     0 keyring   .nvme: empty\n",
   });
   const ok = await cli(["preflight", "--role", "initiator", "--host-root", root], nvme);
   expect(ok.code).toBe(0);
   expect(ok.stdout).toContain("PASS  nvme-cli             nvme-cli 2.8\n");
-  expect(ok.stdout).toContain("5 passed, 0 warnings, 0 failed, 0 skipped\n");
+  expect(ok.stdout).toContain("PASS  nvme-tls ");
+  expect(ok.stdout).toContain("6 passed, 0 warnings, 0 failed, 0 skipped\n");
   const rdma = await cli(
     ["preflight", "--role", "initiator", "--transport", "tcp,rdma", "--host-root", root, "-o", "json"],
     nvme,
