@@ -217,11 +217,7 @@ test("the external-provisioner publishes one CSIStorageCapacity per segment: the
   const diagnose = async () => `provisioner log:\n${(await log.text()).slice(-3000)}`;
   const reach = async (expected: Seen, what: string) => {
     try {
-      await eventually(
-        async () => Bun.deepEquals(await published(), expected),
-        60_000,
-        what,
-      );
+      await eventually(async () => Bun.deepEquals(await published(), expected), 60_000, what);
     } catch (err) {
       throw new Error(`${String(err)}; last seen ${JSON.stringify(await published())}\n${await diagnose()}`);
     }
