@@ -56,7 +56,7 @@ export interface RealLabNodeSpec {
 /** The storage label's value on a kernel-backend node (the lab values' kernel agent variant selects it). */
 export const KERNEL_STORAGE_LABEL_VALUE = "kernel";
 
-/** Two storage nodes, two consumer nodes; node-b is both. */
+/** Two SPDK storage nodes (node-a, node-b), one kernel-backend storage node (node-k), and node-c; every node is a consumer. */
 export const REAL_LAB_NODES: RealLabNodeSpec[] = [
   {
     name: "node-a",
