@@ -22,7 +22,7 @@ import { formatNodeId } from "../lib/csi-node-id.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { register, serveGrpc } from "../lib/grpc/server.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
-import { HOST_NQN_ANNOTATION, kubeNodeDirectory } from "../lib/kube/host-nqn-annotation.ts";
+import { kubeNodeDirectory, LEGACY_HOST_NQN_ANNOTATION } from "../lib/kube/node-directory.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { DRIVER_NAME, PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
@@ -892,10 +892,11 @@ describe("ControllerPublishVolume fencing", () => {
     volumeId = (await e.client.unary(Controller.method.createVolume, createReq("pvc-pub"))).volume!.volumeId;
     nodeA = `node-a-${suffix()}`;
     nodeB = `node-b-${suffix()}`;
-    await createNode(nodeA, { [HOST_NQN_ANNOTATION]: PINNED });
+    await createNode(nodeA);
     await createNode(nodeB);
-    // What an earlier release's node plugin wrote at startup on node B.
-    await annotateHostNQN(nodeB, NQN_B);
+    // What kubelet stores when each node's plugin registers.
+    await registerCsiNode(nodeA, PINNED);
+    await registerCsiNode(nodeB, NQN_B);
   });
 
   const publish = (nodeId: string, over: { readonly?: boolean; timeoutMs?: number } = {}) =>
@@ -1026,7 +1027,7 @@ describe("host NQN from the CSI node ID", () => {
     const [nodeC, nodeD] = [`node-c-${suffix()}`, `node-d-${suffix()}`];
     // Node C's annotation says something else: only what kubelet stored from the plugin counts.
     await createNode(nodeC, {
-      [HOST_NQN_ANNOTATION]: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000cc",
+      [LEGACY_HOST_NQN_ANNOTATION]: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000cc",
     });
     await createNode(nodeD);
     await csiNode(nodeC, formatNodeId(nodeC, NQN_X));
@@ -1090,6 +1091,24 @@ describe("host NQN from the CSI node ID", () => {
     );
     expect(forged.code).toBe(GRPC.FAILED_PRECONDITION);
     expect(forged.details).toContain("is not the one node");
+    // A Node whose only claim to an NQN is an annotation (anything allowed to patch Nodes could
+    // write one) has registered nothing: refused, nothing created.
+    const nodeE = `node-e-${suffix()}`;
+    await createNode(nodeE, { [LEGACY_HOST_NQN_ANNOTATION]: NQN_X.replace("1c1c1c1c", "3e3e3e3e") });
+    const annotated = await failure(
+      e.client.unary(
+        Controller.method.controllerPublishVolume,
+        { volumeId: vol.volumeId, nodeId: nodeE, volumeCapability: mountCap() },
+        { timeoutMs: 10_000 },
+      ),
+    );
+    expect(annotated.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(annotated.details).toContain(`node ${nodeE} has not registered its NVMe host NQN`);
+    expect(
+      (await e.standIn.atts.list({ namespace: e.ns })).items.filter(
+        (x) => x.spec.partitionUID === ref.uid && x.spec.nodeId === nodeE,
+      ),
+    ).toEqual([]);
   });
 });
 
@@ -1111,7 +1130,7 @@ describe("MULTI_NODE_READER_ONLY publications", () => {
     for (const n of ["a", "b", "c"]) {
       const name = `node-rox-${n}-${suffix()}`;
       await createNode(name);
-      await annotateHostNQN(
+      await registerCsiNode(
         name,
         `nqn.2014-08.org.nvmexpress:uuid:0000000${nodes.length}-6c1f-4c55-9a51-1f2b3c4d5e6f`,
       );
@@ -1191,7 +1210,7 @@ describe("MULTI_NODE_MULTI_WRITER publications (raw block, live migration)", () 
     for (const n of ["a", "b", "c"]) {
       const name = `node-mnmw-${n}-${suffix()}`;
       await createNode(name);
-      await annotateHostNQN(
+      await registerCsiNode(
         name,
         `nqn.2014-08.org.nvmexpress:uuid:1000000${nodes.length}-6c1f-4c55-9a51-1f2b3c4d5e6f`,
       );
@@ -1302,7 +1321,7 @@ describe("MULTI_NODE_MULTI_WRITER publications (raw block, live migration)", () 
   });
 });
 
-test("host NQN registration: written once, read back by the directory, idempotent", async () => {
+test("the node directory takes the node ID from CSINode and never a Node annotation", async () => {
   const name = `node-reg-${suffix()}`;
   await createNode(name);
   await tc.conn
@@ -1313,20 +1332,31 @@ test("host NQN registration: written once, read back by the directory, idempoten
     );
   const nqn = "nqn.2014-08.org.nvmexpress:uuid:12345678-6c1f-4c55-9a51-1f2b3c4d5e6f";
   const dir = kubeNodeDirectory(tc.conn);
-  expect(await dir.get(name)).toEqual({ labels: { "topology.kubernetes.io/zone": "z1" } });
-  await annotateHostNQN(name, nqn);
-  expect(await dir.get(name)).toEqual({ hostNQN: nqn, labels: { "topology.kubernetes.io/zone": "z1" } });
-  expect(await dir.get(`node-none-${suffix()}`)).toBeUndefined();
-});
-
-/** The host NQN annotation an earlier release's node plugin wrote on its Node (none writes it now). */
-async function annotateHostNQN(name: string, nqn: string): Promise<void> {
+  const labels = { "topology.kubernetes.io/zone": "z1" };
+  expect(await dir.get(name)).toEqual({ labels });
+  // An annotation naming an NQN changes nothing, and claims nothing.
   await tc.conn
     .api(k8s.CoreV1Api)
     .patchNode(
-      { name, body: { metadata: { annotations: { [HOST_NQN_ANNOTATION]: nqn } } } },
+      { name, body: { metadata: { annotations: { [LEGACY_HOST_NQN_ANNOTATION]: nqn } } } },
       k8s.setHeaderOptions("Content-Type", k8s.PatchStrategy.MergePatch),
     );
+  expect(await dir.get(name)).toEqual({ labels });
+  expect(await dir.claiming(nqn)).toEqual([]);
+  await registerCsiNode(name, nqn);
+  expect(await dir.get(name)).toEqual({ registeredNodeId: formatNodeId(name, nqn), labels });
+  expect(await dir.claiming(nqn)).toEqual([name]);
+  expect(await dir.get(`node-none-${suffix()}`)).toBeUndefined();
+});
+
+/** What kubelet stores in a node's CSINode when DISTORT's node plugin registers with that host NQN. */
+async function registerCsiNode(name: string, nqn: string): Promise<void> {
+  await tc.conn.api(k8s.StorageV1Api).createCSINode({
+    body: {
+      metadata: { name },
+      spec: { drivers: [{ name: DRIVER_NAME, nodeID: formatNodeId(name, nqn), topologyKeys: [] }] },
+    },
+  });
 }
 
 describe("listing, capacity, health, validation, expansion", () => {

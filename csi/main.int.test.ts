@@ -16,7 +16,7 @@ import {
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { formatNodeId } from "../lib/csi-node-id.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
-import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
+import { LEGACY_HOST_NQN_ANNOTATION } from "../lib/kube/node-directory.ts";
 import pkg from "../package.json" with { type: "json" };
 
 async function code(p: Promise<unknown>): Promise<number> {
@@ -168,7 +168,7 @@ test("node mode registers the host NQN on its Node, reports the Node's topology,
     expect(info.nodeId).toBe(formatNodeId(nodeName, hostNqn));
     expect(info.accessibleTopology?.segments).toEqual({ "topology.kubernetes.io/zone": "z7" });
     expect(
-      (await core.readNode({ name: nodeName })).metadata?.annotations?.[HOST_NQN_ANNOTATION],
+      (await core.readNode({ name: nodeName })).metadata?.annotations?.[LEGACY_HOST_NQN_ANNOTATION],
     ).toBeUndefined();
     expect((await client.unary(Identity.method.probe, {})).ready).toBe(true);
     const caps = await client.unary(Identity.method.getPluginCapabilities, {});

@@ -16,7 +16,7 @@ import { dirKeyFiles } from "../lib/key-files.ts";
 import { CacheSet } from "../lib/kube/cache-set.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
-import { nodeLabels } from "../lib/kube/host-nqn-annotation.ts";
+import { nodeLabels } from "../lib/kube/node-directory.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { logPreflight } from "../lib/preflight/log-report.ts";

@@ -17,7 +17,7 @@ import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-s
 import { type SpdkEmulator, startSpdkEmulator } from "../lab/sim/spdk/emulator.ts";
 import { createFabric } from "../lab/sim/spdk/fabric.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
-import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
+import { LEGACY_HOST_NQN_ANNOTATION } from "../lib/kube/node-directory.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
@@ -141,7 +141,7 @@ test("reports its host NQN in its CSI node ID (nothing written on its Node), att
     csi.close();
   }
   const node = await tc.conn.api(k8s.CoreV1Api).readNode({ name: nodeName });
-  expect(node.metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBeUndefined();
+  expect(node.metadata?.annotations?.[LEGACY_HOST_NQN_ANNOTATION]).toBeUndefined();
 
   const req = {
     volumeId: "bin-vol",

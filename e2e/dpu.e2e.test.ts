@@ -21,7 +21,7 @@ import { quantityBytes, type VolumeCapabilityInit } from "../lab/kubelet/volume-
 import { connectController, createFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
 import { patternBytes } from "../lab/workload.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
-import { HOST_NQN_ANNOTATION } from "../lib/kube/host-nqn-annotation.ts";
+import { LEGACY_HOST_NQN_ANNOTATION } from "../lib/kube/node-directory.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
@@ -254,7 +254,7 @@ test("a CSI volume reaches SNAP through the DPU plugin as the DPU's host NQN; it
   // kubelet stored the DPU's node ID, host NQN included, in its CSINode (the plugin writes nothing
   // on its Node); ControllerPublish admits exactly that NQN.
   const node = await lab.core.readNode({ name: dpu.name });
-  expect(node.metadata?.annotations?.[HOST_NQN_ANNOTATION]).toBeUndefined();
+  expect(node.metadata?.annotations?.[LEGACY_HOST_NQN_ANNOTATION]).toBeUndefined();
   const csiNode = await lab.conn.api(k8s.StorageV1Api).readCSINode({ name: dpu.name });
   expect(csiNode.spec.drivers?.find((d) => d.name === "storage.distort.io")?.nodeID).toBe(
     `${dpu.name}/${dpu.hostNqn}`,

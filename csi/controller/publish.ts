@@ -10,8 +10,7 @@ import type {
 } from "../../gen/csi/v1/csi_pb.ts";
 import { parseNodeId } from "../../lib/csi-node-id.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { HOST_NQN_ANNOTATION } from "../../lib/kube/host-nqn-annotation.ts";
-import { PublishContextKeys } from "../../lib/volume-context.ts";
+import { DRIVER_NAME, PublishContextKeys } from "../../lib/volume-context.ts";
 import { aborted, alreadyExists, failedPrecondition, invalidArgument, notFound } from "../errors.ts";
 import {
   type AccessModeName,
@@ -75,18 +74,18 @@ export async function publishVolume(
     if (!node) throw notFound(`node ${id.nodeName} does not exist`);
     // The node ID carries the host NQN, and must be the one kubelet keeps in the node's CSINode
     // (written only by that node's kubelet). A bare node name (an ID csi-attacher stored from an
-    // earlier release) takes the NQN from CSINode; only without one (a node plugin or DPU plugin of an earlier release,
-    // not restarted yet) from the Node annotation.
+    // earlier release) takes the NQN from CSINode. Nothing else names it: a Node annotation is
+    // never read, since anything allowed to patch Nodes could write one.
     const registered = node.registeredNodeId ? parseNodeId(node.registeredNodeId).hostNQN : undefined;
     if (id.hostNQN && registered && id.hostNQN !== registered) {
       throw failedPrecondition(
         `node ID ${req.nodeId} is not the one node ${id.nodeName} registered (${node.registeredNodeId}); the CO must publish with the node ID in its CSINode`,
       );
     }
-    const hostNQN = id.hostNQN ?? registered ?? node.hostNQN;
+    const hostNQN = id.hostNQN ?? registered;
     if (!hostNQN) {
       throw failedPrecondition(
-        `node ${id.nodeName} has not registered its NVMe host NQN: its CSI node ID carries none and its Node has no ${HOST_NQN_ANNOTATION} annotation; the DISTORT node plugin reports it from /etc/nvme/hostnqn when it starts there`,
+        `node ${id.nodeName} has not registered its NVMe host NQN: its CSI node ID carries none and its CSINode has no ${DRIVER_NAME} entry; the DISTORT node plugin registers it through kubelet (from /etc/nvme/hostnqn) when it starts there`,
       );
     }
     // One initiator identity on two machines: the target could not tell their I/O apart, and

@@ -18,7 +18,7 @@ import type { WatchCache } from "../../lib/kube/cache.ts";
 import { CacheSet } from "../../lib/kube/cache-set.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
-import { kubeNodeDirectory, type NodeDirectory } from "../../lib/kube/host-nqn-annotation.ts";
+import { kubeNodeDirectory, type NodeDirectory } from "../../lib/kube/node-directory.ts";
 import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
 import { kubeVolumeKeyStore, type VolumeKeyStore } from "../../lib/kube/volume-keys.ts";
 import type { Logger } from "../../lib/log.ts";

@@ -1,22 +1,22 @@
 // CSI node id -> the host NQN the target ACL admits: the node's own /etc/nvme/hostnqn. The node
-// plugin and the DPU plugin report it inside their node ID (lib/csi-node-id.ts, stored by kubelet
-// in CSINode); a Node annotation is read only for node IDs of earlier releases. NodeStage connects only as that identity, so the controller never invents one.
+// plugin and the DPU plugin report it inside their node ID (lib/csi-node-id.ts), which kubelet
+// stores in the node's CSINode; node authorization lets only that node's kubelet write it. Nothing
+// else names a host NQN: a Node annotation (which anything holding `patch nodes` could write) is
+// never read. NodeStage connects only as that identity, so the controller never invents one.
 import * as k8s from "@kubernetes/client-node";
-import * as v from "valibot";
 import { parseNodeId } from "../csi-node-id.ts";
 import { DRIVER_NAME } from "../volume-context.ts";
 import type { KubeConnection } from "./connection.ts";
 import { kubeError } from "./resource.ts";
 
-/** Node annotation holding the node's NVMe host NQN, written by the DISTORT node plugin. */
-export const HOST_NQN_ANNOTATION = "storage.distort.io/host-nqn";
-
-const NqnSchema = v.pipe(v.string(), v.maxLength(223), v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/));
+/**
+ * The Node annotation earlier releases' node plugins wrote their host NQN into. Nothing reads or
+ * writes it now; tests use the name to show it is ignored and never written.
+ */
+export const LEGACY_HOST_NQN_ANNOTATION = "storage.distort.io/host-nqn";
 
 /** What the controller needs to know of a node. */
 export interface NodeRecord {
-  /** The host NQN annotation; undefined when none (or an invalid one) is on the Node. */
-  hostNQN?: string;
   /**
    * The DISTORT node ID kubelet stored in the node's CSINode (node authorization: only that
    * node's kubelet writes it); undefined when the node plugin never registered there.
@@ -25,20 +25,14 @@ export interface NodeRecord {
   labels: Record<string, string>;
 }
 
-/** The registered host NQN among a Node's annotations, if valid. */
-export function hostNQNOf(annotations: Readonly<Record<string, string>> | undefined): string | undefined {
-  const nqn = annotations?.[HOST_NQN_ANNOTATION];
-  return nqn !== undefined && v.is(NqnSchema, nqn) ? nqn : undefined;
-}
-
 /** Looks CSI node ids up. */
 export interface NodeDirectory {
   /** The Node of that name, or undefined when none exists. Errors when the lookup itself fails. */
   get(nodeName: string): Promise<NodeRecord | undefined>;
   /**
-   * Names of the Nodes that claim `hostNQN`: in the DISTORT node ID their CSINode carries, or (for
-   * earlier releases) in the host NQN annotation. Two distinct names mean two
-   * machines present one initiator identity, which the target could not tell apart.
+   * Names of the Nodes that claim `hostNQN` in the DISTORT node ID their CSINode carries. Two
+   * distinct names mean two machines present one initiator identity, which the target could not
+   * tell apart.
    */
   claiming(hostNQN: string): Promise<string[]>;
 }
@@ -50,10 +44,8 @@ export function kubeNodeDirectory(conn: KubeConnection): NodeDirectory {
     async get(nodeId) {
       try {
         const node = await core.readNode({ name: nodeId });
-        const hostNQN = hostNQNOf(node.metadata?.annotations);
         const registeredNodeId = await csiNodeId(conn, nodeId);
         return {
-          ...(hostNQN ? { hostNQN } : {}),
           ...(registeredNodeId ? { registeredNodeId } : {}),
           labels: node.metadata?.labels ?? {},
         };
@@ -71,9 +63,6 @@ export function kubeNodeDirectory(conn: KubeConnection): NodeDirectory {
             if (d.name === DRIVER_NAME && d.nodeID && parseNodeId(d.nodeID).hostNQN === hostNQN)
               names.add(n.metadata?.name ?? "");
           }
-        }
-        for (const n of (await core.listNode()).items) {
-          if (hostNQNOf(n.metadata?.annotations) === hostNQN) names.add(n.metadata?.name ?? "");
         }
       } catch (err) {
         throw kubeError(err, `find the nodes claiming host NQN ${hostNQN}`);
