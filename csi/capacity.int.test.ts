@@ -202,7 +202,10 @@ test("the external-provisioner publishes one CSIStorageCapacity per segment: the
     const out: Seen = {};
     for (const c of list.items) {
       if (c.storageClassName !== sc) continue;
+      // Other tests' nodes share this API server (a CSINode without the fabric key is a segment
+      // of its own to the provisioner); only this test's two segments are its to check.
       const fabric = c.nodeTopology?.matchLabels?.[KEY] ?? "(none)";
+      if (fabric !== fa && fabric !== fb) continue;
       out[fabric] = {
         capacity: c.capacity?.toString(),
         maximum: c.maximumVolumeSize?.toString(),
