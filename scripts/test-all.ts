@@ -46,6 +46,10 @@ async function step(name: string, cmd: string[], env: Record<string, string> = {
   return text;
 }
 
+// Host packages first: some unit tests run real tools too (parted on a scratch file, busybox for
+// the images' applets), and a fresh machine has neither.
+await step("host packages", ["bash", "scripts/host-deps.sh"]);
+
 // `--only-integration` (the test:int script) skips the static checks and unit tests.
 if (!process.argv.includes("--only-integration")) {
   await step("typecheck", [bin("tsc"), "--noEmit", "-p", "tsconfig.json"]);
@@ -54,7 +58,6 @@ if (!process.argv.includes("--only-integration")) {
   await step("unit", [bin("bun"), "run", "test:unit"]);
 }
 
-await step("host packages", ["bash", "scripts/host-deps.sh"]);
 say("\n== control plane for integration tests");
 const t0 = performance.now();
 await ensureTools();
