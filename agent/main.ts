@@ -152,7 +152,6 @@ export async function runAgent(
         ok: true,
         endpoint: {
           ip: configured,
-          transport: "rdma",
           device: "configured",
           port: 1,
           netdev: "configured",

@@ -187,6 +187,7 @@ export function buildVolumeChain(input: VolumeChainInput): VolumeChain {
         node: storageNode.spec.nodeName,
         rdmaIP: s?.rdmaIP ?? null,
         listener: s?.transport ?? null,
+        served: s?.servedTransports || null,
         exports: s?.exportCount ?? null,
         spdkVersion: s?.spdkVersion ?? null,
         heartbeat: s?.lastHeartbeatTime ?? null,

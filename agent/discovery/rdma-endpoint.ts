@@ -9,7 +9,9 @@ import type { InterfaceAddress, NetworkInterface } from "./rdma-attributes.ts";
 /** Where initiators reach this node. */
 export interface RdmaEndpoint {
   readonly ip: string;
-  readonly transport: "rdma";
+  /** "rdma" for a discovered RDMA port; absent for a configured address, whose transports are
+   * whatever the exported partitions ask for (status.servedTransports). */
+  readonly transport?: "rdma";
   readonly linkSpeedMbps?: number;
   readonly device: string;
   readonly port: number;

@@ -253,3 +253,26 @@ test("quantities for kubectl get, and the transports the node's exports really u
   expect(nextNodeStatus(tcpOnly, 1, obs(), now).servedTransports).toBe("tcp");
   expect(nextNodeStatus(tcpOnly, 1, obs({ servedTransports: [] }), now).servedTransports).toBe("");
 });
+
+test("a configured portal address claims no listener transport; what the node serves is servedTransports", () => {
+  const configured: EndpointResult = {
+    ok: true,
+    endpoint: { ip: "198.18.0.11", device: "configured", port: 1, netdev: "configured" },
+  };
+  const s = nextNodeStatus(
+    undefined,
+    2,
+    obs({ endpoint: configured, servedTransports: ["tcp", "tcp"] }),
+    now,
+  );
+  expect(v.safeParse(RDMAStorageNodeStatusSchema, s).success).toBe(true);
+  expect(s.rdmaIP).toBe("198.18.0.11");
+  expect("transport" in s).toBe(false);
+  expect(s.servedTransports).toBe("tcp");
+  const ready = s.conditions?.find((c) => c.type === "Ready");
+  expect([ready?.status, ready?.reason, ready?.message]).toEqual([
+    "True",
+    "PortalConfigured",
+    "198.18.0.11 (configured portal address)",
+  ]);
+});

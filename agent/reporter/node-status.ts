@@ -82,6 +82,14 @@ function readyCondition(e: EndpointResult): Omit<CondInput, "observedGeneration"
   if (!e.ok) return { type: C.Ready, status: "False", reason: e.reason, message: e.message };
   const p = e.endpoint;
   const speed = p.linkSpeedMbps === undefined ? "" : `, ${p.linkSpeedMbps} Mb/s`;
+  if (p.device === "configured") {
+    return {
+      type: C.Ready,
+      status: "True",
+      reason: "PortalConfigured",
+      message: `${p.ip} (configured portal address)`,
+    };
+  }
   return {
     type: C.Ready,
     status: "True",
@@ -123,7 +131,7 @@ export function nextNodeStatus(
     ...(e.ok
       ? {
           rdmaIP: e.endpoint.ip,
-          transport: e.endpoint.transport,
+          ...(e.endpoint.transport === undefined ? {} : { transport: e.endpoint.transport }),
           ...(e.endpoint.linkSpeedMbps === undefined ? {} : { linkSpeedMbps: e.endpoint.linkSpeedMbps }),
         }
       : {}),
