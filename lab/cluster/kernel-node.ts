@@ -12,7 +12,7 @@ import { attachLoopDrives } from "../harness/loop-drives.ts";
 import { buildDriveSysfs } from "../harness/storage-node.ts";
 import { simConfigfs } from "../sim/configfs/sim-configfs.ts";
 import { loopDevices } from "../sweep.ts";
-import type { LabNode } from "./nodes.ts";
+import { inNode, type LabNode } from "./nodes.ts";
 import { hostPathOf, LAB_DRIVE_MODEL, type LabDrive, NODE_PATHS } from "./storage-prep.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
@@ -73,15 +73,7 @@ export async function prepareKernelNode(
  */
 export async function startKernelTarget(n: LabNode): Promise<Subprocess> {
   const log = join(n.paths.logs, "nvmet.log");
-  const argv = [
-    "setpriv",
-    "--pdeathsig",
-    "KILL",
-    "--",
-    "nsenter",
-    `--net=/run/netns/${n.netns}`,
-    `--mount=/proc/${n.holderPid}/ns/mnt`,
-    "--",
+  const argv = inNode(n, [
     process.execPath,
     join(ROOT, "lab/sim/nvmet/main.ts"),
     `--root=${KERNEL_NODE_PATHS.hostRoot}`,
@@ -90,7 +82,7 @@ export async function startKernelTarget(n: LabNode): Promise<Subprocess> {
     `--device-map=${KERNEL_NODE_PATHS.deviceMap}`,
     // Every agent write sends a notice; the rescan is only the backstop for one that timed out.
     "--watch-ms=5000",
-  ];
+  ]);
   const p = Bun.spawn(argv, { cwd: ROOT, stdout: Bun.file(log), stderr: Bun.file(log), stdin: "ignore" });
   writeFileSync(join(n.paths.root, NVMET_PID_FILE), String(p.pid));
   const socket = hostPathOf(n.paths.root, KERNEL_NODE_PATHS.noticeSocket);

@@ -114,6 +114,22 @@ export interface LabNode {
   stop(): Promise<void>;
 }
 
+/**
+ * argv that runs `argv` inside a node: its network namespace and its holder's mount namespace.
+ * `tied` (a node-level daemon) adds a parent-death signal, so the process dies with this runtime
+ * rather than outliving a lab whose `down` would miss it.
+ */
+export function inNode(n: { netns: string; holderPid: number }, argv: string[], tied = true): string[] {
+  const enter = [
+    "nsenter",
+    `--net=/run/netns/${n.netns}`,
+    `--mount=/proc/${n.holderPid}/ns/mnt`,
+    "--",
+    ...argv,
+  ];
+  return tied ? ["setpriv", "--pdeathsig", "KILL", "--", ...enter] : enter;
+}
+
 /** The values kubelet wants; bind-mounted inside the node so it finds them set and writes nothing to the host. */
 const NODE_SYSCTLS: Record<string, string> = {
   "kernel/panic": "10",
@@ -581,20 +597,12 @@ async function startNode(shared: Shared, spec: NodeSpec, index: number): Promise
 
     const spawnDaemon = (logName: string, argv: string[]): Subprocess => {
       const fd = openSync(join(paths.logs, `${logName}.log`), "a");
-      const p = Bun.spawn(
-        [
-          "setpriv",
-          "--pdeathsig",
-          "KILL",
-          "--",
-          "nsenter",
-          `--net=/run/netns/${netns}`,
-          `--mount=/proc/${h.pid}/ns/mnt`,
-          "--",
-          ...argv,
-        ],
-        { cwd: "/", stdout: fd, stderr: fd, stdin: "ignore" },
-      );
+      const p = Bun.spawn(inNode({ netns, holderPid: h.pid }, argv), {
+        cwd: "/",
+        stdout: fd,
+        stderr: fd,
+        stdin: "ignore",
+      });
       closeSync(fd);
       return p;
     };
@@ -678,15 +686,12 @@ async function startNode(shared: Shared, spec: NodeSpec, index: number): Promise
       containerdSocket,
       cgroupRoot,
       async exec(argv, eopts) {
-        const p = Bun.spawn(
-          ["nsenter", `--net=/run/netns/${netns}`, `--mount=/proc/${h.pid}/ns/mnt`, "--", ...argv],
-          {
-            cwd: "/",
-            stdin: eopts?.stdin !== undefined ? Buffer.from(eopts.stdin) : "ignore",
-            stdout: "pipe",
-            stderr: "pipe",
-          },
-        );
+        const p = Bun.spawn(inNode({ netns, holderPid: h.pid }, argv, false), {
+          cwd: "/",
+          stdin: eopts?.stdin !== undefined ? Buffer.from(eopts.stdin) : "ignore",
+          stdout: "pipe",
+          stderr: "pipe",
+        });
         const [exitCode, stdout, stderr] = await Promise.all([
           p.exited,
           new Response(p.stdout).text(),

@@ -25,7 +25,7 @@ import {
   stopKernelTarget,
 } from "./kernel-node.ts";
 import { BRIDGE_ADDRESS, ensureBridge, SERVICE_CIDR } from "./node-network.ts";
-import { type LabNode, startNodes, teardownNodes } from "./nodes.ts";
+import { inNode, type LabNode, startNodes, teardownNodes } from "./nodes.ts";
 import { pauseImageSpec, writeOciArchive } from "./oci-image.ts";
 import { type LabDrive, NODE_PATHS, prepareLabNode } from "./storage-prep.ts";
 import { ensureSidecars, ensureTools } from "./tools.ts";
@@ -269,21 +269,13 @@ export function nvmeHostStateDir(node: string): string {
  */
 async function startNvmeHost(n: LabNode): Promise<Subprocess> {
   const log = join(n.paths.logs, "nvme-host.log");
-  const argv = [
-    "setpriv",
-    "--pdeathsig",
-    "KILL",
-    "--",
-    "nsenter",
-    `--net=/run/netns/${n.netns}`,
-    `--mount=/proc/${n.holderPid}/ns/mnt`,
-    "--",
+  const argv = inNode(n, [
     process.execPath,
     join(ROOT, "lab/sim/fabric/host-daemon.ts"),
     "--fabric=tcp",
     `--state-dir=${nvmeHostStateDir(n.name)}`,
     `--socket=${NODE_PATHS.nvmeHostSocket}`,
-  ];
+  ]);
   const p = Bun.spawn(argv, { cwd: ROOT, stdout: Bun.file(log), stderr: Bun.file(log), stdin: "ignore" });
   writeFileSync(join(n.paths.root, "nvme-host.pid"), String(p.pid));
   const socket = join(n.paths.run, NODE_PATHS.nvmeHostSocket.slice("/run/".length));
