@@ -30,6 +30,18 @@ describe("parseAgentConfig", () => {
     expect(c.spdkMemSizeMb).toBe(2048);
   });
 
+  test("an external nvmf_tgt (its own container): no command, and both together are refused", () => {
+    expect(parseAgentConfig(base).nvmfTgtExternal).toBe(false);
+    expect(parseAgentConfig({ ...base, DISTORT_NVMF_TGT_EXTERNAL: "true" }).nvmfTgtExternal).toBe(true);
+    expect(() =>
+      parseAgentConfig({
+        ...base,
+        DISTORT_NVMF_TGT_EXTERNAL: "true",
+        DISTORT_NVMF_TGT: "/usr/local/bin/nvmf_tgt",
+      }),
+    ).toThrow(/DISTORT_NVMF_TGT \(a command for the agent to start\) must then be empty/);
+  });
+
   test("portal addresses: one, or several comma-separated (the primary first)", () => {
     expect(parseAgentConfig({ ...base, DISTORT_PORTAL_ADDRESS: "10.0.0.5" }).portalAddresses).toEqual([
       "10.0.0.5",

@@ -54,6 +54,12 @@ const EnvSchema = v.object({
   DISTORT_SPDK_SOCKET: v.optional(absPath, "/var/tmp/spdk.sock"),
   /** argv of nvmf_tgt, space separated; empty: adopt an nvmf_tgt started by someone else. */
   DISTORT_NVMF_TGT: v.optional(v.string(), ""),
+  /**
+   * true: nvmf_tgt runs in a container (or host service) of its own that outlives the agent, so
+   * an agent upgrade never stops it. The agent never starts one; it waits for it, initialises it
+   * when it waits in --wait-for-rpc, pings it, and re-verifies every export when it comes back.
+   */
+  DISTORT_NVMF_TGT_EXTERNAL: v.optional(bool, "false"),
   DISTORT_SPDK_MEM_SIZE_MB: v.optional(wholeNumber(SPDK_MEM_SIZE_MB.min, SPDK_MEM_SIZE_MB.max)),
   /**
    * Subsystems the supervised nvmf_tgt may hold (nvmf_set_max_subsystems at start): one per
@@ -102,6 +108,12 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     throw new StorageError("invalid", `agent configuration: ${msgs.join("; ")}`);
   }
   const c = r.output;
+  if (c.DISTORT_NVMF_TGT_EXTERNAL && c.DISTORT_NVMF_TGT.trim() !== "") {
+    throw new StorageError(
+      "invalid",
+      "agent configuration: DISTORT_NVMF_TGT_EXTERNAL=true means another container runs nvmf_tgt; DISTORT_NVMF_TGT (a command for the agent to start) must then be empty",
+    );
+  }
   return {
     nodeName: c.NODE_NAME,
     kubeconfig: c.KUBECONFIG,
@@ -109,6 +121,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     backends: c.DISTORT_BACKENDS,
     spdkSocket: c.DISTORT_SPDK_SOCKET,
     nvmfTgtCommand: c.DISTORT_NVMF_TGT.split(" ").filter(Boolean),
+    nvmfTgtExternal: c.DISTORT_NVMF_TGT_EXTERNAL,
     coreMask: c.DISTORT_SPDK_CORE_MASK,
     spdkMemSizeMb: c.DISTORT_SPDK_MEM_SIZE_MB,
     spdkMaxSubsystems: c.DISTORT_SPDK_MAX_SUBSYSTEMS,

@@ -5,7 +5,7 @@
 import { hostname } from "node:os";
 import { kinds, type NVMePartition } from "../api/index.ts";
 import { realClock } from "../lib/clock.ts";
-import { errorMessage } from "../lib/errors.ts";
+import { errorMessage, StorageError } from "../lib/errors.ts";
 import { type Exec, hostExec, runChecked } from "../lib/exec.ts";
 import { type HostFs, hostFs } from "../lib/fs.ts";
 import { serveHealth } from "../lib/health-server.ts";
@@ -255,12 +255,14 @@ export async function runAgent(
     },
   );
 
-  // nvmf_tgt: started and kept alive by the agent when a command is configured, else adopted as is.
-  // A restarted target has lost every subsystem: all partitions are re-verified at once.
+  // nvmf_tgt: started and kept alive by the agent when a command is configured; adopted, initialised
+  // and watched when it runs in a container of its own (external); else adopted as is. A restarted
+  // target has lost every subsystem: all partitions are re-verified at once.
   let supervisor: NvmfTgtSupervisor | undefined;
-  if (spdk && cfg.nvmfTgtCommand.length > 0) {
+  if (spdk && (cfg.nvmfTgtCommand.length > 0 || cfg.nvmfTgtExternal)) {
     supervisor = new NvmfTgtSupervisor({
       command: cfg.nvmfTgtCommand,
+      launch: !cfg.nvmfTgtExternal,
       socketPath: cfg.spdkSocket,
       coreMask: cfg.coreMask,
       extraArgs: cfg.spdkMemSizeMb === undefined ? [] : ["-s", String(cfg.spdkMemSizeMb)],
@@ -278,7 +280,27 @@ export async function runAgent(
         partitions.targetRestarted("spdk");
       },
     });
-    await supervisor.ensureRunning();
+    if (cfg.nvmfTgtExternal) {
+      // The target's own Pod may start after this one: wait for it a while, then let the
+      // supervisor's loop adopt it whenever it comes (exports are verified then).
+      const deadline = Date.now() + 60_000;
+      for (;;) {
+        try {
+          await supervisor.ensureRunning();
+          break;
+        } catch (err) {
+          // Another core mask: waiting does not change it (the message says what to do).
+          if (err instanceof StorageError && err.kind === "precondition") throw err;
+          if (Date.now() >= deadline) {
+            logger.warn("nvmf_tgt not up yet; going on and adopting it when it answers", { err });
+            break;
+          }
+          await Bun.sleep(500);
+        }
+      }
+    } else {
+      await supervisor.ensureRunning();
+    }
     supervisor.start();
   }
 

@@ -114,6 +114,8 @@ class World {
   spawnError: Error | undefined;
   nextPid = 1000;
   conns = 0;
+  /** Clients reconnect, as SpdkClient does, to whatever serves the socket after their target died. */
+  reconnecting = false;
   opened = 0;
   closed = 0;
   readonly parents = new Map<number, number>();
@@ -184,12 +186,17 @@ class World {
   };
 
   openClient = (): SupervisorRpc => {
+    const this_ = this;
     this.opened++;
     const conn = ++this.conns;
     let bound: FakeTarget | undefined;
+    let generation: number | undefined;
     let closed = false;
     const pending = new Set<(err: Error) => void>();
     return {
+      get connectionGeneration() {
+        return this_.reconnecting ? generation : undefined;
+      },
       serialize: (_key, fn) => fn(),
       close: async () => {
         if (closed) return;
@@ -200,6 +207,7 @@ class World {
       call: (method: string, params?: object, opts: CallOptions = {}) => {
         this.calls.push({ method, params, conn });
         if (closed) return Promise.reject(new StorageError("unavailable", "client closed"));
+        if (bound && !bound.alive && this.reconnecting && this.serving) bound = undefined;
         if (!bound) {
           if (!this.serving) {
             return Promise.reject(
@@ -209,6 +217,7 @@ class World {
             );
           }
           bound = this.serving;
+          generation = (generation ?? 0) + 1;
         }
         const target = bound;
         if (!target.alive) {
@@ -844,6 +853,91 @@ describe("liveness and restarts", () => {
     await w.run(50);
     expect(inner).toBeDefined();
     await inner;
+    await w.drive(s.stop());
+  });
+});
+
+describe("adopt only (launch false): the target runs in a container of its own", () => {
+  test("an empty command is refused unless launch is false", () => {
+    const w = new World();
+    expect(() => w.supervisor({ command: [] })).toThrow(/command must name the nvmf_tgt executable/);
+    expect(() => w.supervisor({ command: [], launch: false })).not.toThrow();
+  });
+
+  test("nothing on the socket: no process is started; the target is adopted and initialised when it comes", async () => {
+    const w = new World();
+    let hooks = 0;
+    const s = w.supervisor({ command: [], launch: false, onRestart: () => void hooks++ });
+    const err = await rejection(w.drive(s.ensureRunning()));
+    expect(err.kind).toBe("unavailable");
+    expect(err.message).toContain("starts none");
+    s.start();
+    await w.run(5000);
+    expect(s.state).toBe("down");
+    expect(w.spawnTimes).toEqual([]);
+    w.foreign([0, 1], "startup", 777);
+    await w.run(1500);
+    expect(s.state).toBe("adopted");
+    expect(s.pid).toBe(777);
+    expect(w.methods()).toContain("framework_start_init");
+    expect(hooks).toBe(1);
+    expect(w.spawnTimes).toEqual([]);
+    await w.drive(s.stop());
+  });
+
+  test("a target that dies and comes back (its container restarted) is adopted again as a new target", async () => {
+    const w = new World();
+    let hooks = 0;
+    const first = w.foreign([0, 1], "runtime", 501);
+    const s = w.supervisor({
+      command: [],
+      launch: false,
+      unresponsiveLimit: 2,
+      onRestart: () => void hooks++,
+    });
+    s.start();
+    await w.run(50);
+    expect(s.state).toBe("adopted");
+    expect(hooks).toBe(0); // already initialised: nothing lost yet
+    first.alive = false;
+    w.serving = undefined;
+    await w.run(4000);
+    expect(s.state).not.toBe("adopted");
+    w.foreign([0, 1], "startup", 502);
+    await w.run(1500);
+    expect([s.state, s.pid, hooks]).toEqual(["adopted", 502, 1]);
+    expect(w.spawnTimes).toEqual([]);
+    await w.drive(s.stop());
+  });
+
+  test("a replacement seen only as a reconnect between two pings is adopted again and counts as new", async () => {
+    const w = new World();
+    w.reconnecting = true;
+    let hooks = 0;
+    const first = w.foreign([0, 1], "runtime", 601);
+    const s = w.supervisor({ command: [], launch: false, onRestart: () => void hooks++ });
+    s.start();
+    await w.run(50);
+    expect([s.state, s.pid]).toEqual(["adopted", 601]);
+    // Between pings the process is replaced by one someone else already initialised: every ping
+    // still gets an answer, only over a new connection.
+    first.alive = false;
+    w.foreign([0, 1], "runtime", 602);
+    await w.run(2500);
+    expect([s.state, s.pid, hooks]).toEqual(["adopted", 602, 1]);
+    expect(w.spawnTimes).toEqual([]);
+    await w.drive(s.stop());
+  });
+
+  test("an adopted target that keeps its connection stays adopted and runs no hook", async () => {
+    const w = new World();
+    w.reconnecting = true;
+    let hooks = 0;
+    w.foreign([0, 1], "runtime", 701);
+    const s = w.supervisor({ command: [], launch: false, onRestart: () => void hooks++ });
+    s.start();
+    await w.run(10_000);
+    expect([s.state, s.pid, hooks]).toEqual(["adopted", 701, 0]);
     await w.drive(s.stop());
   });
 });

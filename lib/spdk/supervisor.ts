@@ -45,8 +45,18 @@ export interface StartupOptions {
 }
 
 export interface NvmfTgtSupervisorOptions {
-  /** argv prefix that runs nvmf_tgt, e.g. ["/usr/local/bin/nvmf_tgt"] or [bun, "emulator-cli.ts"]. */
+  /**
+   * argv prefix that runs nvmf_tgt, e.g. ["/usr/local/bin/nvmf_tgt"] or [bun, "emulator-cli.ts"];
+   * may be empty when launch is false.
+   */
   command: readonly string[];
+  /**
+   * false: never start a target, only adopt (and initialise) the one another container or the
+   * host runs on the socket, waiting for it while none answers. A target lost and found again is
+   * treated as a new one (onRestart), since a process restarted by someone else is only ever
+   * seen as an answer on a new connection. Default true.
+   */
+  launch?: boolean;
   /** The RPC socket nvmf_tgt serves (-r). */
   socketPath: string;
   /** Node-global reactor core mask, "0x3" or "[0,2-3]"; passed as -m in canonical hex. */
@@ -100,7 +110,7 @@ export interface NvmfTgtSupervisorOptions {
 const Ms = (min: number) => v.pipe(v.number(), v.integer(), v.minValue(min));
 const NonEmpty = v.pipe(v.string(), v.minLength(1));
 const OptionsSchema = v.object({
-  command: v.pipe(v.array(NonEmpty), v.minLength(1, "command must name the nvmf_tgt executable")),
+  command: v.array(NonEmpty),
   socketPath: v.pipe(NonEmpty, v.startsWith("/", "socketPath must be absolute")),
   extraArgs: v.optional(v.array(v.string()), []),
   startupOptions: v.optional(
@@ -156,6 +166,8 @@ interface Target {
   pid: number | undefined;
   rpc: SupervisorRpc | undefined;
   methods: SpdkMethods | undefined;
+  /** The connection generation the target was adopted over (adopted targets only). */
+  generation?: number | undefined;
   phase: "starting" | "ready" | "ending";
   readyAt: number;
   misses: number;
@@ -257,6 +269,9 @@ export class NvmfTgtSupervisor {
   readonly #readinessPollMs: number;
   readonly #stopGraceMs: number;
 
+  readonly #launch: boolean;
+  /** An adopted target was lost; the next one adopted counts as new (launch false). */
+  #lostAdopted = false;
   #state: SupervisorState = "down";
   #target: Target | undefined;
   #bringUp: Promise<void> | undefined;
@@ -299,6 +314,13 @@ export class NvmfTgtSupervisor {
       );
     }
     const o = parsed.output;
+    this.#launch = opts.launch ?? true;
+    if (this.#launch && o.command.length === 0) {
+      throw new StorageError(
+        "invalid",
+        "nvmf_tgt supervisor options: command must name the nvmf_tgt executable",
+      );
+    }
     for (const arg of o.extraArgs) {
       const r = reservedArg(arg);
       if (r !== undefined) {
@@ -429,6 +451,8 @@ export class NvmfTgtSupervisor {
   /** n-th consecutive attempt's delay; 0 when nothing or only the latest attempt has failed. */
   #backoffDelay(): number {
     if (this.#failures <= 1) return 0;
+    // Waiting for someone else's target costs one connect attempt: look often.
+    if (!this.#launch) return Math.min(this.#backoff.initialMs, 1000);
     const { initialMs, maxMs } = this.#backoff;
     return Math.min(maxMs, initialMs * 2 ** Math.min(this.#failures - 2, 40));
   }
@@ -458,12 +482,26 @@ export class NvmfTgtSupervisor {
         );
       }
       if (probe === "absent") {
-        await this.#launch();
+        if (!this.#launch) {
+          throw new StorageError(
+            "unavailable",
+            `no nvmf_tgt answers on ${this.#socketPath}, and this agent starts none (the target runs in a container of its own): waiting for it`,
+            { details: { socketPath: this.#socketPath } },
+          );
+        }
+        await this.#start();
         outcome = "started";
         fresh = true;
       } else {
         fresh = await this.#adopt(probe);
         outcome = "adopted";
+        if (this.#lostAdopted) {
+          // Whatever answers now may be a new process someone else started and initialised: its
+          // subsystems cannot be assumed, so every export is verified again.
+          this.#log.info("nvmf_tgt found again after it was lost; re-verifying every export");
+          fresh = true;
+          this.#lostAdopted = false;
+        }
       }
     } catch (err) {
       this.#failures++;
@@ -539,6 +577,7 @@ export class NvmfTgtSupervisor {
         misses: 0,
         tail: [],
       };
+      if (!this.#launch) this.#target.generation = rpc.connectionGeneration;
       this.#setState("adopted");
       this.#log.info("adopted running nvmf_tgt", { pid: reactors.pid, initialised });
       if (!initialised && (this.#startup.iobuf || this.#startup.maxSubsystems)) {
@@ -573,7 +612,7 @@ export class NvmfTgtSupervisor {
     await methods.frameworkWaitInit(this.#callOpts(deadline));
   }
 
-  async #launch(): Promise<void> {
+  async #start(): Promise<void> {
     const started = this.#clock.now();
     const deadline = started + this.#readyTimeoutMs;
     const tail: string[] = [];
@@ -828,6 +867,23 @@ export class NvmfTgtSupervisor {
     const methods = target.methods as SpdkMethods;
     try {
       await methods.spdkGetVersion({ timeoutMs: this.#pingTimeoutMs, signal: this.#abort.signal });
+      const now = target.rpc?.connectionGeneration;
+      if (target.generation !== undefined && now !== undefined && now !== target.generation) {
+        // The client reconnected under the ping: the process that answered may not be the one
+        // adopted (a target container restarted, empty), so it is adopted afresh.
+        this.#log.warn("adopted nvmf_tgt answered over a new connection; adopting it again", {
+          pid: target.pid,
+        });
+        this.#metrics?.losses.inc({ reason: "reconnected" });
+        this.#lostAdopted = true;
+        await this.#discard(target, "reconnected");
+        this.#setState("down");
+        this.#rescheduleSoon();
+        throw new StorageError(
+          "unavailable",
+          `nvmf_tgt on ${this.#socketPath} was reached over a new connection`,
+        );
+      }
       target.misses = 0;
       if (this.#failures > 0 && this.#clock.now() - target.readyAt >= this.#backoff.maxMs) this.#failures = 0;
       return;
@@ -870,6 +926,7 @@ export class NvmfTgtSupervisor {
         process: alive,
         misses: target.misses,
       });
+      this.#lostAdopted = true;
       await this.#discard(target, "unresponsive");
       this.#setState("down");
     }
