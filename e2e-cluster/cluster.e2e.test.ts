@@ -249,7 +249,7 @@ async function deletePod(name: string): Promise<void> {
   );
 }
 
-test("kill -9 of the agent's nvmf_tgt container: kubelet restarts it, the agent replays, writes resume", async () => {
+test("kill -9 of the node's nvmf_tgt container: kubelet restarts it, the agent re-adopts and replays, writes resume", async () => {
   const node = await volumeNode();
   await startLoopWriter("loop-target", "node-c");
   const before = await waitFor("a few rounds written", 60_000, async () =>
@@ -261,12 +261,8 @@ test("kill -9 of the agent's nvmf_tgt container: kubelet restarts it, the agent 
   );
   expect(target).toBeDefined();
   process.kill(target?.pid as number, "SIGKILL");
-  const agentPod = async () =>
-    (
-      await core.listNamespacedPod({ namespace: lab.namespace, fieldSelector: `spec.nodeName=${node}` })
-    ).items.find((p) => p.metadata?.name?.includes("agent"));
   await waitFor("the nvmf-tgt container restarted by kubelet", 120_000, async () => {
-    const st = (await agentPod())?.status?.containerStatuses?.find((c) => c.name === "nvmf-tgt");
+    const st = (await targetPod(node))?.status?.containerStatuses?.find((c) => c.name === "nvmf-tgt");
     return (st?.restartCount ?? 0) >= 1 && st?.ready === true;
   });
   const after = await waitFor("the writer's log", 60_000, () => loopRounds("loop-target"));
@@ -276,7 +272,24 @@ test("kill -9 of the agent's nvmf_tgt container: kubelet restarts it, the agent 
   await deletePod("loop-target");
 }, 600_000);
 
-test("helm upgrade to a rebuilt image with a Pod writing: no I/O error, data intact", async () => {
+/** The nvmf_tgt Pod of a storage node (its own DaemonSet, agent.spdk.separateTarget). */
+async function targetPod(node: string): Promise<k8s.V1Pod | undefined> {
+  const pods = await core.listNamespacedPod({
+    namespace: lab.namespace,
+    fieldSelector: `spec.nodeName=${node}`,
+  });
+  return pods.items.find((p) => p.metadata?.labels?.["app.kubernetes.io/component"] === "nvmf-tgt");
+}
+
+test("helm upgrade to a rebuilt image with a Pod writing: the agent is replaced, nvmf_tgt keeps serving, no I/O error", async () => {
+  const node = await volumeNode();
+  const tgtBefore = await targetPod(node);
+  const tgtRestarts = tgtBefore?.status?.containerStatuses?.[0]?.restartCount;
+  expect(tgtBefore?.metadata?.uid).toBeDefined();
+  const tgtPid = distortProcesses().find(
+    (p) => /nvmf_tgt/.test(p.cmd) && p.cgroup.includes(`/dlab-${node}/`),
+  )?.pid;
+  expect(tgtPid).toBeDefined();
   await startLoopWriter("loop-upgrade", "node-c");
   await waitFor("a few rounds written", 60_000, async () =>
     (await loopRounds("loop-upgrade")) >= 3 ? true : undefined,
@@ -288,19 +301,28 @@ test("helm upgrade to a rebuilt image with a Pod writing: no I/O error, data int
     "--wait",
     "--timeout=8m",
   ]);
-  await waitFor("every DISTORT Pod running the rebuilt image", 300_000, async () => {
+  await waitFor("every DISTORT Pod but the targets running the rebuilt image", 300_000, async () => {
     const pods = await core.listNamespacedPod({ namespace: lab.namespace });
-    // The spec names the image (the status may name another tag of the same digest).
+    // The spec names the image (the status may name another tag of the same digest). The
+    // nvmf_tgt DaemonSet is OnDelete: an upgrade leaves its Pods alone.
     return pods.items.every(
       (p) =>
         p.metadata?.deletionTimestamp === undefined &&
         p.status?.phase === "Running" &&
         (p.status.containerStatuses ?? []).every((c) => c.ready) &&
-        (p.spec?.containers ?? []).every(
-          (c) => !c.image?.startsWith("distort.lab/") || c.image.endsWith(`:${upgraded}`),
-        ),
+        (p.metadata?.labels?.["app.kubernetes.io/component"] === "nvmf-tgt" ||
+          (p.spec?.containers ?? []).every(
+            (c) => !c.image?.startsWith("distort.lab/") || c.image.endsWith(`:${upgraded}`),
+          )),
     );
   });
+  // The volume's target is the very process it was: same Pod, no container restart, same pid.
+  const tgtAfter = await targetPod(node);
+  expect(tgtAfter?.metadata?.uid).toBe(tgtBefore?.metadata?.uid as string);
+  expect(tgtAfter?.status?.containerStatuses?.[0]?.restartCount).toBe(tgtRestarts as number);
+  expect(
+    distortProcesses().find((p) => /nvmf_tgt/.test(p.cmd) && p.cgroup.includes(`/dlab-${node}/`))?.pid,
+  ).toBe(tgtPid as number);
   const after = await waitFor("the writer's log", 60_000, () => loopRounds("loop-upgrade"));
   await waitFor("the writer keeps going after the upgrade", 180_000, async () =>
     (await loopRounds("loop-upgrade")) >= after + 3 ? true : undefined,

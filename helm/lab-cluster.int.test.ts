@@ -14,7 +14,7 @@ import { KERNEL_STORAGE_LABEL_VALUE, STORAGE_LABEL } from "../lab/cluster/real-l
 import { NODE_PATHS, storageLayout } from "../lab/cluster/storage-prep.ts";
 import { splitSimArgs } from "../lab/csi-node.ts";
 import { FABRIC_LABEL } from "../lab/harness/stack.ts";
-import { USAGE as NVMF_TGT_USAGE, parseArgs as parseNvmfTgtArgs } from "../lab/sim/spdk/nvmf-tgt.ts";
+import { parseArgs as parseNvmfTgtArgs } from "../lab/sim/spdk/nvmf-tgt.ts";
 import { parseConfig as parseManagerConfig } from "../manager/config.ts";
 import { CHART_DIR, type KubeDoc, type Profile, render, runHelm } from "./chart-support.ts";
 
@@ -118,15 +118,26 @@ describe("lab-cluster.yaml", () => {
     );
   });
 
-  test("the agent Pod: the agent adopts the emulated nvmf_tgt beside it over shared directories", () => {
-    const spec = podSpec(workload(lab, "DaemonSet", "agent"));
-    expect(spec.containers.map((c) => c.name)).toEqual(["agent", "nvmf-tgt"]);
+  test("the agent adopts the emulated nvmf_tgt of its own DaemonSet (OnDelete) over shared host directories", () => {
+    const agentSet = workload(lab, "DaemonSet", "agent");
+    const tgtSet = workload(lab, "DaemonSet", "nvmf-tgt");
+    const spec = podSpec(agentSet);
+    const tspec = podSpec(tgtSet);
+    expect(spec.containers.map((c) => c.name)).toEqual(["agent"]);
+    expect(tspec.containers.map((c) => c.name)).toEqual(["nvmf-tgt"]);
+    // An agent rollout never replaces the target: only a deleted target Pod is.
+    expect((tgtSet.spec as { updateStrategy: { type: string } }).updateStrategy.type).toBe("OnDelete");
+    const nodes = (o: KubeDoc) =>
+      (podSpec(o) as PodSpec & { nodeSelector?: Record<string, string> }).nodeSelector;
+    expect(nodes(tgtSet)).toEqual(nodes(agentSet));
     const agent = container(spec, "agent");
-    const tgt = container(spec, "nvmf-tgt");
+    const tgt = container(tspec, "nvmf-tgt");
     const cfg = parseAgentConfig(envOf(agent));
     expect(cfg.backends).toEqual(["spdk"]);
-    // Adopts (no command of its own), takes no DPDK memory, binds no drivers.
+    // Adopts, initialises and watches the external target; starts none, takes no DPDK memory,
+    // binds no drivers.
     expect(cfg.nvmfTgtCommand).toEqual([]);
+    expect(cfg.nvmfTgtExternal).toBe(true);
     expect(cfg.spdkMemSizeMb).toBeUndefined();
     expect(cfg.spdkSetup).toBe("");
     expect(cfg.portalAddresses).toEqual([NODE_IP]);
@@ -138,27 +149,28 @@ describe("lab-cluster.yaml", () => {
     expect(cfg.reportPeriodMs).toBe(2000);
     expect(cfg.verifyPeriodMs).toBe(5000);
 
-    // The emulator's command line, as the emulator parses it (with kubelet's $(NODE_IP)).
+    // The emulator's command line, as the emulator parses it (with kubelet's $(NODE_IP)): waiting
+    // for the agent's framework_start_init, on the agent's socket and core mask.
     expect(tgt.image).toBe(agent.image);
     expect(tgt.command).toEqual(["/usr/local/bin/nvmf_tgt"]);
     const argv = (tgt.args ?? []).map((a) => a.replace("$(NODE_IP)", envOf(tgt).NODE_IP ?? ""));
     expect(argv).toContain("--sim-fabric=tcp");
-    // The TCP fabric is the coordinator's change to the emulator (issue 13); until it is merged the
-    // emulator does not know the flag, and the rest of the line must still parse.
-    const known = NVMF_TGT_USAGE.includes("--sim-fabric ")
-      ? argv
-      : argv.filter((a) => a !== "--sim-fabric=tcp");
-    const parsed = parseNvmfTgtArgs(known);
+    const parsed = parseNvmfTgtArgs(argv);
     if (parsed === "help") throw new Error("the emulator was asked for help");
+    expect(parsed.waitForRpc).toBe(true);
     expect(parsed.socketPath).toBe(cfg.spdkSocket);
     expect(parsed.coreMask).toBe(cfg.coreMask);
     expect(parsed.dataDir).toBe(layout.dataDir);
     expect(parsed.drivesFile).toBe(layout.drivesFile);
     expect(parsed.hostAddresses).toEqual([NODE_IP]);
 
-    // Shared: the socket directory, the storage directory (same path in both), the key directory.
+    // Shared through the host: the socket directory, the storage directory (same path in both),
+    // the key directory (read-only for the target).
     const socketDir = dirname(cfg.spdkSocket);
-    for (const c of [agent, tgt]) {
+    for (const [c, ps] of [
+      [agent, spec],
+      [tgt, tspec],
+    ] as const) {
       expect({ c: c.name, at: mountOf(c, "spdk-socket")?.mountPath }).toEqual({ c: c.name, at: socketDir });
       expect({ c: c.name, at: mountOf(c, "lab-storage")?.mountPath }).toEqual({
         c: c.name,
@@ -168,14 +180,27 @@ describe("lab-cluster.yaml", () => {
         c: c.name,
         at: dirname(cfg.keyDir),
       });
+      expect({ c: c.name, socket: hostPathOf(ps, "spdk-socket")?.path }).toEqual({
+        c: c.name,
+        socket: socketDir,
+      });
+      expect({ c: c.name, storage: hostPathOf(ps, "lab-storage")?.path }).toEqual({
+        c: c.name,
+        storage: NODE_PATHS.storage,
+      });
+      expect({ c: c.name, state: hostPathOf(ps, "state")?.path }).toEqual({
+        c: c.name,
+        state: dirname(cfg.keyDir),
+      });
     }
-    expect(hostPathOf(spec, "lab-storage")?.path).toBe(NODE_PATHS.storage);
-    expect(hostPathOf(spec, "spdk-socket")?.path).toBe(socketDir);
+    expect(mountOf(tgt, "state")?.readOnly).toBe(true);
 
     // No hugepages and no modules directory, which the lab's nodes do not have.
-    expect(spec.volumes?.some((v) => v.emptyDir?.medium?.startsWith("HugePages"))).toBe(false);
-    expect(spec.volumes?.some((v) => v.hostPath?.path === "/lib/modules")).toBe(false);
-    for (const c of spec.containers) {
+    for (const ps of [spec, tspec]) {
+      expect(ps.volumes?.some((v) => v.emptyDir?.medium?.startsWith("HugePages"))).toBe(false);
+      expect(ps.volumes?.some((v) => v.hostPath?.path === "/lib/modules")).toBe(false);
+    }
+    for (const c of [agent, tgt]) {
       const keys = [...Object.keys(c.resources?.requests ?? {}), ...Object.keys(c.resources?.limits ?? {})];
       expect({ c: c.name, huge: keys.filter((k) => k.startsWith("hugepages")) }).toEqual({
         c: c.name,
@@ -404,6 +429,52 @@ describe("the knobs", () => {
     expect(cfg.nvmfTgtCommand).toEqual(["/usr/local/bin/nvmf_tgt"]);
     const r = await template("--set", "agent.spdk.hugepages.sizeMiB=100");
     expect(r.code).not.toBe(0);
+  });
+
+  test("separateTarget: nvmf_tgt in an OnDelete DaemonSet with the hugepages and -s; the agent adopts it and holds none", async () => {
+    const objs = await objectsOf({
+      name: "separate",
+      files: [],
+      set: ["agent.spdk.separateTarget.enabled=true"],
+    });
+    const agentSpec = podSpec(workload(objs, "DaemonSet", "agent"));
+    const tgtSet = workload(objs, "DaemonSet", "nvmf-tgt");
+    const tspec = podSpec(tgtSet);
+    expect(tgtSet.metadata.name).toBe("distort-agent-nvmf-tgt");
+    expect((tgtSet.spec as { updateStrategy: { type: string } }).updateStrategy.type).toBe("OnDelete");
+    const agent = container(agentSpec, "agent");
+    const tgt = container(tspec, "nvmf-tgt");
+    const cfg = parseAgentConfig(envOf(agent));
+    expect([cfg.nvmfTgtExternal, cfg.nvmfTgtCommand, cfg.spdkMemSizeMb]).toEqual([true, [], undefined]);
+    expect(JSON.stringify(agent.resources)).not.toContain("hugepages");
+    expect(agentSpec.volumes?.some((v) => v.name === "hugepages")).toBe(false);
+    // The target runs as the supervisor would have started it: mask, socket, --wait-for-rpc, -s.
+    expect([...(tgt.command ?? []), ...(tgt.args ?? [])]).toEqual([
+      "/usr/local/bin/nvmf_tgt",
+      "-m",
+      cfg.coreMask,
+      "-r",
+      cfg.spdkSocket,
+      "--wait-for-rpc",
+      "-s",
+      "2048",
+    ]);
+    expect(tgt.resources?.limits?.["hugepages-2Mi"]).toBe("2048Mi");
+    expect(tspec.volumes?.find((v) => v.name === "hugepages")?.emptyDir?.medium).toBe("HugePages-2Mi");
+    expect(mountOf(tgt, "spdk-socket")?.mountPath).toBe(dirname(cfg.spdkSocket));
+    expect(mountOf(tgt, "state")).toEqual({ name: "state", mountPath: dirname(cfg.keyDir), readOnly: true });
+    // Off by default: no target DaemonSet, the agent starts nvmf_tgt itself.
+    expect(
+      workloads(prod).some((o) => o.metadata.labels?.["app.kubernetes.io/component"] === "nvmf-tgt"),
+    ).toBe(false);
+    const none = await template(
+      "--set",
+      "agent.spdk.separateTarget.enabled=true",
+      "--set",
+      "agent.spdk.nvmfTgt=",
+    );
+    expect(none.code).not.toBe(0);
+    expect(none.stderr).toContain("separateTarget.enabled needs agent.spdk.nvmfTgt");
   });
 
   test("refuses a sidecar without image or repository, and a placement backoff the manager refuses", async () => {

@@ -222,6 +222,22 @@ const AGENT_ENTRIES = {
     }),
     setupScript: text("SPDK setup script; empty when drives are already bound"),
     socketDir: absPath("host directory of the SPDK JSON-RPC socket"),
+    separateTarget: v.strictObject({
+      enabled: v.pipe(
+        v.boolean(),
+        v.description(
+          "nvmf_tgt in a DaemonSet of its own (OnDelete) that the agent adopts; agent upgrades never stop it",
+        ),
+      ),
+      extraArgs: v.pipe(
+        v.array(v.string()),
+        v.description("more nvmf_tgt arguments; never -m, -r or --wait-for-rpc"),
+      ),
+      extraEnv: anyList("more environment of the nvmf_tgt container"),
+      extraVolumes: anyList("more volumes of the nvmf_tgt Pod"),
+      extraVolumeMounts: anyList("more volume mounts of the nvmf_tgt container"),
+      resources: resources("nvmf_tgt container"),
+    }),
     // Removed: thin provisioning is per StorageClass (storageClasses[].thinProvisioning). Still
     // accepted so templates/agent.yaml can name the replacement when an old values file sets it.
     thinLvols: v.optional(
