@@ -30,6 +30,23 @@ describe("parseAgentConfig", () => {
     expect(c.spdkMemSizeMb).toBe(2048);
   });
 
+  test("portal networks: CIDRs parsed, bad ones and the address list beside them refused", () => {
+    const c = parseAgentConfig({ ...base, DISTORT_PORTAL_NETWORKS: "198.18.0.0/24, 198.18.1.0/24" });
+    expect(c.portalNetworks?.map((n) => n.text)).toEqual(["198.18.0.0/24", "198.18.1.0/24"]);
+    expect(c.portalAddresses).toBeUndefined();
+    expect(() => parseAgentConfig({ ...base, DISTORT_PORTAL_NETWORKS: "198.18.0.1/24" })).toThrow(
+      /DISTORT_PORTAL_NETWORKS: 198\.18\.0\.1\/24: has host bits set/,
+    );
+    expect(() => parseAgentConfig({ ...base, DISTORT_PORTAL_NETWORKS: " , " })).toThrow(/at least one CIDR/);
+    expect(() =>
+      parseAgentConfig({
+        ...base,
+        DISTORT_PORTAL_NETWORKS: "198.18.0.0/24",
+        DISTORT_PORTAL_ADDRESS: "198.18.0.5",
+      }),
+    ).toThrow(/not both/);
+  });
+
   test("an external nvmf_tgt (its own container): no command, and both together are refused", () => {
     expect(parseAgentConfig(base).nvmfTgtExternal).toBe(false);
     expect(parseAgentConfig({ ...base, DISTORT_NVMF_TGT_EXTERNAL: "true" }).nvmfTgtExternal).toBe(true);

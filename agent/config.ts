@@ -5,6 +5,7 @@ import { MAX_PORTALS } from "../api/nvme-partition.ts";
 import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { parseDeviceList } from "./discovery/device-filter.ts";
+import { parseCidr } from "./discovery/portal-networks.ts";
 
 const bool = v.pipe(
   v.picklist(["true", "false", "1", "0"], "must be true or false"),
@@ -85,6 +86,31 @@ const EnvSchema = v.object({
    * the first is the primary). Unset: the RDMA endpoint discovery finds.
    */
   DISTORT_PORTAL_ADDRESS: v.optional(PortalAddresses),
+  /**
+   * Storage networks, comma-separated CIDRs: every usable address the node has in them is a
+   * portal, the first network's first; instead of DISTORT_PORTAL_ADDRESS.
+   */
+  DISTORT_PORTAL_NETWORKS: v.optional(
+    v.pipe(
+      v.string(),
+      v.transform((s) =>
+        s
+          .split(",")
+          .map((x) => x.trim())
+          .filter(Boolean),
+      ),
+      v.minLength(1, "DISTORT_PORTAL_NETWORKS needs at least one CIDR"),
+      v.maxLength(MAX_PORTALS, `DISTORT_PORTAL_NETWORKS lists more than ${MAX_PORTALS} networks`),
+      v.rawTransform(({ dataset, addIssue, NEVER }) => {
+        try {
+          return dataset.value.map(parseCidr);
+        } catch (err) {
+          addIssue({ message: `DISTORT_PORTAL_NETWORKS: ${(err as Error).message}` });
+          return NEVER;
+        }
+      }),
+    ),
+  ),
   DISTORT_PORTAL_PORT: v.optional(wholeNumber(1, 65535), "4420"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
@@ -108,6 +134,12 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     throw new StorageError("invalid", `agent configuration: ${msgs.join("; ")}`);
   }
   const c = r.output;
+  if (c.DISTORT_PORTAL_NETWORKS && c.DISTORT_PORTAL_ADDRESS) {
+    throw new StorageError(
+      "invalid",
+      "agent configuration: set DISTORT_PORTAL_ADDRESS (the addresses) or DISTORT_PORTAL_NETWORKS (the networks to find them in), not both",
+    );
+  }
   if (c.DISTORT_NVMF_TGT_EXTERNAL && c.DISTORT_NVMF_TGT.trim() !== "") {
     throw new StorageError(
       "invalid",
@@ -131,6 +163,8 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     keyDir: c.DISTORT_KEY_DIR,
     /** Configured portal addresses, the primary first; undefined: discovery picks one. */
     portalAddresses: c.DISTORT_PORTAL_ADDRESS,
+    /** Networks the portal addresses are found in at start-up; undefined: see portalAddresses. */
+    portalNetworks: c.DISTORT_PORTAL_NETWORKS,
     portalPort: c.DISTORT_PORTAL_PORT,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,

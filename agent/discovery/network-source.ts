@@ -8,6 +8,7 @@ import {
   type NetworkInterface,
   type PortState,
   parseIpAddrJson,
+  parseIpAddrJsonAll,
   parsePortState,
   parseRateMbps,
 } from "./rdma-attributes.ts";
@@ -124,4 +125,17 @@ export function hostNetworkSource(
       return parseIpAddrJson(r.stdout);
     },
   };
+}
+
+/** Every interface of the host (`ip -j addr show`), for portal selection by network. */
+export async function hostInterfaces(exec: Exec, timeoutMs = 10_000): Promise<NetworkInterface[]> {
+  const argv = ["ip", "-j", "addr", "show"];
+  const r = await exec.run(argv, { timeoutMs });
+  if (r.code !== 0) {
+    throw new StorageError(
+      "internal",
+      `${argv.join(" ")} exited ${r.code}: ${r.stderr.trim().slice(0, 500)}`,
+    );
+  }
+  return parseIpAddrJsonAll(r.stdout);
 }

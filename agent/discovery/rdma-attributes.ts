@@ -70,6 +70,11 @@ const IpAddrSchema = v.array(
  * StorageError("internal") on output that is not ip's JSON.
  */
 export function parseIpAddrJson(json: string): NetworkInterface | undefined {
+  return parseIpAddrJsonAll(json)[0];
+}
+
+/** Every interface in `ip -j addr show` output, as parseIpAddrJson reads one. */
+export function parseIpAddrJsonAll(json: string): NetworkInterface[] {
   let raw: unknown;
   try {
     raw = JSON.parse(json);
@@ -84,21 +89,21 @@ export function parseIpAddrJson(json: string): NetworkInterface | undefined {
       `ip -j addr JSON has an unexpected shape at ${i ? (v.getDotPath(i) ?? "<root>") : "?"}: ${i?.message}`,
     );
   }
-  const first = r.output[0];
-  if (!first) return undefined;
-  const addresses: InterfaceAddress[] = [];
-  for (const a of first.addr_info ?? []) {
-    if ((a.family !== "inet" && a.family !== "inet6") || a.local === undefined) continue;
-    addresses.push({
-      family: a.family,
-      address: a.local,
-      prefixLength: a.prefixlen ?? 0,
-      scope: a.scope ?? "global",
-      tentative: a.tentative === true,
-      dadFailed: a.dadfailed === true,
-      deprecated: a.deprecated === true,
-      secondary: a.secondary === true,
-    });
-  }
-  return { name: first.ifname, operstate: first.operstate ?? "UNKNOWN", addresses };
+  return r.output.map((first) => {
+    const addresses: InterfaceAddress[] = [];
+    for (const a of first.addr_info ?? []) {
+      if ((a.family !== "inet" && a.family !== "inet6") || a.local === undefined) continue;
+      addresses.push({
+        family: a.family,
+        address: a.local,
+        prefixLength: a.prefixlen ?? 0,
+        scope: a.scope ?? "global",
+        tentative: a.tentative === true,
+        dadFailed: a.dadfailed === true,
+        deprecated: a.deprecated === true,
+        secondary: a.secondary === true,
+      });
+    }
+    return { name: first.ifname, operstate: first.operstate ?? "UNKNOWN", addresses };
+  });
 }

@@ -23,7 +23,8 @@ export type EndpointResult =
   | { readonly ok: true; readonly endpoint: RdmaEndpoint }
   | { readonly ok: false; readonly reason: string; readonly message: string };
 
-function usable(a: InterfaceAddress): boolean {
+/** An address a portal may listen on: global, settled, not loopback or link-local. */
+export function usableAddress(a: InterfaceAddress): boolean {
   if (a.tentative || a.dadFailed || a.deprecated) return false;
   if (a.scope !== "global") return false;
   if (isIP(a.address) === 0 || a.address.includes("%")) return false;
@@ -39,7 +40,7 @@ function usable(a: InterfaceAddress): boolean {
 export function pickAddress(iface: NetworkInterface): string | undefined {
   if (iface.operstate === "DOWN") return undefined;
   const rank = (a: InterfaceAddress) => (a.family === "inet" ? 0 : 2) + (a.secondary ? 1 : 0);
-  const best = iface.addresses.filter(usable).sort((a, b) => rank(a) - rank(b))[0];
+  const best = iface.addresses.filter(usableAddress).sort((a, b) => rank(a) - rank(b))[0];
   return best?.address;
 }
 
