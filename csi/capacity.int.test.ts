@@ -34,7 +34,7 @@ beforeAll(async () => {
 }, 600_000);
 afterAll(async () => {
   for (const c of cleanups.reverse()) await c();
-  await rm(root, { recursive: true, force: true });
+  if (root) await rm(root, { recursive: true, force: true });
   await tc?.stop();
 });
 

@@ -2,8 +2,9 @@
 // against one shared real control plane, csi-sanity, then the e2e suites in the lab. Ends with one
 // summary line "N passed, N failed" across all tiers; exits non-zero if anything failed.
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
+import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { ensurePromtool } from "../lab/cluster/promtool-tool.ts";
-import { ensureTools } from "../lab/cluster/tools.ts";
+import { ensureSidecars, ensureTools } from "../lab/cluster/tools.ts";
 
 const root = `${import.meta.dir}/..`;
 const bin = (name: string) => `${root}/node_modules/.bin/${name}`;
@@ -61,9 +62,12 @@ if (!process.argv.includes("--only-integration")) {
 say("\n== control plane for integration tests");
 const t0 = performance.now();
 await ensureTools();
-// promtool checks the chart's alert rules in helm/monitoring.int.test.ts; a cold build takes
-// minutes, so it happens here rather than inside a test's timeout.
+// promtool checks the chart's alert rules in helm/monitoring.int.test.ts, the CSI sidecars run in
+// csi/ and lab/ tests, helm renders the chart in helm/ tests: a cold build of each takes minutes
+// (the sidecars about 15 on two cores), so they happen here rather than inside a test's timeout.
 await ensurePromtool();
+await ensureSidecars();
+await ensureHelm();
 const cp = await startControlPlane({ controllerManager: true, progress: (l) => say(`  ${l}`) });
 say(`  started in ${Math.round(performance.now() - t0)} ms`);
 try {
