@@ -2,7 +2,7 @@
 // mask in framework_get_reactors, and exit on SIGTERM or spdk_kill_instance.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { networkInterfaces, tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs, UsageError } from "./nvmf-tgt.ts";
 import { call, RawRpcConnection } from "./raw-rpc-client.ts";
@@ -50,6 +50,13 @@ test("parses nvmf_tgt's flags, accepts and ignores the memory and tracing ones",
   const node = parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=127.0.0.2,fd00::2"]);
   expect(node !== "help" && node.hostAddresses).toEqual(["127.0.0.2", "fd00::2"]);
   expect(() => parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=node-2"])).toThrow(UsageError);
+  // auto: this namespace's own addresses (loopback at least), the same list os reports.
+  const auto = parseArgs(["--sim-data-dir=/d", "--sim-host-addresses=auto"]);
+  const own = Object.values(networkInterfaces()).flatMap((l) =>
+    (l ?? []).map((i) => i.address.replace(/%.*$/, "")),
+  );
+  expect(auto !== "help" && auto.hostAddresses).toEqual(own);
+  expect(own).toContain("127.0.0.1");
   const polled = parseArgs(["--sim-data-dir=/d", "--sim-rpc-poll-ms=0"]);
   expect(polled !== "help" && polled.rpcPollMs).toBe(0);
   expect(() => parseArgs(["--sim-data-dir=/d", "--sim-rpc-poll-ms=4ms"])).toThrow("whole milliseconds");

@@ -4,6 +4,7 @@
 
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
+import { networkInterfaces } from "node:os";
 import * as v from "valibot";
 import { createLogger, type Logger } from "../../../lib/log.ts";
 import { startSpdkEmulator } from "./emulator.ts";
@@ -49,8 +50,9 @@ export const USAGE = `usage: nvmf-tgt.ts [options]
                              0 answers every request on arrival
       --sim-spdk-version <v> 26.01 (default: TLS PSKs work) or 25.05.1 (the recorded release,
                              whose NULL HKDF salt fails every TLS PSK)
-      --sim-host-addresses <l> comma list of the node's IP addresses; listeners elsewhere are
-                             refused like a failed bind(); default: any address
+      --sim-host-addresses <l> comma list of the node's IP addresses, or auto (this network
+                             namespace's own); listeners elsewhere are refused like a failed
+                             bind(); default: any address
   accepted and ignored: -s/--mem-size, -i/--shm-id, -e/--tpoint-group, -L/--logflag,
       -p/--main-core, -n/--mem-channels, --huge-dir, --iova-mode, --num-trace-entries,
       -A/--pci-allowed, -B/--pci-blocked, --no-huge, -R/--huge-unlink, -g/--single-file-segments,
@@ -164,15 +166,24 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
             return t;
           });
         break;
-      case "--sim-host-addresses":
-        hostAddresses = value()
-          .split(",")
-          .map((a) => a.trim())
-          .filter((a) => a !== "");
+      case "--sim-host-addresses": {
+        const raw = value();
+        // auto: the addresses this process's network namespace really has (a lab node's own
+        // netns, where the emulator runs with the host network), read once at start.
+        hostAddresses =
+          raw === "auto"
+            ? Object.values(networkInterfaces()).flatMap((l) =>
+                (l ?? []).map((i) => i.address.replace(/%.*$/, "")),
+              )
+            : raw
+                .split(",")
+                .map((a) => a.trim())
+                .filter((a) => a !== "");
         if (hostAddresses.some((a) => isIP(a.replace(/^\[|\]$/g, "")) === 0)) {
           throw new UsageError(`--sim-host-addresses takes IP addresses, got ${hostAddresses.join(",")}`);
         }
         break;
+      }
       case "--sim-spdk-version": {
         const raw = value().replace(/^v/, "");
         if (raw !== "25.05.1" && raw !== "26.01")
