@@ -1,8 +1,8 @@
 // Which lab each e2e suite runs on: the suites moved to the real-cluster lab (scripts/e2e-cluster.ts
 // runs them, in this order, before e2e-cluster/) and the rest, which stay on the process lab
-// (scripts/e2e.ts): dpu needs its emulated DPU node, and multipath two portal addresses per
-// storage node, which the cluster's agent DaemonSet cannot be given per node (the downward API has
-// only the node's InternalIP).
+// (scripts/e2e.ts): dpu needs its emulated DPU node. multipath runs on the cluster, whose nodes
+// have an address on each of two storage networks that the agents find by CIDR
+// (DISTORT_PORTAL_NETWORKS).
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -20,6 +20,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/io-path.e2e.test.ts",
   "e2e/single-writer.e2e.test.ts",
   "e2e/faults.e2e.test.ts",
+  "e2e/multipath.e2e.test.ts",
 ];
 
 /** Every e2e/*.e2e.test.ts not in CLUSTER_SUITES, sorted (paths relative to the repository root). */

@@ -10,6 +10,7 @@ import { parseAgentConfig } from "../agent/config.ts";
 import { parseCsiConfig } from "../csi/config.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
+import { STORAGE_NETWORKS } from "../lab/cluster/node-network.ts";
 import { KERNEL_STORAGE_LABEL_VALUE, STORAGE_LABEL } from "../lab/cluster/real-lab.ts";
 import { NODE_PATHS, storageLayout } from "../lab/cluster/storage-prep.ts";
 import { splitSimArgs } from "../lab/csi-node.ts";
@@ -140,21 +141,22 @@ describe("lab-cluster.yaml", () => {
     expect(cfg.nvmfTgtExternal).toBe(true);
     expect(cfg.spdkMemSizeMb).toBeUndefined();
     expect(cfg.spdkSetup).toBe("");
-    expect(cfg.portalAddresses).toEqual([NODE_IP]);
-    expect(agent.env?.find((e) => e.name === "DISTORT_PORTAL_ADDRESS")?.valueFrom?.fieldRef?.fieldPath).toBe(
-      "status.hostIP",
-    );
+    // Portals: the node's address on each of the lab's storage networks, the node IP's first.
+    expect(cfg.portalAddresses).toBeUndefined();
+    expect(cfg.portalNetworks?.map((n) => n.text)).toEqual([...STORAGE_NETWORKS]);
     const layout = storageLayout(NODE_PATHS.storage);
     expect(cfg.hostRoot).toBe(layout.hostRoot);
     expect(cfg.reportPeriodMs).toBe(2000);
     expect(cfg.verifyPeriodMs).toBe(5000);
 
-    // The emulator's command line, as the emulator parses it (with kubelet's $(NODE_IP)): waiting
+    // The emulator's command line, as the emulator parses it: waiting
     // for the agent's framework_start_init, on the agent's socket and core mask.
     expect(tgt.image).toBe(agent.image);
     expect(tgt.command).toEqual(["/usr/local/bin/nvmf_tgt"]);
-    const argv = (tgt.args ?? []).map((a) => a.replace("$(NODE_IP)", envOf(tgt).NODE_IP ?? ""));
+    const argv = tgt.args ?? [];
     expect(argv).toContain("--sim-fabric=tcp");
+    // Listeners only on the addresses its node's netns has (both storage networks).
+    expect(argv).toContain("--sim-host-addresses=auto");
     const parsed = parseNvmfTgtArgs(argv);
     if (parsed === "help") throw new Error("the emulator was asked for help");
     expect(parsed.waitForRpc).toBe(true);
@@ -162,7 +164,6 @@ describe("lab-cluster.yaml", () => {
     expect(parsed.coreMask).toBe(cfg.coreMask);
     expect(parsed.dataDir).toBe(layout.dataDir);
     expect(parsed.drivesFile).toBe(layout.drivesFile);
-    expect(parsed.hostAddresses).toEqual([NODE_IP]);
 
     // Shared through the host: the socket directory, the storage directory (same path in both),
     // the key directory (read-only for the target).
@@ -236,7 +237,8 @@ describe("lab-cluster.yaml", () => {
     const cfg = parseAgentConfig(envOf(agent));
     expect(cfg.backends).toEqual(["kernel"]);
     expect(cfg.hostRoot).toBe(KERNEL_NODE_PATHS.hostRoot);
-    expect(cfg.portalAddresses).toEqual([NODE_IP]);
+    // nvmet ports on both storage networks too: the kernel backend's volumes have two paths.
+    expect(cfg.portalNetworks?.map((n) => n.text)).toEqual([...STORAGE_NETWORKS]);
     // No SPDK: no RPC socket volume; the node's storage directory (sim root, notice socket, device
     // map) and the host's /dev and /sys (the loop device and its partitions) are mounted.
     expect(spec.volumes?.some((v) => v.name === "spdk-socket")).toBe(false);

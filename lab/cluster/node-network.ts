@@ -13,11 +13,30 @@ export const KUBERNETES_SERVICE_IP = "198.19.255.1";
 /** Every node and Pod address lives in this block; no route leads anywhere else. */
 export const LAB_BLOCK = "198.18.0.0/15";
 
-/** Node i (1-based) addresses: node IP 198.18.0.(10+i), Pod CIDR 198.19.i.0/24. */
-export function nodeAddressing(index: number): { ip: string; podCidr: string; hostLink: string } {
+/**
+ * The lab's two storage networks: every node has an address on each (the node IP on the first),
+ * so every volume has two paths, as on a storage node with two ports. Both are on the one bridge.
+ */
+export const STORAGE_NETWORKS = ["198.18.0.0/24", "198.18.1.0/24"] as const;
+
+/**
+ * Node i (1-based) addresses: node IP 198.18.0.(10+i), second-path address 198.18.1.(10+i), Pod
+ * CIDR 198.19.i.0/24.
+ */
+export function nodeAddressing(index: number): {
+  ip: string;
+  pathIp: string;
+  podCidr: string;
+  hostLink: string;
+} {
   if (!Number.isInteger(index) || index < 1 || index > 200)
     throw new Error(`node index out of range: ${index}`);
-  return { ip: `198.18.0.${10 + index}`, podCidr: `198.19.${index}.0/24`, hostLink: `dlv${index}` };
+  return {
+    ip: `198.18.0.${10 + index}`,
+    pathIp: `198.18.1.${10 + index}`,
+    podCidr: `198.19.${index}.0/24`,
+    hostLink: `dlv${index}`,
+  };
 }
 
 /** The network namespace of node `node`. */
@@ -101,7 +120,7 @@ export function addNodeNetwork(
   ensureBridge(dir);
   const s = readState(dir);
   const netns = netnsName(name);
-  const { ip: nodeIp, podCidr, hostLink } = nodeAddressing(index);
+  const { ip: nodeIp, pathIp, podCidr, hostLink } = nodeAddressing(index);
   for (const [other, rec] of Object.entries(s.nodes)) {
     if (other !== name && rec.index === index)
       throw new Error(`node index ${index} already used by ${other}`);
@@ -119,6 +138,7 @@ export function addNodeNetwork(
     ip(["link", "add", hostLink, "type", "veth", "peer", "name", "eth0", "netns", netns]);
   ip(["link", "set", hostLink, "master", BRIDGE, "up"]);
   ip(["-n", netns, "addr", "replace", `${nodeIp}/24`, "dev", "eth0"]);
+  ip(["-n", netns, "addr", "replace", `${pathIp}/24`, "dev", "eth0"]);
   ip(["-n", netns, "link", "set", "eth0", "up"]);
   ip(["-n", netns, "link", "set", "lo", "up"]);
   const fwd = Bun.spawnSync(
