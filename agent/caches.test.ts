@@ -14,13 +14,26 @@ import { agentTransform, inReleaseNamespace, onNode } from "./caches.ts";
 const shape = (kind: ResourceKind, obj: KubeObject) => agentTransform(kind, structuredClone(obj));
 
 describe("agentTransform", () => {
-  test("partitions lose conditions and annotations, keep what the controllers read", () => {
+  test("partitions lose annotations and every condition but Ready, keep what the controllers read", () => {
     const p = exampleNVMePartition();
     p.metadata.annotations = { "storage.distort.io/request": "{}" };
     p.metadata.finalizers = ["storage.distort.io/partition"];
+    const ready = p.status?.conditions?.[0];
+    p.status?.conditions?.push({
+      type: "Placed",
+      status: "True",
+      lastTransitionTime: "2026-12-01T00:00:00Z",
+      reason: "Placed",
+      message: "",
+    });
     const out = shape(kinds.NVMePartition as ResourceKind, p) as typeof p;
     expect(out.metadata.annotations).toBeUndefined();
-    expect(out.status?.conditions).toBeUndefined();
+    expect(out.status?.conditions).toEqual([ready as NonNullable<typeof ready>]);
+    const noReady = structuredClone(p);
+    if (noReady.status)
+      noReady.status.conditions = noReady.status.conditions?.filter((c) => c.type !== "Ready");
+    const none = shape(kinds.NVMePartition as ResourceKind, noReady) as typeof p;
+    expect(none.status && "conditions" in none.status).toBe(false);
     expect(out.metadata).toMatchObject({
       name: p.metadata.name,
       uid: p.metadata.uid,
@@ -28,7 +41,8 @@ describe("agentTransform", () => {
     });
     expect(out.spec).toEqual(p.spec);
     const { conditions: _c, ...rest } = p.status ?? {};
-    expect(out.status).toEqual(rest as typeof out.status);
+    const { conditions: _o, ...outRest } = out.status ?? {};
+    expect(outRest).toEqual(rest);
   });
 
   test("attachments and snapshots lose only their conditions; attachment metadata stays whole", () => {

@@ -28,11 +28,27 @@ function withoutConditions<T extends WithStatus>(obj: T): T {
   return obj;
 }
 
+/** The condition of `type` only (when the object has it); every other condition is dropped. */
+function withOnlyCondition<T extends WithStatus>(obj: T, type: string): T {
+  const conds = obj.status?.conditions;
+  if (!obj.status || conds === undefined) return obj;
+  const own = Array.isArray(conds)
+    ? conds.filter((c) => (c as { type?: unknown } | null)?.type === type)
+    : [];
+  if (own.length > 0) obj.status.conditions = own;
+  else delete obj.status.conditions;
+  return obj;
+}
+
 /**
  * Per kind, what the agent drops before caching (managedFields are gone already):
- * - NVMePartition: status.conditions and metadata.annotations. Every status write re-reads the
- *   object (updateStatus), finalizers are added by a JSON patch testing only the finalizers and
- *   removed from a fresh read, and no decision reads a condition or an annotation.
+ * - NVMePartition: metadata.annotations and every condition but Ready (the one the agent writes).
+ *   A status write that would change something re-reads the object (updateStatus), so the others
+ *   are kept from the stored object; Ready is kept so that a pass can tell from the cache alone
+ *   that its write would change nothing (a new agent has not stored any status yet, and a GET per
+ *   export made its restart replay wait on the API server). Finalizers are added by a JSON patch
+ *   testing only the finalizers and removed from a fresh read; no decision reads a condition or
+ *   an annotation.
  * - NVMeVolumeAttachment, NVMeSnapshot: status.conditions. Their status is written from a fresh
  *   read; the attachment's finalizer is added by a whole-object replace from the cache, which is
  *   why its metadata is kept whole (the status subresource makes the server ignore status there).
@@ -42,7 +58,7 @@ function withoutConditions<T extends WithStatus>(obj: T): T {
 export const agentTransform: ObjectTransform = (kind, obj) => {
   if (kind.kind === kinds.NVMePartition.kind) {
     delete obj.metadata.annotations;
-    return withoutConditions(obj as WithStatus);
+    return withOnlyCondition(obj as WithStatus, "Ready");
   }
   if (kind.kind === kinds.NVMeVolumeAttachment.kind || kind.kind === kinds.NVMeSnapshot.kind) {
     return withoutConditions(obj as WithStatus);

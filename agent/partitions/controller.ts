@@ -14,7 +14,7 @@ import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { WatchCache } from "../../lib/kube/cache.ts";
-import { type Condition, setCondition } from "../../lib/kube/conditions.ts";
+import type { Condition } from "../../lib/kube/conditions.ts";
 import type { KubeConnection } from "../../lib/kube/connection.ts";
 import type { ControllerManager } from "../../lib/kube/controller-manager.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
@@ -54,6 +54,7 @@ import { addFinalizerOps } from "./finalizer-patch.ts";
 import { keyedAclFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
+import { cachedStatusHolds, partitionStatusWrite } from "./status-unchanged.ts";
 
 /** How often a partition whose drive is missing for its backend (or not blank) looks again. */
 const DRIVE_MISSING_RETRY_MS = 60_000;
@@ -336,20 +337,7 @@ export class PartitionController {
     cond: Omit<Condition, "lastTransitionTime">,
   ) {
     const now = new Date(this.o.clock.now());
-    const compute = (latest: NVMePartition) => {
-      if (latest.metadata.uid !== p.metadata.uid) return undefined;
-      const s = structuredClone(latest.status ?? { state: "Pending", conditions: [] }) as NonNullable<
-        NVMePartition["status"]
-      >;
-      patch(s);
-      s.conditions = setCondition(
-        s.conditions ?? [],
-        { ...cond, observedGeneration: latest.metadata.generation },
-        now,
-      );
-      s.observedGeneration = latest.metadata.generation;
-      return s;
-    };
+    const compute = partitionStatusWrite(p.metadata.uid, patch, cond, now);
     // What this write asks for, independent of the object it is applied to.
     const probe = {} as NonNullable<NVMePartition["status"]>;
     patch(probe);
@@ -357,6 +345,10 @@ export class PartitionController {
       .update(JSON.stringify([probe, cond]))
       .digest("base64");
     const key = objectKey(p.metadata);
+    // The cached object already holds this status, Ready condition included: the first pass of a
+    // new agent (nothing stored by it yet, e.g. the replay after a rolling update) reads nothing
+    // from the API server for an export found as its status says.
+    if (cachedStatusHolds(p, compute)) return;
     const last = this.statusSeen.get(key);
     // The object is still the one this agent last stored or read back (same resourceVersion in
     // the cache) and the pass asks for what made no change then: it makes none now either. This

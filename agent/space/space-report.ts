@@ -94,8 +94,8 @@ export interface SpaceReportDeps {
 }
 
 /**
- * SpaceExhausted as last written or read back, by partition UID. The agent's caches hold objects
- * without conditions, so the state is remembered here; an unknown one is decided on the object
+ * SpaceExhausted as last written or read back, by partition UID. The agent's cache keeps no
+ * partition condition but Ready, so the state is remembered here; an unknown one is decided on the object
  * read afresh (no write and no Event when it already says so, as after an agent restart).
  */
 export type SpaceMemory = Map<string, boolean>;
