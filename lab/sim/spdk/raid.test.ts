@@ -118,7 +118,8 @@ test("a rebuild onto an added member is paced by the bandwidth limit, reports pr
   const seen: number[] = [];
   for (let i = 0; i < 200 && raids.get("r1")?.rebuild; i++) {
     await drain(clock, 500, 125);
-    const p = (raids.get("r1")?.info() as { process?: { progress: { percent: number } } }).process;
+    const info = raids.get("r1")?.info() as { process?: { progress: { percent: number } } } | undefined;
+    const p = info?.process;
     if (p) seen.push(p.progress.percent);
   }
   expect(raids.get("r1")?.rebuild).toBeNull();
