@@ -4,7 +4,7 @@
 import * as v from "valibot";
 import type { App } from "../app.ts";
 import { DUPLICATE_KEY_PREFIX, type JsonValue } from "../json-stream.ts";
-import { type MethodSpec, RUNTIME } from "../method-table.ts";
+import { ANY_STATE, type MethodSpec, RUNTIME } from "../method-table.ts";
 import { bool, DECODE_FAILED_INTERNAL, decode, decodeOptional, str, u32 } from "../params.ts";
 import { Errno, errnoOf, RpcCode, RpcError, strerror } from "../rpc-error.ts";
 
@@ -23,8 +23,9 @@ export function raidMethods(app: App): MethodSpec[] {
   const { raids } = app;
   return [
     {
+      // Registered for both states: options may be set before framework_start_init too.
       name: "bdev_raid_set_options",
-      states: RUNTIME,
+      states: ANY_STATE,
       handler: (req) => {
         const p = decodeOptional(
           req,
