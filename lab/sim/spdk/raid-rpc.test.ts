@@ -147,8 +147,47 @@ test("a member leaves, a fresh lvol is rebuilt with visible progress, a restart 
   const names = ((again?.base_bdevs_list ?? []) as { name: string }[]).map((b) => b.name);
   const l1 = ((await call(s2, "bdev_get_bdevs", { name: "lvsA/l1" })) as { name: string }[])[0]?.name;
   expect(names).toContain(l1 as string);
-  expect(await call(s2, "bdev_raid_delete", { name: "r1" })).toBe(true);
-  expect(await rpc(s2, "bdev_raid_delete", { name: "r1" })).toMatchObject({
+
+  // seq 95-102: removing l1, then the last member l3, deletes r1; l3's superblock (the newer one)
+  // brings it back degraded after a restart, l1's stale one does not.
+  expect(await call(s2, "bdev_raid_remove_base_bdev", { name: "lvsA/l1" })).toBe(true);
+  expect(await call(s2, "bdev_raid_remove_base_bdev", { name: "lvsA/l3" })).toBe(true);
+  expect(await call(s2, "bdev_raid_get_bdevs", { category: "all" })).toEqual([]);
+  expect(await rpc(s2, "bdev_raid_add_base_bdev", { raid_bdev: "r1", base_bdev: "lvsA/l1" })).toMatchObject({
+    error: { code: -19, message: "raid bdev r1 is not found in config" },
+  });
+  const l3 = ((await call(s2, "bdev_get_bdevs", { name: "lvsA/l3" })) as { name: string }[])[0]?.name;
+  const reassembled = async () => {
+    await emu.close();
+    emu = await start();
+    const s3 = emu.socketPath;
+    await call(s3, "bdev_nvme_attach_controller", {
+      name: "Nvme0",
+      trtype: "PCIe",
+      traddr: DRIVE.pciAddress,
+    });
+    await call(s3, "bdev_wait_for_examine");
+    return (await call(s3, "bdev_raid_get_bdevs", { category: "all" })) as Record<string, unknown>[];
+  };
+  const want = {
+    name: "r1",
+    uuid,
+    state: "online",
+    num_base_bdevs_discovered: 1,
+    num_base_bdevs_operational: 1,
+    base_bdevs_list: [
+      { name: null, uuid: ZERO, is_configured: false, data_offset: 256, data_size: 16128 },
+      { name: l3, is_configured: true, data_offset: 256, data_size: 16128 },
+    ],
+  };
+  expect(await reassembled()).toMatchObject([want]);
+  // seq 104-111: delete answers true once, -19 after; the superblocks survive it.
+  expect(await call(emu.socketPath, "bdev_raid_delete", { name: "r1" })).toBe(true);
+  expect(await rpc(emu.socketPath, "bdev_raid_delete", { name: "r1" })).toMatchObject({
     error: { code: -19, message: "raid bdev r1 not found" },
   });
+  expect((await call(emu.socketPath, "bdev_get_bdevs", { name: "lvsA/l3" })) as unknown[]).toMatchObject([
+    { claimed: false },
+  ]);
+  expect(await reassembled()).toMatchObject([want]);
 });
