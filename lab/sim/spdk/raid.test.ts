@@ -116,8 +116,12 @@ test("a rebuild onto an added member is paced by the bandwidth limit, reports pr
   await raids.addBase("r1", "c");
   await expect(raids.addBase("r1", "d")).rejects.toMatchObject({ errno: Errno.EPERM });
   const seen: number[] = [];
+  const during = randomBytes(MIB);
   for (let i = 0; i < 200 && raids.get("r1")?.rebuild; i++) {
     await drain(clock, 500, 125);
+    // Writes during the rebuild, ahead of and behind the copy window, must end up on both members.
+    if (i === 3) await io.write(2 * MIB, during);
+    if (i === 4) await io.write(60 * MIB, during);
     const info = raids.get("r1")?.info() as { process?: { progress: { percent: number } } } | undefined;
     const p = info?.process;
     if (p) seen.push(p.progress.percent);
@@ -131,7 +135,9 @@ test("a rebuild onto an added member is paced by the bandwidth limit, reports pr
   const a = await mem.get("a")?.read(256 * BS, size);
   const c = await mem.get("c")?.read(256 * BS, size);
   expect(a && c && a.equals(c)).toBe(true);
-  expect(c?.subarray(0, pattern.length).equals(pattern)).toBe(true);
+  expect(c?.subarray(0, 2 * MIB).equals(pattern.subarray(0, 2 * MIB))).toBe(true);
+  expect(c?.subarray(2 * MIB, 3 * MIB).equals(during)).toBe(true);
+  expect(c?.subarray(60 * MIB, 61 * MIB).equals(during)).toBe(true);
   // Reads during and after the rebuild see the same data.
   expect((await io.read(20 * MIB, MIB)).equals(pattern.subarray(0, MIB))).toBe(true);
 });
