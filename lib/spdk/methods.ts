@@ -30,6 +30,9 @@ export type HostAddParams = v.InferInput<typeof P.HostAddParams>;
 export type KeyringFileAddParams = v.InferInput<typeof P.KeyringFileAddParams>;
 export type FsdevAioCreateParams = v.InferInput<typeof P.FsdevAioCreateParams>;
 export type KillSignal = v.InferInput<typeof P.KillSignalSchema>;
+export type RaidCreateParams = v.InferInput<typeof P.RaidCreateParams>;
+export type RaidCategory = v.InferInput<typeof P.RaidCategorySchema>;
+export type RaidSetOptionsParams = v.InferInput<typeof P.RaidSetOptionsParams>;
 
 /**
  * The serialize() key under which SpdkMethods runs every mutation of subsystem `nqn`. It is not
@@ -473,5 +476,53 @@ export class SpdkMethods {
   async fsdevAioDelete(name: string, opts?: CallOptions): Promise<void> {
     const n = checkParams("fsdev_aio_delete", P.NameSchema, name);
     await this.#call("fsdev_aio_delete", { name: n }, S.TrueResultSchema, opts);
+  }
+
+  // --- raid1 ----------------------------------------------------------------------------------
+
+  /**
+   * bdev_raid_create (raid1). A base bdev that does not exist is not an error: the raid waits in
+   * state "configuring". Name taken: "already-exists" (-17); a base claimed elsewhere: -1.
+   */
+  async bdevRaidCreate(params: RaidCreateParams, opts?: CallOptions): Promise<void> {
+    const p = checkParams("bdev_raid_create", P.RaidCreateParams, params);
+    await this.#call("bdev_raid_create", p, S.TrueResultSchema, opts);
+  }
+
+  /** bdev_raid_get_bdevs of one category (default all); a degraded raid is still "online". */
+  async bdevRaidGetBdevs(category: RaidCategory = "all", opts?: CallOptions): Promise<S.RaidBdev[]> {
+    const c = checkParams("bdev_raid_get_bdevs", P.RaidCategorySchema, category);
+    return this.#call("bdev_raid_get_bdevs", { category: c }, S.RaidBdevListSchema, opts);
+  }
+
+  /** bdev_raid_delete; gone already: "not-found" (-19). Superblocks on the members stay. */
+  async bdevRaidDelete(name: string, opts?: CallOptions): Promise<void> {
+    const n = checkParams("bdev_raid_delete", P.NameSchema, name);
+    await this.#call("bdev_raid_delete", { name: n }, S.TrueResultSchema, opts);
+  }
+
+  /**
+   * bdev_raid_add_base_bdev: into an empty slot of `raidBdev`, starting a rebuild onto it. No
+   * empty slot: -22; a rebuild already running: -1; no such raid: -19.
+   */
+  async bdevRaidAddBaseBdev(raidBdev: string, baseBdev: string, opts?: CallOptions): Promise<void> {
+    const raid_bdev = checkParams("bdev_raid_add_base_bdev", P.NameSchema, raidBdev);
+    const base_bdev = checkParams("bdev_raid_add_base_bdev", P.NameSchema, baseBdev);
+    await this.#call("bdev_raid_add_base_bdev", { raid_bdev, base_bdev }, S.TrueResultSchema, opts);
+  }
+
+  /**
+   * bdev_raid_remove_base_bdev by the member's bdev name; not a member (any more): -19. Removing
+   * the last member deletes the raid.
+   */
+  async bdevRaidRemoveBaseBdev(name: string, opts?: CallOptions): Promise<void> {
+    const n = checkParams("bdev_raid_remove_base_bdev", P.NameSchema, name);
+    await this.#call("bdev_raid_remove_base_bdev", { name: n }, S.TrueResultSchema, opts);
+  }
+
+  /** bdev_raid_set_options: rebuild window and bandwidth cap (0 = unlimited), at runtime. */
+  async bdevRaidSetOptions(params: RaidSetOptionsParams, opts?: CallOptions): Promise<void> {
+    const p = checkParams("bdev_raid_set_options", P.RaidSetOptionsParams, params);
+    await this.#call("bdev_raid_set_options", p, S.TrueResultSchema, opts);
   }
 }

@@ -291,3 +291,22 @@ export const FsdevAioCreateParams = v.strictObject({
 });
 
 export const KillSignalSchema = v.picklist(["SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGUSR1"]);
+
+/** bdev_raid_create, raid1 only (the level DISTORT replicates with; raid1 takes no strip size). */
+export const RaidCreateParams = v.strictObject({
+  name: Name,
+  raid_level: v.literal("raid1", "DISTORT creates raid1 only"),
+  strip_size_kb: v.optional(v.literal(0, "raid1 takes no strip size")),
+  base_bdevs: v.pipe(v.array(Name), v.minLength(2, "raid1 needs at least 2 base bdevs")),
+  superblock: v.optional(v.boolean()),
+  uuid: v.optional(v.pipe(v.string(), v.uuid())),
+});
+
+/** bdev_raid_get_bdevs: category is required by SPDK. */
+export const RaidCategorySchema = v.picklist(["all", "online", "configuring", "offline"]);
+
+/** bdev_raid_set_options; a zero window is refused by SPDK (-22). */
+export const RaidSetOptionsParams = v.strictObject({
+  process_window_size_kb: v.optional(PositiveSchema),
+  process_max_bandwidth_mb_sec: v.optional(U32),
+});

@@ -313,3 +313,41 @@ export const ThreadStatsSchema = v.looseObject({
   ),
 });
 export type ThreadStats = v.InferOutput<typeof ThreadStatsSchema>;
+
+/** One base_bdevs_list slot; a failed or removed member has name null and an all-zero uuid. */
+export const RaidBaseBdevSchema = v.looseObject({
+  name: v.nullable(v.string()),
+  uuid: Uuid,
+  is_configured: v.boolean(),
+  data_offset: Count,
+  data_size: Count,
+});
+
+/** A running background process (a rebuild onto `target`). */
+export const RaidProcessSchema = v.looseObject({
+  type: v.string(),
+  target: v.string(),
+  progress: v.looseObject({ blocks: Count, percent: Count }),
+});
+
+/** The raid object of bdev_get_bdevs driver_specific.raid (no name). */
+export const RaidInfoSchema = v.looseObject({
+  uuid: Uuid,
+  strip_size_kb: Count,
+  state: v.picklist(["online", "configuring", "offline"]),
+  raid_level: v.string(),
+  superblock: v.boolean(),
+  num_base_bdevs: Count,
+  num_base_bdevs_discovered: Count,
+  num_base_bdevs_operational: Count,
+  process: v.optional(RaidProcessSchema),
+  base_bdevs_list: v.array(RaidBaseBdevSchema),
+});
+
+/**
+ * One bdev_raid_get_bdevs entry. SPDK prints "uuid" twice with the same value; a JSON parser
+ * keeps one, which is all DISTORT reads.
+ */
+export const RaidBdevSchema = v.looseObject({ name: Name, ...RaidInfoSchema.entries });
+export type RaidBdev = v.InferOutput<typeof RaidBdevSchema>;
+export const RaidBdevListSchema = v.array(RaidBdevSchema);

@@ -14,6 +14,7 @@ import { LvolStores } from "./lvol-store.ts";
 import type { RpcState } from "./method-table.ts";
 import { NvmeControllers } from "./nvme-controllers.ts";
 import { type Host, NvmfTarget, type Trtype } from "./nvmf-target.ts";
+import { Raids } from "./raid.ts";
 import type { PreparedDrive } from "./sim-drive.ts";
 
 /** What an App is built from; fixed for the emulator's lifetime. */
@@ -69,6 +70,7 @@ export interface IobufOptions {
 export class App {
   readonly registry: BdevRegistry;
   readonly lvols: LvolStores;
+  readonly raids: Raids;
   readonly nvme: NvmeControllers;
   readonly target: NvmfTarget;
   readonly keyring = new Keyring();
@@ -100,6 +102,7 @@ export class App {
       log.warn("examine failed", { bdev: bdev.name, err: String(err) }),
     );
     this.lvols = new LvolStores(this.registry, log, { lvolDir: config.lvolDir });
+    this.raids = new Raids(this.registry, config.clock, log);
     this.nvme = new NvmeControllers(
       this.registry,
       config.drives,

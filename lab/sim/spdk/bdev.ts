@@ -8,7 +8,7 @@ import type { QosThrottle } from "./qos.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** The module that owns a bdev. */
-export type BdevModule = "malloc" | "aio" | "lvol" | "nvme";
+export type BdevModule = "malloc" | "aio" | "lvol" | "nvme" | "raid";
 
 /** SPDK claim types as bdev_get_bdevs prints them. */
 export type ClaimType = "exclusive_write" | "read_many_write_one";

@@ -22,6 +22,7 @@ import { lvolMethods } from "./methods/lvol.ts";
 import { nvmeMethods } from "./methods/nvme.ts";
 import { nvmeSendCmdMethods } from "./methods/nvme-send-cmd.ts";
 import { nvmfMethods } from "./methods/nvmf.ts";
+import { raidMethods } from "./methods/raid.ts";
 import type { ListenAddress, Trtype } from "./nvmf-target.ts";
 import { RPC_POLL_MS, RpcServer } from "./rpc-server.ts";
 import { type PreparedDrive, prepareDrives, type SimDrive } from "./sim-drive.ts";
@@ -261,6 +262,7 @@ class Emulator implements SpdkEmulator {
       ...frameworkMethods(app, () => methods),
       ...bdevMethods(app),
       ...lvolMethods(app),
+      ...raidMethods(app),
       ...nvmeMethods(app),
       ...nvmeSendCmdMethods(app),
       ...nvmfMethods(app),

@@ -247,3 +247,10 @@ export function scanJsonValue(buf: Uint8Array, start = 0): ScanResult {
     throw e;
   }
 }
+
+/**
+ * A reply key with this prefix is written without it (rpc-server.ts), so a result can repeat a
+ * key the way some SPDK replies do (bdev_raid_get_bdevs prints "uuid" twice); JSON.stringify
+ * alone cannot write a duplicate key.
+ */
+export const DUPLICATE_KEY_PREFIX = "\u0000dup:";

@@ -3,6 +3,8 @@
 
 /** JSON-RPC and SPDK error codes the emulator answers with. */
 export const RpcCode = {
+  /** SPDK_JSONRPC_ERROR_PARSE_ERROR, which some bdev modules (raid) send for undecodable params. */
+  parseError: -32700,
   invalidRequest: -32600,
   methodNotFound: -32601,
   invalidParams: -32602,

@@ -5,7 +5,7 @@
 // per connection sends what is complete and makes one recv, so a reply goes out a poll later.
 import { createServer, type Server, type Socket } from "node:net";
 import type { Logger } from "../../../lib/log.ts";
-import { type JsonValue, scanJsonValue, type TopMember } from "./json-stream.ts";
+import { DUPLICATE_KEY_PREFIX, type JsonValue, scanJsonValue, type TopMember } from "./json-stream.ts";
 import type { MethodSpec, RpcContext, RpcRequest, RpcState } from "./method-table.ts";
 import { ErrnoError, RpcCode, RpcError } from "./rpc-error.ts";
 import { closeServer, listenOn, takeSocketPath } from "./unix-socket.ts";
@@ -384,11 +384,11 @@ class RpcConnection {
       const e = body.error;
       text = `{"jsonrpc":"2.0","id":${id ?? "null"},"error":${JSON.stringify({ code: e.code, message: e.message })}}\n`;
     } else if (id === null) {
-      const whole = Buffer.from(`{"jsonrpc":"2.0","id":null,"result":${JSON.stringify(body.result)}`);
+      const whole = Buffer.from(`{"jsonrpc":"2.0","id":null,"result":${resultJson(body.result)}`);
       const cut = Math.floor((whole.length - 1) / WRITER_CHUNK) * WRITER_CHUNK;
       text = whole.subarray(cut).toString("utf8");
     } else {
-      text = `{"jsonrpc":"2.0","id":${id},"result":${JSON.stringify(body.result)}}\n`;
+      text = `{"jsonrpc":"2.0","id":${id},"result":${resultJson(body.result)}}\n`;
     }
     this.#queue.push(text);
     if (late) this.#flushSoon();
@@ -450,4 +450,16 @@ function parseEnvelope(
     params = obj.params;
   }
   return { req: { method: obj.method, params, duplicateKeys }, id };
+}
+
+/** The escaped form of DUPLICATE_KEY_PREFIX as JSON.stringify writes it in a key. */
+const DUPLICATE_KEY_JSON = JSON.stringify(DUPLICATE_KEY_PREFIX).slice(0, -1);
+
+/**
+ * A result as JSON text. Keys carrying DUPLICATE_KEY_PREFIX are written without it, which is how
+ * a reply repeats a key as SPDK's bdev_raid_get_bdevs does ("uuid" twice).
+ */
+function resultJson(result: unknown): string {
+  const text = JSON.stringify(result);
+  return text.includes(DUPLICATE_KEY_JSON) ? text.replaceAll(DUPLICATE_KEY_JSON, '"') : text;
 }
