@@ -16,6 +16,14 @@ const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
 /** DPDK memory nvmf_tgt may take (its -s), in MiB: the hugepages the agent Pod is granted. */
 export const SPDK_MEM_SIZE_MB = { min: 256, max: 1_048_576 } as const;
 
+/** "a, b,,c" -> ["a", "b", "c"]: a comma-separated list, blanks dropped. */
+const commaList = v.transform((s: string) =>
+  s
+    .split(",")
+    .map((x) => x.trim())
+    .filter(Boolean),
+);
+
 /** Addresses a host can never connect to, so never a portal. */
 const WILDCARDS = new Set(["0.0.0.0", "::"]);
 
@@ -41,12 +49,7 @@ const EnvSchema = v.object({
   DISTORT_BACKENDS: v.optional(
     v.pipe(
       v.string(),
-      v.transform((s) =>
-        s
-          .split(",")
-          .map((x) => x.trim())
-          .filter(Boolean),
-      ),
+      commaList,
       v.array(v.picklist(["spdk", "kernel"], "DISTORT_BACKENDS entries must be spdk or kernel")),
       v.minLength(1),
     ),
@@ -93,12 +96,7 @@ const EnvSchema = v.object({
   DISTORT_PORTAL_NETWORKS: v.optional(
     v.pipe(
       v.string(),
-      v.transform((s) =>
-        s
-          .split(",")
-          .map((x) => x.trim())
-          .filter(Boolean),
-      ),
+      commaList,
       v.minLength(1, "DISTORT_PORTAL_NETWORKS needs at least one CIDR"),
       v.maxLength(MAX_PORTALS, `DISTORT_PORTAL_NETWORKS lists more than ${MAX_PORTALS} networks`),
       v.rawTransform(({ dataset, addIssue, NEVER }) => {
