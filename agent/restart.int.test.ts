@@ -7,9 +7,9 @@ import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSyn
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
-import { kinds, type NVMeDevice, type NVMePartition } from "../api/index.ts";
+import { kinds, type NVMePartition } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
-import { claimDevice, createPlaced, placedPartition } from "../lab/harness/storage-node.ts";
+import { placeOnReportedDrive } from "../lab/harness/storage-node.ts";
 import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
@@ -71,18 +71,9 @@ beforeAll(async () => {
   spdk = new SpdkClient({ socketPath, logger: silentLogger, reconnect: { initialMs: 50, maxMs: 200 } });
   m = new SpdkMethods(spdk);
   parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
-  const device = await eventually(
-    async () => (await devices.list()).items.find((d: NVMeDevice) => d.spec.serial === DRIVE.serial),
-    30_000,
-    "the drive reported",
-  );
-  const claim = await claimDevice(tc.conn, device, ns);
-  for (const name of PARTS) {
-    const p = placedPartition(name, ns, device, claim, 8 * 2 ** 20);
-    if (name === "r0") p.spec.qos = R0_QOS;
-    await createPlaced(tc.conn, p, device);
-  }
+  await placeOnReportedDrive(tc.conn, ns, DRIVE.serial, PARTS, 8 * 2 ** 20, (p) => {
+    if (p.metadata.name === "r0") p.spec.qos = R0_QOS;
+  });
   await eventually(
     async () => (await parts.list({ namespace: ns })).items.every((p) => p.status?.state === "Exported"),
     30_000,

@@ -234,3 +234,33 @@ export async function createPlaced(
   const [placed] = await createPlacedMany(conn, [p], device);
   return placed as NVMePartition;
 }
+
+/**
+ * Waits (up to 30 s) for the agent to report the drive with serial `serial`, claims it into
+ * `namespace`, and creates placed partitions `names` of `bytes` each on it, `edit` applied to
+ * each before it is created (e.g. a spec.qos). Resolves with the drive.
+ */
+export async function placeOnReportedDrive(
+  conn: KubeConnection,
+  namespace: string,
+  serial: string,
+  names: readonly string[],
+  bytes: number,
+  edit: (p: NVMePartition) => void = () => {},
+): Promise<NVMeDevice> {
+  const devices = new ResourceClient(conn, kinds.NVMeDevice);
+  const deadline = Date.now() + 30_000;
+  let device = (await devices.list()).items.find((d) => d.spec.serial === serial);
+  while (!device) {
+    if (Date.now() > deadline) throw new Error(`no NVMeDevice with serial ${serial} reported within 30 s`);
+    await Bun.sleep(200);
+    device = (await devices.list()).items.find((d) => d.spec.serial === serial);
+  }
+  const claim = await claimDevice(conn, device, namespace);
+  for (const name of names) {
+    const p = placedPartition(name, namespace, device, claim, bytes);
+    edit(p);
+    await createPlaced(conn, p, device);
+  }
+  return device;
+}

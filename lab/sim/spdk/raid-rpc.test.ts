@@ -86,7 +86,7 @@ test("seq 16-39: create, categories and refusals reply exactly as SPDK's", async
   for (const seq of REPLAYED) {
     const rec = RECORDS.find((r) => r.seq === seq) as Rec;
     const got = await replay(rec);
-    if (seq === 27) expect(got).toContain('"uuid":"' + JSON.parse(got).result[0].uuid + '","uuid":"');
+    if (seq === 27) expect(got).toContain(`"uuid":"${JSON.parse(got).result[0].uuid}","uuid":"`);
     expect({ seq, reply: normalise(got) }).toEqual({ seq, reply: normalise(rec.raw_response) });
   }
 });
