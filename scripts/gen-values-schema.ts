@@ -7,7 +7,13 @@ import { join, relative, resolve } from "node:path";
 import * as v from "valibot";
 import { SPDK_MEM_SIZE_MB } from "../agent/config.ts";
 import { BackendSchema, TransportSchema } from "../api/common.ts";
-import { MAX_QOS_IOPS, MAX_QOS_MBPS, QOS_IOPS_UNIT, VolumeManagerSchema } from "../api/nvme-partition.ts";
+import {
+  MAX_PORTALS,
+  MAX_QOS_IOPS,
+  MAX_QOS_MBPS,
+  QOS_IOPS_UNIT,
+  VolumeManagerSchema,
+} from "../api/nvme-partition.ts";
 import { SUPPORTED_FS_TYPES } from "../csi/controller/capabilities.ts";
 import { MAX_LCORES } from "../lib/spdk/core-mask.ts";
 
@@ -252,6 +258,12 @@ const AGENT_ENTRIES = {
     address: v.pipe(
       v.union([v.literal(""), v.pipe(v.string(), v.ip())]),
       v.description("portal IP; empty discovers the RDMA address"),
+    ),
+    // The same pattern the CIDR values above use; agent/config.ts also refuses host bits.
+    networks: v.pipe(
+      v.array(v.pipe(v.string(), v.regex(CIDR))),
+      v.maxLength(MAX_PORTALS),
+      v.description("storage networks (CIDRs): every address of the node in them is a portal"),
     ),
     port: port("NVMe-oF listener port"),
   }),
