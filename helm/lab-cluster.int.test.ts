@@ -237,7 +237,7 @@ describe("lab-cluster.yaml", () => {
     const cfg = parseAgentConfig(envOf(agent));
     expect(cfg.backends).toEqual(["kernel"]);
     expect(cfg.hostRoot).toBe(KERNEL_NODE_PATHS.hostRoot);
-    // nvmet ports on both storage networks too: the kernel backend's volumes have two paths.
+    // The same networks; the kernel backend serves only the primary portal (no multipath on nvmet yet).
     expect(cfg.portalNetworks?.map((n) => n.text)).toEqual([...STORAGE_NETWORKS]);
     // No SPDK: no RPC socket volume; the node's storage directory (sim root, notice socket, device
     // map) and the host's /dev and /sys (the loop device and its partitions) are mounted.
