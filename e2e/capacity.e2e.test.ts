@@ -178,6 +178,13 @@ test("a WaitForFirstConsumer Pod whose claim fits only segment a is scheduled th
   expect(caps[segB]?.maximum).toBeLessThanOrEqual(LEFT_IN_B);
   expect(caps[segA]?.maximum).toBeGreaterThanOrEqual(CLAIM_BYTES);
 
+  // The scheduler sees these objects through its own informer: give it a moment, and check they
+  // still say the same (a CI run once saw the Pod go to segment b's node at the first attempt,
+  // which only a scheduler holding an older object with room in b can do).
+  await Bun.sleep(2000);
+  const again = await published(sc);
+  expect(again[segB]?.maximum).toBe(caps[segB]?.maximum);
+  expect(again[segA]?.maximum).toBe(caps[segA]?.maximum);
   await claim("data", sc, CLAIM_BYTES);
   // The Pod prefers segment b's node: without capacity the scheduler would pick it, the volume
   // could not be placed there, and the Pod would be rescheduled after a failed provisioning.
