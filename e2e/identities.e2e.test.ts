@@ -133,6 +133,13 @@ async function runningContainers(): Promise<Running[]> {
   return out;
 }
 
+/** Whether a ServiceAccount token is mounted in the container. */
+function hasToken(r: Running): boolean {
+  return readFileSync(`/proc/${r.pid}/mountinfo`, "utf8")
+    .split("\n")
+    .some((l) => (l.split(" ")[4] ?? "").endsWith(TOKEN_DIR));
+}
+
 /**
  * A kubeconfig holding the token a container was given, as the container itself would use it.
  * The token's mount point comes from the container's mount table: /var/run may be a symlink to
@@ -185,6 +192,16 @@ test("each DISTORT container and CSI sidecar authenticates with its own chart Se
     const sa = sas.items.find((s) => s.metadata?.name === w.serviceAccount);
     expect(sa, `ServiceAccount ${w.serviceAccount} of ${w.name}`).toBeDefined();
     expect(sa?.metadata?.labels?.[COMPONENT_LABEL]).toBe(r.component);
+    if (r.pod.spec?.automountServiceAccountToken === false) {
+      // A component that never calls the API server (nvmf_tgt in its own Pod) holds no token at all.
+      expect({ container: `${r.pod.metadata?.name}/${r.container}`, token: hasToken(r) }).toEqual({
+        container: `${r.pod.metadata?.name}/${r.container}`,
+        token: false,
+      });
+      perComponent.set(r.component, w.serviceAccount);
+      seen.push(r.component);
+      continue;
+    }
     const kubeconfig = tokenKubeconfig(r);
     const user = await whoAmI(kubeconfig);
     const who = `${r.pod.metadata?.name}/${r.container}`;
@@ -207,6 +224,8 @@ test("each DISTORT container and CSI sidecar authenticates with its own chart Se
   expect(count("agent")).toBeGreaterThanOrEqual(lab.storage.length);
   expect(count("csi-controller")).toBeGreaterThanOrEqual(1);
   expect(count("csi-node")).toBeGreaterThanOrEqual(lab.consumers.length);
+  // The lab runs nvmf_tgt in a DaemonSet of its own on the SPDK storage nodes.
+  expect(count("nvmf-tgt")).toBeGreaterThanOrEqual(1);
   for (const s of SIDECARS) expect(count(s), s).toBe(1);
   // Least privilege needs separate identities: no two components share a ServiceAccount.
   expect(new Set(perComponent.values()).size).toBe(perComponent.size);
