@@ -5,15 +5,14 @@
 // killed and started again empty is adopted anew and every export comes back without an agent
 // restart, with TargetRestarted on the node.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import type { Subprocess } from "bun";
 import { kinds, type NVMePartition } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
-import { placeOnReportedDrive } from "../lab/harness/storage-node.ts";
-import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
+import { emulatedDriveFiles, placeOnReportedDrive } from "../lab/harness/storage-node.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
@@ -85,15 +84,10 @@ beforeAll(async () => {
   tc = await testCluster();
   ns = await tc.namespace("external-target");
   dir = mkdtempSync(join(tmpdir(), "distort-ext-"));
-  const hostRoot = join(dir, "host");
-  await buildSysfs(hostRoot, {
-    rootDisk: false,
-    controllers: [{ name: "nvme0", transport: "pcie", numaNode: 0, ns1Bytes: DRIVE.sizeBytes, ...DRIVE }],
-  });
-  dataDir = join(dir, "data");
-  mkdirSync(dataDir, { recursive: true });
-  drivesFile = join(dataDir, "drives.json");
-  writeFileSync(drivesFile, JSON.stringify([DRIVE]));
+  const files = await emulatedDriveFiles(dir, DRIVE);
+  const hostRoot = files.hostRoot;
+  dataDir = files.dataDir;
+  drivesFile = files.drivesFile;
   socketPath = join(dir, "spdk.sock");
   agentEnv = {
     NODE_NAME: NODE,

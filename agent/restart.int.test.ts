@@ -3,14 +3,13 @@
 // per partition; an export that drifts without a restart still gets its own ExportRepaired. A
 // partition's QoS limits are re-applied on the restarted target, and follow spec.qos changes live.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { kinds, type NVMePartition } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
-import { placeOnReportedDrive } from "../lab/harness/storage-node.ts";
-import { buildSysfs } from "../lab/sim/sysfs/build-sysfs.ts";
+import { emulatedDriveFiles, placeOnReportedDrive } from "../lab/harness/storage-node.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
@@ -42,15 +41,7 @@ beforeAll(async () => {
   tc = await testCluster();
   ns = await tc.namespace("restart");
   dir = mkdtempSync(join(tmpdir(), "distort-restart-"));
-  const hostRoot = join(dir, "host");
-  await buildSysfs(hostRoot, {
-    rootDisk: false,
-    controllers: [{ name: "nvme0", transport: "pcie", numaNode: 0, ns1Bytes: DRIVE.sizeBytes, ...DRIVE }],
-  });
-  const dataDir = join(dir, "data");
-  mkdirSync(dataDir, { recursive: true });
-  const drivesFile = join(dataDir, "drives.json");
-  writeFileSync(drivesFile, JSON.stringify([DRIVE]));
+  const { hostRoot, dataDir, drivesFile } = await emulatedDriveFiles(dir, DRIVE);
   const socketPath = join(dir, "spdk.sock");
   const cfg = parseAgentConfig({
     NODE_NAME: NODE,

@@ -2,7 +2,7 @@
 // an emulated nvmf_tgt that can attach the same drives over PCIe, and the environment an agent
 // process needs to serve them. Also stands in for the manager's claim binding when a test runs
 // the agent without a manager.
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { kinds, type NVMeDevice, type NVMeDeviceClaim, type NVMePartition } from "../../api/index.ts";
@@ -263,4 +263,33 @@ export async function placeOnReportedDrive(
     await createPlaced(conn, p, device);
   }
   return device;
+}
+
+/** One drive the nvmf_tgt emulator serves from a file (its --sim-drives entry). */
+export interface EmulatedDrive {
+  pciAddress: string;
+  serial: string;
+  model: string;
+  sizeBytes: number;
+}
+
+/**
+ * A node's drive for an agent and an emulator process the test starts itself, under `dir`: the
+ * sysfs tree the agent discovers it in (`hostRoot`), and the emulator's --sim-data-dir and
+ * --sim-drives file.
+ */
+export async function emulatedDriveFiles(
+  dir: string,
+  drive: EmulatedDrive,
+): Promise<{ hostRoot: string; dataDir: string; drivesFile: string }> {
+  const hostRoot = join(dir, "host");
+  await buildSysfs(hostRoot, {
+    rootDisk: false,
+    controllers: [{ name: "nvme0", transport: "pcie", numaNode: 0, ns1Bytes: drive.sizeBytes, ...drive }],
+  });
+  const dataDir = join(dir, "data");
+  mkdirSync(dataDir, { recursive: true });
+  const drivesFile = join(dataDir, "drives.json");
+  writeFileSync(drivesFile, JSON.stringify([drive]));
+  return { hostRoot, dataDir, drivesFile };
 }
