@@ -34,8 +34,8 @@ import type { BackendName, TargetBackend, VolumeManager, VolumeManagerName } fro
 import { agentTransform } from "./caches.ts";
 import { type AgentConfig, parseAgentConfig } from "./config.ts";
 import { discoverDevices } from "./discovery/discover.ts";
-import { hostInterfaces, hostNetworkSource } from "./discovery/network-source.ts";
-import { type Cidr, portalAddressesIn } from "./discovery/portal-networks.ts";
+import { hostNetworkSource } from "./discovery/network-source.ts";
+import { portalsInNetworks } from "./discovery/portal-networks.ts";
 import { type EndpointResult, findRdmaEndpoint } from "./discovery/rdma-endpoint.ts";
 import { registerAgentMetrics, runNodeMetrics } from "./metrics/node-metrics.ts";
 import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
@@ -405,32 +405,4 @@ if (import.meta.main) {
     process.exit(1);
   });
   stopOnSignals(logger, "agent", () => agent.stop());
-}
-
-/**
- * The node's addresses in the storage networks (DISTORT_PORTAL_NETWORKS), read once at start-up:
- * an address still being configured gets 30 s to appear; none by then is an error naming what
- * the node has.
- */
-async function portalsInNetworks(networks: readonly Cidr[], exec: Exec, log: Logger): Promise<string[]> {
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    const ifaces = await hostInterfaces(exec);
-    const found = portalAddressesIn(ifaces, networks);
-    if (found.length > 0) {
-      log.info("portal addresses from the storage networks", {
-        networks: networks.map((n) => n.text),
-        portals: found,
-      });
-      return found;
-    }
-    if (Date.now() >= deadline) {
-      const seen = ifaces.flatMap((i) => i.addresses.map((a) => `${i.name}:${a.address}/${a.prefixLength}`));
-      throw new StorageError(
-        "precondition",
-        `no usable address of this node is in DISTORT_PORTAL_NETWORKS (${networks.map((n) => n.text).join(",")}); it has ${seen.join(" ") || "none"}`,
-      );
-    }
-    await Bun.sleep(1000);
-  }
 }

@@ -4,6 +4,9 @@
 // per-node address list. The first network's address is the primary portal.
 import { isIP } from "node:net";
 import { StorageError } from "../../lib/errors.ts";
+import type { Exec } from "../../lib/exec.ts";
+import type { Logger } from "../../lib/log.ts";
+import { hostInterfaces } from "./network-source.ts";
 import type { NetworkInterface } from "./rdma-attributes.ts";
 import { usableAddress } from "./rdma-endpoint.ts";
 
@@ -95,4 +98,36 @@ export function portalAddressesIn(ifaces: readonly NetworkInterface[], networks:
     for (const a of here) if (!out.includes(a.address)) out.push(a.address);
   }
   return out;
+}
+
+/**
+ * The node's addresses in the storage networks (DISTORT_PORTAL_NETWORKS), read once at start-up:
+ * an address still being configured gets 30 s to appear; none by then is an error naming what
+ * the node has.
+ */
+export async function portalsInNetworks(
+  networks: readonly Cidr[],
+  exec: Exec,
+  log: Logger,
+): Promise<string[]> {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const ifaces = await hostInterfaces(exec);
+    const found = portalAddressesIn(ifaces, networks);
+    if (found.length > 0) {
+      log.info("portal addresses from the storage networks", {
+        networks: networks.map((n) => n.text),
+        portals: found,
+      });
+      return found;
+    }
+    if (Date.now() >= deadline) {
+      const seen = ifaces.flatMap((i) => i.addresses.map((a) => `${i.name}:${a.address}/${a.prefixLength}`));
+      throw new StorageError(
+        "precondition",
+        `no usable address of this node is in DISTORT_PORTAL_NETWORKS (${networks.map((n) => n.text).join(",")}); it has ${seen.join(" ") || "none"}`,
+      );
+    }
+    await Bun.sleep(1000);
+  }
 }
