@@ -10,3 +10,4 @@ export * from "./nvme-partition.ts";
 export * from "./nvme-snapshot.ts";
 export * from "./nvme-volume-attachment.ts";
 export * from "./rdma-storage-node.ts";
+export * from "./replicas.ts";

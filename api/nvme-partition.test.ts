@@ -56,6 +56,23 @@ describe("NVMePartition", () => {
         },
       },
     },
+    {
+      name: "a replicated volume, unplaced, spread by zone, with its copies in status",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.replicas": 3,
+        "spec.replicaTopologyKey": "topology.kubernetes.io/zone",
+        "status.dataGeneration": 2,
+        "status.replicas": [
+          { name: "v-r0", uid: "u0", nodeName: "a", deviceSerial: "S0", state: "Online", generation: 2 },
+          { name: "v-r1", state: "Stale", generation: 1, message: "missed writes" },
+        ],
+      },
+    },
+    { name: "a replica of a volume", set: { "spec.replicaOf": { name: "v", uid: "u" } } },
+    { name: "replicas 1 placed", set: { "spec.replicas": 1 } },
   ];
   test.each(accepts)("accepts $name", ({ set }) => {
     expect(issuePaths(NVMePartitionSchema, withPaths(exampleNVMePartition(), set))).toEqual([]);
@@ -127,6 +144,83 @@ describe("NVMePartition", () => {
       set: { "spec.topology": { preferred: [{}] } },
       at: "spec.topology.preferred.0.segments",
     },
+    {
+      name: "replicas on the kernel backend",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.backend": "kernel",
+        "spec.targetOptions": undefined,
+        "spec.replicas": 2,
+      },
+      at: "spec.replicas",
+    },
+    { name: "a replicated volume placed on a drive", set: { "spec.replicas": 2 }, at: "spec.nodeName" },
+    {
+      name: "four replicas",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.replicas": 4,
+      },
+      at: "spec.replicas",
+    },
+    {
+      name: "zero replicas",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.replicas": 0,
+      },
+      at: "spec.replicas",
+    },
+    {
+      name: "a replica that is itself replicated",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.replicas": 2,
+        "spec.replicaOf": { name: "v", uid: "u" },
+      },
+      at: "spec.replicaOf",
+    },
+    {
+      name: "spread without replicas",
+      set: { "spec.replicaTopologyKey": "zone" },
+      at: "spec.replicaTopologyKey",
+    },
+    {
+      name: "spread key not a label key",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.replicas": 2,
+        "spec.replicaTopologyKey": "a b",
+      },
+      at: "spec.replicaTopologyKey",
+    },
+    {
+      name: "a clone with replicas",
+      set: {
+        "spec.nodeName": undefined,
+        "spec.deviceSerial": undefined,
+        "spec.claimRef": undefined,
+        "spec.replicas": 2,
+        "spec.contentSource": { kind: "Partition", name: "s", uid: "u" },
+      },
+      at: "spec.contentSource",
+    },
+    {
+      name: "unknown replica state",
+      set: { "status.replicas": [{ name: "r", state: "Gone", generation: 1 }] },
+      at: "status.replicas.0.state",
+    },
+    { name: "data generation 0", set: { "status.dataGeneration": 0 }, at: "status.dataGeneration" },
     { name: "unknown state", set: { "status.state": "Done" }, at: "status.state" },
     { name: "empty externalId", set: { "status.externalId": "" }, at: "status.externalId" },
     {

@@ -23,6 +23,12 @@ import {
   str,
   TransportSchema,
 } from "./common.ts";
+import {
+  ReplicaCountSchema,
+  ReplicaOfSchema,
+  ReplicaStatusListSchema,
+  TopologyKeySchema,
+} from "./replicas.ts";
 
 export const VolumeManagerSchema = v.pipe(
   v.picklist(["partition", "spdk-lvol", "parted"]),
@@ -255,8 +261,22 @@ const placementTogether = "spec.nodeName and spec.deviceSerial must be set toget
 const coreMaskNeedsSpdk = "spec.targetOptions.coreMask requires spec.backend spdk";
 const qosNeedsSpdk = "spec.qos requires spec.backend spdk: nvmet has no per-namespace rate limits";
 const thinNeedsSpdk = "spec.thinProvisioning requires spec.backend spdk: kernel partitions are always thick";
+export const replicasNeedSpdk =
+  "spec.replicas above 1 requires spec.backend spdk: the kernel nvmet backend has no RAID to mirror copies with";
+const replicatedNotPlaced =
+  "spec.nodeName and spec.deviceSerial stay unset on a replicated volume: its replicas are placed, each on its own drive";
+const replicaOfSingle = "spec.replicaOf is set only on a single-copy replica (spec.replicas absent or 1)";
+const spreadNeedsReplicas = "spec.replicaTopologyKey needs spec.replicas above 1";
+export const replicatedNoSource =
+  "spec.contentSource is not supported with spec.replicas above 1 (clones and restores stay on one drive)";
+const wholeImmutable = <T>(field: string) =>
+  cel<T>(
+    `has(self.${field}) == has(oldSelf.${field}) && (!has(self.${field}) || self.${field} == oldSelf.${field})`,
+    `spec.${field} is immutable`,
+    { fieldPath: `.${field}`, reason: "FieldValueForbidden" },
+  );
 
-export const NVMePartitionSpecSchema = v.pipe(
+const NVMePartitionSpecBaseSchema = v.pipe(
   v.object({
     sizeBytes: v.pipe(
       positiveBytes("Requested capacity in bytes; may grow (volume expansion), never shrink."),
@@ -287,6 +307,9 @@ export const NVMePartitionSpecSchema = v.pipe(
         ),
       ),
     ),
+    replicas: v.optional(ReplicaCountSchema),
+    replicaTopologyKey: v.optional(TopologyKeySchema),
+    replicaOf: v.optional(ReplicaOfSchema),
   }),
   immutableOnceSet("spec", "nodeName"),
   immutableOnceSet("spec", "contentSource"),
@@ -363,6 +386,68 @@ export const NVMePartitionSpecSchema = v.pipe(
     "spec.thinProvisioning is immutable",
     { fieldPath: ".thinProvisioning", reason: "FieldValueForbidden" },
   ),
+);
+
+export const NVMePartitionSpecSchema = v.pipe(
+  NVMePartitionSpecBaseSchema,
+  v.forward(
+    v.partialCheck(
+      [["replicas"], ["backend"]],
+      (s) => (s.replicas ?? 1) === 1 || s.backend === "spdk",
+      replicasNeedSpdk,
+    ),
+    ["replicas"],
+  ),
+  cel("!has(self.replicas) || self.replicas == 1 || self.backend == 'spdk'", replicasNeedSpdk, {
+    fieldPath: ".replicas",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["replicas"], ["nodeName"]],
+      (s) => (s.replicas ?? 1) === 1 || s.nodeName === undefined,
+      replicatedNotPlaced,
+    ),
+    ["nodeName"],
+  ),
+  cel("!has(self.replicas) || self.replicas == 1 || !has(self.nodeName)", replicatedNotPlaced, {
+    fieldPath: ".nodeName",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["replicaOf"], ["replicas"]],
+      (s) => s.replicaOf === undefined || (s.replicas ?? 1) === 1,
+      replicaOfSingle,
+    ),
+    ["replicaOf"],
+  ),
+  cel("!has(self.replicaOf) || !has(self.replicas) || self.replicas == 1", replicaOfSingle, {
+    fieldPath: ".replicaOf",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["replicaTopologyKey"], ["replicas"]],
+      (s) => s.replicaTopologyKey === undefined || (s.replicas ?? 1) > 1,
+      spreadNeedsReplicas,
+    ),
+    ["replicaTopologyKey"],
+  ),
+  cel("!has(self.replicaTopologyKey) || (has(self.replicas) && self.replicas > 1)", spreadNeedsReplicas, {
+    fieldPath: ".replicaTopologyKey",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["contentSource"], ["replicas"]],
+      (s) => s.contentSource === undefined || (s.replicas ?? 1) === 1,
+      replicatedNoSource,
+    ),
+    ["contentSource"],
+  ),
+  cel("!has(self.contentSource) || !has(self.replicas) || self.replicas == 1", replicatedNoSource, {
+    fieldPath: ".contentSource",
+  }),
+  wholeImmutable("replicas"),
+  wholeImmutable("replicaTopologyKey"),
+  wholeImmutable("replicaOf"),
   v.description("Requested volume and, once placed, where it lives."),
 );
 export type NVMePartitionSpec = v.InferOutput<typeof NVMePartitionSpecSchema>;
@@ -407,6 +492,13 @@ export const NVMePartitionStatusSchema = v.pipe(
     allocatedBytes: v.optional(int64("Bytes actually allocated by the volume manager (after rounding).")),
     capacity: v.optional(quantity("allocatedBytes as a quantity, e.g. 1Gi (agent, with allocatedBytes).")),
     qos: v.optional(AppliedQosSchema),
+    dataGeneration: v.optional(
+      int64(
+        "Replicated volumes: the data generation, raised each time a copy stops receiving writes; a copy whose generation is lower is stale.",
+        1,
+      ),
+    ),
+    replicas: v.optional(ReplicaStatusListSchema),
     conditions: conditions("Observations, including claim-authorization and export failures."),
     observedGeneration: ObservedGenerationSchema,
   }),
@@ -448,4 +540,5 @@ export const NVMePartitionPrinterColumns: readonly PrinterColumn[] = [
 export const NVMePartitionSelectableFields: readonly SelectableField[] = [
   ".spec.nodeName",
   ".spec.deviceSerial",
+  ".spec.replicaOf.name",
 ];

@@ -1,0 +1,75 @@
+// Replicated volumes: the fields of NVMePartition that make one volume several copies. A
+// replicated volume (spec.replicas > 1) is never placed on a drive itself: the manager creates one
+// replica partition per copy (spec.replicaOf names the volume), places each like any partition
+// (the device ledger holds it), on distinct storage nodes, and records every copy's place, state
+// and generation in the volume's status.replicas.
+import * as v from "valibot";
+import { int64, name, str } from "./common.ts";
+
+/** Most copies a volume may have. */
+export const MAX_REPLICAS = 3;
+
+/** spec.replicas: how many copies of the data, each on a storage node of its own. */
+export const ReplicaCountSchema = v.pipe(
+  v.number(),
+  v.integer(),
+  v.minValue(1),
+  v.maxValue(MAX_REPLICAS),
+  v.description(
+    "Copies of the volume's data, each on a distinct storage node (spdk backend only; 1 or absent: a single copy). Immutable.",
+  ),
+);
+
+/** A label key as Kubernetes allows it: an optional DNS prefix and a name of at most 63 characters. */
+export const TopologyKeySchema = v.pipe(
+  v.string(),
+  v.maxLength(316),
+  v.regex(
+    /^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/,
+    "spec.replicaTopologyKey must be a label key such as topology.kubernetes.io/zone",
+  ),
+  v.description(
+    "Storage-node label the replicas spread across: each replica on a node with a distinct value of it (nodes without the label are not used). Absent: distinct nodes only. Immutable.",
+  ),
+);
+
+/** spec.replicaOf: on a replica partition, the volume it holds a copy of. */
+export const ReplicaOfSchema = v.pipe(
+  v.object({
+    name: name("metadata.name of the replicated volume (an NVMePartition in this namespace)."),
+    uid: str("metadata.uid of that volume; a replica never serves a recreated volume.", 128, 1),
+  }),
+  v.description("Set by the manager on each replica it creates; immutable."),
+);
+export type ReplicaOf = v.InferOutput<typeof ReplicaOfSchema>;
+
+export const ReplicaStateSchema = v.pipe(
+  v.picklist(["Pending", "Online", "Degraded", "Rebuilding", "Faulted", "Stale"]),
+  v.description(
+    "Pending: not exported yet. Online: current (holds every acknowledged write). Degraded: current, but its storage node or export is not ready. Rebuilding: being caught up from a current copy. Faulted: lost or failed. Stale: missed writes; rejoins only through a rebuild.",
+  ),
+);
+export type ReplicaState = v.InferOutput<typeof ReplicaStateSchema>;
+
+export const ReplicaStatusSchema = v.pipe(
+  v.object({
+    name: name("The replica partition's metadata.name."),
+    uid: v.optional(str("The replica partition's metadata.uid.", 128, 1)),
+    nodeName: v.optional(name("Storage node holding the copy, once placed.")),
+    deviceSerial: v.optional(str("Drive holding the copy, once placed.", 256, 1)),
+    state: ReplicaStateSchema,
+    generation: int64(
+      "The volume data generation this copy is known to hold in full; equal to status.dataGeneration for a current copy.",
+    ),
+    message: v.optional(str("Why the replica is in its state.", 1024)),
+  }),
+  v.description("One copy of a replicated volume."),
+);
+export type ReplicaStatus = v.InferOutput<typeof ReplicaStatusSchema>;
+
+export const ReplicaStatusListSchema = v.pipe(
+  v.array(ReplicaStatusSchema),
+  // Room for every copy plus replacements being built beside them (drain, rebuild).
+  v.maxLength(2 * MAX_REPLICAS),
+  v.description("Every copy of a replicated volume (manager)."),
+);
