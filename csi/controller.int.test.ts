@@ -267,7 +267,7 @@ describe("identity and input validation", () => {
       ],
       [
         "CreateVolume unknown parameter",
-        () => c.unary(M.createVolume, createReq("v", { parameters: { replicas: "3" } })),
+        () => c.unary(M.createVolume, createReq("v", { parameters: { copies: "3" } })),
         GRPC.INVALID_ARGUMENT,
       ],
       [
@@ -568,9 +568,9 @@ describe("identity and input validation", () => {
   test("the messages say what is wrong", async () => {
     const M = Controller.method;
     expect(
-      (await failure(e.client.unary(M.createVolume, createReq("v", { parameters: { replicas: "3" } }))))
+      (await failure(e.client.unary(M.createVolume, createReq("v", { parameters: { copies: "3" } }))))
         .details,
-    ).toContain('unknown parameter "replicas"');
+    ).toContain('unknown parameter "copies"');
     expect(
       (
         await failure(

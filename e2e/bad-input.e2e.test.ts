@@ -94,8 +94,13 @@ const badClasses: { what: string; parameters: Record<string, string>; says: stri
   },
   {
     what: "an unknown parameter key",
-    parameters: { ...lvolTcp, replicas: "3" },
-    says: 'unknown parameter "replicas"',
+    parameters: { ...lvolTcp, copies: "3" },
+    says: 'unknown parameter "copies"',
+  },
+  {
+    what: "replicas on the kernel backend",
+    parameters: { backend: "kernel", replicas: "2" },
+    says: "replicas 2 requires backend spdk",
   },
   {
     what: "the spdk-lvol volume manager on the kernel backend",

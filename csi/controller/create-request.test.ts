@@ -42,7 +42,7 @@ const refusals: [string, ReturnType<typeof req>, string, string][] = [
     "out-of-range",
     "multiple",
   ],
-  ["unknown parameter", req({ parameters: { replicas: "3" } }), "invalid", "unknown parameter"],
+  ["unknown parameter", req({ parameters: { copies: "3" } }), "invalid", "unknown parameter"],
   ["malformed parameter", req({ parameters: { ctrlLossTmo: "abc" } }), "invalid", "ctrlLossTmo"],
   ["fsType clash", req({ parameters: { fsType: "xfs" } }), "invalid", "contradicts"],
   ["unknown mutable parameter", req({ mutableParameters: { iops: "1" } }), "invalid", "mutable_parameters"],

@@ -97,6 +97,10 @@ export function planCreateVolume(req: CreateVolumeRequest, o: PlanOptions): Crea
         `volume_content_source (${cs.case}) needs backend spdk: kernel-backend volumes are disk partitions, which cannot be cloned or restored from snapshots`,
       );
     }
+    if (params.replicas)
+      throw invalidArgument(
+        `volume_content_source (${cs.case}) with replicas ${params.replicas}: clones and restores are made on their source's drive, so they cannot be replicated yet; use a StorageClass with replicas 1`,
+      );
     source = { kind: cs.case, id };
   } else if (req.volumeContentSource) {
     throw invalidArgument("volume_content_source must name a volume or a snapshot");
@@ -161,6 +165,8 @@ export function buildPartition(
       ...(contentSource ? { contentSource } : {}),
       ...(plan.qos ? { qos: plan.qos } : {}),
       ...(params.thin ? { thinProvisioning: true } : {}),
+      ...(params.replicas ? { replicas: params.replicas } : {}),
+      ...(params.replicaTopologyKey ? { replicaTopologyKey: params.replicaTopologyKey } : {}),
     },
   };
 }

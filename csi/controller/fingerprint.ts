@@ -98,6 +98,8 @@ const StoredRecordSchema = v.object({
       }),
     ),
     tls: v.optional(v.literal("required")),
+    replicas: v.optional(v.picklist([2, 3])),
+    replicaTopologyKey: v.optional(v.string()),
   }),
   capabilities: v.array(
     v.object({

@@ -53,6 +53,20 @@ test("thinProvisioning: true marks the volume thin; false and absent are the sam
   expect(parseParameters({ thinProvisioning: "false" }, NS).params).toEqual(parseParameters({}, NS).params);
 });
 
+test("replicas: 2 and 3 are recorded with the spread key; 1 is the single-copy record", () => {
+  expect(
+    parseParameters({ replicas: "3", replicaTopologyKey: "topology.kubernetes.io/zone" }, NS).params,
+  ).toEqual({
+    backend: "spdk",
+    volumeManager: "partition",
+    transport: "rdma",
+    replicas: 3,
+    replicaTopologyKey: "topology.kubernetes.io/zone",
+  });
+  expect(parseParameters({ replicas: "2" }, NS).params.replicas).toBe(2);
+  expect(parseParameters({ replicas: "1" }, NS).params).toEqual(parseParameters({}, NS).params);
+});
+
 const refusals: [string, Record<string, string>, string][] = [
   [
     "thinProvisioning not a boolean",
@@ -64,7 +78,20 @@ const refusals: [string, Record<string, string>, string][] = [
     { backend: "kernel", volumeManager: "parted", thinProvisioning: "true" },
     "thinProvisioning true requires backend spdk",
   ],
-  ["unknown key", { replicas: "3" }, 'unknown parameter "replicas"'],
+  ["unknown key", { copies: "3" }, 'unknown parameter "copies"'],
+  ["replicas 4", { replicas: "4" }, "replicas must be 1, 2 or 3"],
+  ["replicas 0", { replicas: "0" }, "replicas must be 1, 2 or 3"],
+  [
+    "replicas on kernel",
+    { backend: "kernel", replicas: "2" },
+    "replicas 2 requires backend spdk: the kernel nvmet backend has no RAID",
+  ],
+  ["spread key without replicas", { replicaTopologyKey: "zone" }, "replicaTopologyKey needs replicas 2 or 3"],
+  [
+    "spread key not a label key",
+    { replicas: "2", replicaTopologyKey: "no spaces" },
+    "replicaTopologyKey must be a label key",
+  ],
   ["several unknown keys", { b: "1", a: "2" }, 'unknown parameters "a", "b"'],
   ["bad backend", { backend: "ceph" }, "backend must be spdk or kernel"],
   ["bad volume manager", { volumeManager: "lvm" }, "volumeManager must be"],

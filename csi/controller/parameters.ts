@@ -3,6 +3,7 @@
 // csi.storage.k8s.io/* keys the external-provisioner adds. Pure.
 import * as v from "valibot";
 import type { Backend, QosLimits, Transport, VolumeManager } from "../../api/index.ts";
+import { TopologyKeySchema } from "../../api/replicas.ts";
 import {
   DHCHAP_DHGROUPS,
   DHCHAP_HASH_NAMES,
@@ -80,6 +81,16 @@ const ParametersSchema = v.object({
     v.picklist(["true", "false"], 'thinProvisioning must be "true" or "false"'),
     "false",
   ),
+  replicas: v.optional(v.picklist(["1", "2", "3"], "replicas must be 1, 2 or 3")),
+  replicaTopologyKey: v.optional(
+    v.pipe(
+      v.string(),
+      v.check(
+        (k) => v.is(TopologyKeySchema, k),
+        "replicaTopologyKey must be a label key such as topology.kubernetes.io/zone",
+      ),
+    ),
+  ),
   dhchapSecretKey: v.optional(
     v.pipe(
       v.string(),
@@ -119,6 +130,10 @@ export interface VolumeParameters {
   dhchap?: { mode: "unidirectional" | "bidirectional"; hash: DhchapHashName; dhgroup: DhchapDhgroup };
   /** NVMe/TCP TLS with a PSK generated per volume and host; absent for none. */
   tls?: "required";
+  /** Copies on distinct storage nodes (2 or 3); absent for a single copy, as volumes always were. */
+  replicas?: 2 | 3;
+  /** Storage-node label the copies spread across (each copy in its own value); only with replicas. */
+  replicaTopologyKey?: string;
 }
 
 export interface ParsedParameters {
@@ -206,6 +221,13 @@ export function parseParameters(
       "tls required is not supported on backend kernel: nvmet takes its PSKs from the kernel's .nvme keyring and tlshd, which DISTORT does not provision (docs/api.md, TLS); use backend spdk",
     );
   }
+  const replicas = p.replicas === undefined ? 1 : Number(p.replicas);
+  if (replicas > 1 && p.backend !== "spdk")
+    throw invalidArgument(
+      `replicas ${replicas} requires backend spdk: the kernel nvmet backend has no RAID to mirror copies with; use backend spdk or replicas 1`,
+    );
+  if (p.replicaTopologyKey !== undefined && replicas === 1)
+    throw invalidArgument("replicaTopologyKey needs replicas 2 or 3");
   const qos = parseQos(qosRaw, "parameter");
   requireQosBackend(p.backend, qos, "parameters");
   const params: VolumeParameters = {
@@ -225,6 +247,8 @@ export function parseParameters(
       ? {}
       : { dhchap: { mode: p.dhchapMode, hash: p.dhchapHash ?? "sha256", dhgroup: p.dhchapGroup ?? "null" } }),
     ...(p.tls === "required" ? { tls: "required" as const } : {}),
+    ...(replicas > 1 ? { replicas: replicas as 2 | 3 } : {}),
+    ...(p.replicaTopologyKey === undefined ? {} : { replicaTopologyKey: p.replicaTopologyKey }),
   };
   return { params, provisioner, ...(qos ? { qos } : {}) };
 }
