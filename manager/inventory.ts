@@ -69,6 +69,10 @@ export class Inventory implements PlacementView {
   readonly #assumed = new Map<string, Map<string, PartitionUse>>();
   /** Keys of partitions that are unplaced and not deleting. */
   readonly #pending = new Set<string>();
+  /** Replicated volume UID -> keys of its replica partitions (spec.replicaOf.uid). */
+  readonly #replicas = new Map<string, Set<string>>();
+  /** Keys of replicated volumes (spec.replicas > 1). */
+  readonly #replicated = new Set<string>();
 
   // --- feeding (cache handlers) ---
 
@@ -179,7 +183,18 @@ export class Inventory implements PlacementView {
       m.set(use.uid, { ...use, key });
       this.#bump(pk);
     }
-    if (!pk && !p.metadata.deletionTimestamp) this.#pending.add(key);
+    const replicated = (p.spec.replicas ?? 1) > 1;
+    if (!pk && !p.metadata.deletionTimestamp && !replicated) this.#pending.add(key);
+    if (replicated) this.#replicated.add(key);
+    const of = p.spec.replicaOf?.uid;
+    if (of) {
+      let keys = this.#replicas.get(of);
+      if (!keys) {
+        keys = new Set();
+        this.#replicas.set(of, keys);
+      }
+      keys.add(key);
+    }
   }
 
   deletePartition(p: NVMePartition): void {
@@ -191,6 +206,9 @@ export class Inventory implements PlacementView {
 
   #unindexPartition(key: string, p: NVMePartition): void {
     this.#pending.delete(key);
+    this.#replicated.delete(key);
+    const of = p.spec.replicaOf?.uid;
+    if (of) removeFrom(this.#replicas, of, key);
     const pk = partitionPlacementKey(p);
     const uid = p.metadata.uid;
     if (!pk || !uid) return;
@@ -265,6 +283,16 @@ export class Inventory implements PlacementView {
 
   partition(key: string): NVMePartition | undefined {
     return this.#partitions.get(key);
+  }
+
+  /** The replica partitions of the replicated volume with UID `uid` (spec.replicaOf.uid). */
+  replicasOf(uid: string): NVMePartition[] {
+    return [...(this.#replicas.get(uid) ?? [])].map((k) => this.#partitions.get(k) as NVMePartition);
+  }
+
+  /** Keys of every replicated volume (spec.replicas > 1). */
+  replicatedKeys(): string[] {
+    return [...this.#replicated];
   }
 
   /** Placed partitions pointing at `device` (terminating ones included). */

@@ -27,6 +27,7 @@ import {
   placementReconciler,
   placementTriggers,
 } from "./placement/placement-controller.ts";
+import { REPLICAS, replicaReconciler, replicaTriggers } from "./replicas/replica-controller.ts";
 import { nodeReconciler, nodeTriggers, STORAGE_NODES } from "./storage-nodes/node-controller.ts";
 
 export interface StartOptions {
@@ -108,6 +109,12 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
       workers: config.workers,
       reconcile: capacityReconciler(ctx),
       triggers: capacityTriggers(ctx),
+    },
+    {
+      name: REPLICAS,
+      workers: config.workers,
+      reconcile: replicaReconciler(ctx),
+      triggers: replicaTriggers(ctx),
     },
     {
       name: STORAGE_NODES,

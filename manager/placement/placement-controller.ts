@@ -2,6 +2,7 @@
 // device (resourceVersion-guarded, claim and node read fresh), only then writes the partition's
 // spec, and records Scheduled and Events. Keys are partitions; README.md gives the safety argument.
 import type { NVMeDevice, NVMePartition, NVMePartitionStatus } from "../../api/index.ts";
+import { KeyedMutex } from "../../lib/concurrency/keyed-mutex.ts";
 import { type PartitionUse, partitionUse } from "../../lib/device-ledger.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { objectKey } from "../../lib/kube/resource.ts";
@@ -18,6 +19,7 @@ import {
   INITIAL_PARTITION_STATUS,
   type PlacementConfig,
   type PlacementOutcome,
+  type ReplicaSpread,
   type Reserve,
   type SourcePin,
 } from "./placement-core.ts";
@@ -52,6 +54,12 @@ export class PlacementState {
   readonly written = new Map<string, string>();
   /** Placed events waiting to be written as one per device; flush() it before stopping. */
   digest: PlacedDigest | undefined;
+  /**
+   * Replicas of one volume are placed one at a time in this process (keyed by the volume's UID),
+   * so each decision sees where its siblings went. Across processes the replica controller
+   * repairs two copies that still meet on one node.
+   */
+  readonly siblings = new KeyedMutex();
 
   /** Records that this process stored `p` (a spec or status write). */
   noteWritten(key: string, p: NVMePartition): void {
@@ -103,7 +111,45 @@ export async function sourcePin(ctx: ManagerContext, p: NVMePartition): Promise<
   return { serial: snap.status.deviceSerial, why: `restore of snapshot ${cs.name} must share its drive` };
 }
 
+/**
+ * Where replica `p` must not go: the nodes of its siblings (placed, or holding a ledger entry on
+ * a device of that node) and, with the volume's spread key, their nodes' values of that label.
+ * Undefined for a partition that is not a replica.
+ */
+export function replicaSpread(ctx: ManagerContext, p: NVMePartition): ReplicaSpread | undefined {
+  const of = p.spec.replicaOf;
+  if (!of) return undefined;
+  const { inventory } = ctx;
+  const volume = inventory.partition(objectKey({ name: of.name, namespace: p.metadata.namespace }));
+  const key = volume?.metadata.uid === of.uid ? volume.spec.replicaTopologyKey : undefined;
+  const avoidNodes = new Map<string, string>();
+  for (const s of inventory.replicasOf(of.uid)) {
+    if (s.metadata.uid === p.metadata.uid) continue;
+    if (s.spec.nodeName) avoidNodes.set(s.spec.nodeName, s.metadata.name);
+    for (const dev of inventory.devicesHolding(s.metadata.uid as string)) {
+      const d = inventory.latestDevice(dev);
+      if (d) avoidNodes.set(d.spec.nodeName, s.metadata.name);
+    }
+  }
+  const avoidValues = new Map<string, string>();
+  if (key) {
+    for (const [n, sibling] of avoidNodes) {
+      const value = inventory.node(n)?.metadata.labels?.[key];
+      if (value !== undefined) avoidValues.set(value, sibling);
+    }
+  }
+  return { avoidNodes, ...(key ? { key } : {}), avoidValues };
+}
+
 export function placementReconciler(ctx: ManagerContext, state: PlacementState): Reconcile {
+  const place = placeOne(ctx, state);
+  return (key, rctx) => {
+    const of = ctx.inventory.partition(key)?.spec.replicaOf?.uid;
+    return of ? state.siblings.run(of, () => place(key, rctx)) : place(key, rctx);
+  };
+}
+
+function placeOne(ctx: ManagerContext, state: PlacementState): Reconcile {
   const cfg = placementConfig(ctx);
   const { inventory, metrics } = ctx;
   const digest = new PlacedDigest(ctx.events, ctx.clock, PLACED_DIGEST_MS);
@@ -128,7 +174,8 @@ export function placementReconciler(ctx: ManagerContext, state: PlacementState):
     }
     const pin = p.spec.nodeName ? undefined : await sourcePin(ctx, p);
     for (let round = 0; round < ROUNDS; round++) {
-      const out = decidePlacement(p, inventory, ctx.clock.now(), cfg, pin);
+      const spread = p.spec.nodeName ? undefined : replicaSpread(ctx, p);
+      const out = decidePlacement(p, inventory, ctx.clock.now(), cfg, pin, spread);
       if (out.result !== "placed") return finish(ctx, state, key, p, out);
       const reserve = out.actions[0] as Reserve;
       const use = partitionUse(p) as PartitionUse;

@@ -550,3 +550,65 @@ describe("thin partitions and the overcommit ratio", () => {
     expect(lax.result).toBe("placed");
   });
 });
+
+describe("replicas", () => {
+  const threeNodes = (labels: Record<string, Record<string, string>> = {}) => {
+    const ds = ["a", "b", "c"].map((n, i) =>
+      claimedDevice(`d${i + 1}`, { node: `node-${n}`, allocatable: (100 - 10 * i) * GiB }),
+    );
+    return view({
+      devices: ds.map((d) => d.device),
+      claims: ds.map((d) => d.claim),
+      nodes: ["a", "b", "c"].map((n) => storageNode(`node-${n}`, { labels: labels[`node-${n}`] })),
+    });
+  };
+
+  test("a replicated volume itself is never placed", () => {
+    const v = pending();
+    v.spec.replicas = 2;
+    expect(decidePlacement(v, threeNodes(), NOW, CFG).result).toBe("ignored");
+  });
+
+  test("a replica avoids the nodes of its siblings and takes the best of the rest", () => {
+    const out = decidePlacement(pending(), threeNodes(), NOW, CFG, undefined, {
+      avoidNodes: new Map([["node-a", "vol-r0"]]),
+      avoidValues: new Map(),
+    });
+    expect(out.result).toBe("placed");
+    expect(out.actions[0]).toMatchObject({ type: "reserve", device: "d2", nodeName: "node-b" });
+  });
+
+  test("with every node holding a sibling: ReplicaAntiAffinity, naming them", () => {
+    const out = decidePlacement(pending(), threeNodes(), NOW, CFG, undefined, {
+      avoidNodes: new Map([
+        ["node-a", "vol-r0"],
+        ["node-b", "vol-r1"],
+        ["node-c", "vol-r2"],
+      ]),
+      avoidValues: new Map(),
+    });
+    expect(out.result).toBe("unschedulable");
+    const c = out.status?.conditions?.[0];
+    expect(c?.reason).toBe("ReplicaAntiAffinity");
+    expect(c?.message).toContain(
+      "3 on nodes that already hold another replica of this volume (node-a, node-b, node-c)",
+    );
+  });
+
+  test("a spread key leaves out nodes sharing a sibling's value and nodes without the label", () => {
+    const inv = threeNodes({ "node-a": { zone: "z1" }, "node-b": { zone: "z1" } });
+    const spread = {
+      avoidNodes: new Map([["node-a", "vol-r0"]]),
+      key: "zone",
+      avoidValues: new Map([["z1", "vol-r0"]]),
+    };
+    const out = decidePlacement(pending(), inv, NOW, CFG, undefined, spread);
+    expect(out.result).toBe("unschedulable");
+    expect(out.status?.conditions?.[0]?.message).toContain("share a zone value with another replica");
+    expect(out.status?.conditions?.[0]?.message).toContain("without the label zone");
+    const inv2 = threeNodes({ "node-a": { zone: "z1" }, "node-b": { zone: "z1" }, "node-c": { zone: "z2" } });
+    expect(decidePlacement(pending(), inv2, NOW, CFG, undefined, spread).actions[0]).toMatchObject({
+      nodeName: "node-c",
+    });
+  });
+});

@@ -61,8 +61,23 @@ export type UnschedulableReason =
   | "InsufficientCapacity"
   /** Only for thin partitions: every drive with room has an lvstore above the fullness limit. */
   | "LvstoreFull"
+  /** A replica: every usable node already holds a copy of its volume (or shares its spread value). */
+  | "ReplicaAntiAffinity"
   /** A clone or restore whose source's drive is unknown, or whose source drive is unusable. */
   | "SourceUnavailable";
+
+/**
+ * Where a replica must not go: the storage nodes of its volume's other copies (placed, or held
+ * in a device ledger), and, with the volume's spec.replicaTopologyKey, any node whose value of
+ * that label another copy's node already has (nodes without the label are left out too).
+ */
+export interface ReplicaSpread {
+  /** Storage node -> the sibling replica there. */
+  avoidNodes: ReadonlyMap<string, string>;
+  key?: string;
+  /** Label value of `key` -> the sibling replica holding it. */
+  avoidValues: ReadonlyMap<string, string>;
+}
 
 /**
  * Where a partition with spec.contentSource must go: the drive (lvstore) holding its source. The
@@ -129,6 +144,7 @@ const STAGE: Record<UnschedulableReason, number> = {
   NodeNotReady: 1,
   BackendLocked: 2,
   TopologyMismatch: 3,
+  ReplicaAntiAffinity: 3,
   InsufficientCapacity: 4,
   LvstoreFull: 4,
   SourceUnavailable: 5,
@@ -149,8 +165,11 @@ export function decidePlacement(
   nowMs: number,
   cfg: PlacementConfig,
   pin?: SourcePin,
+  spread?: ReplicaSpread,
 ): PlacementOutcome {
   const generation = p.metadata.generation;
+  // A replicated volume lives in its replicas, each placed on its own; the volume itself is not.
+  if ((p.spec.replicas ?? 1) > 1) return { actions: [], result: "ignored" };
   const scheduled = findCondition(p.status?.conditions ?? [], ConditionTypes.Scheduled);
   if (p.spec.nodeName && p.spec.deviceSerial) {
     const current =
@@ -173,8 +192,10 @@ export function decidePlacement(
     TopologyMismatch: [],
     InsufficientCapacity: [],
     LvstoreFull: [],
+    ReplicaAntiAffinity: [],
     SourceUnavailable: [],
   };
+  let unlabelled = 0;
   const thin = p.spec.thinProvisioning === true;
   const fullLimit = (cfg.thinLvstoreFullPercent ?? DEFAULT_THIN_LVSTORE_FULL_PERCENT) / 100;
   let fullest = 0;
@@ -220,6 +241,17 @@ export function decidePlacement(
     if (rank === undefined) {
       rejected.TopologyMismatch.push(d.metadata.name);
       continue;
+    }
+    if (spread) {
+      const value = spread.key === undefined ? undefined : node?.metadata.labels?.[spread.key];
+      if (spread.key !== undefined && value === undefined) unlabelled++;
+      if (
+        spread.avoidNodes.has(nodeName) ||
+        (spread.key !== undefined && (value === undefined || spread.avoidValues.has(value)))
+      ) {
+        rejected.ReplicaAntiAffinity.push(d.metadata.name);
+        continue;
+      }
     }
     const reuse = usage.holders.get(uid)?.inLedger === true;
     // Thin: all holders within allocatable x the claim's ratio; thick: also physically.
@@ -280,6 +312,13 @@ export function decidePlacement(
       `${n("LvstoreFull")} with an lvstore above ${Math.round(fullLimit * 100)}% full, too full for new thin volumes (fullest ${Math.round(fullest * 100)}%)`,
     );
   if (n("TopologyMismatch")) parts.push(`${n("TopologyMismatch")} outside the requested topology`);
+  if (n("ReplicaAntiAffinity")) {
+    const others = [...new Set(spread?.avoidNodes.keys() ?? [])].sort();
+    const key = spread?.key;
+    parts.push(
+      `${n("ReplicaAntiAffinity")} on nodes that ${key ? `share a ${key} value with` : "already hold"} another replica of this volume (${listed(others)})${key && unlabelled ? `, ${unlabelled} of them on nodes without the label ${key}` : ""}`,
+    );
+  }
   if (n("BackendLocked"))
     parts.push(`${n("BackendLocked")} locked to backend ${[...lockedTo].sort().join(", ")}`);
   const nodesWith = (pred: (r: string) => boolean) =>

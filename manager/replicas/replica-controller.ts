@@ -1,0 +1,114 @@
+// The replica controller: for every replicated volume (spec.replicas > 1) it keeps one replica
+// partition per copy (created here, placed by the placement controller through the device
+// ledger, provisioned and exported by their agents), deletes them when the volume goes, and
+// writes the volume's status.replicas. Keys are volume keys; replica-core.ts decides.
+import { API_VERSION, type NVMePartition, type NVMePartitionStatus } from "../../api/index.ts";
+import { StorageError } from "../../lib/errors.ts";
+import { objectKey } from "../../lib/kube/resource.ts";
+import type { Reconcile } from "../../lib/kube/runner.ts";
+import type { ManagerContext, Triggers } from "../context.ts";
+import { editFinalizers } from "../finalizers.ts";
+import { nodeHealth } from "../node-health.ts";
+import { INITIAL_PARTITION_STATUS } from "../placement/placement-core.ts";
+import { applyStatusPatch } from "../status-patch.ts";
+import { writeStatus } from "../status-write.ts";
+import { decideReplicas, isReplicated, REPLICA_OF_LABEL, REPLICAS_FINALIZER } from "./replica-core.ts";
+
+export const REPLICAS = "replicas";
+
+export function replicaReconciler(ctx: ManagerContext): Reconcile {
+  const { inventory, clients } = ctx;
+  return async (key, rctx) => {
+    let volume = inventory.partition(key);
+    if (!volume || !isReplicated(volume)) return;
+    const uid = volume.metadata.uid as string;
+    const { name, namespace } = volume.metadata;
+    const out = decideReplicas(volume, inventory.replicasOf(uid), inventory, ctx.clock.now(), {
+      stalenessMs: ctx.config.stalenessMs,
+    });
+    rctx.signal.throwIfAborted();
+    if (out.finalizer === true) {
+      const stored = await editFinalizers(clients.partitions, name, namespace, uid, (f) =>
+        f.includes(REPLICAS_FINALIZER) ? undefined : [...f, REPLICAS_FINALIZER],
+      );
+      if (!stored) return;
+      volume = stored;
+    }
+    for (const c of out.create) {
+      const replica: NVMePartition = {
+        apiVersion: API_VERSION,
+        kind: "NVMePartition",
+        metadata: {
+          name: c.name,
+          namespace,
+          labels: { ...(volume.metadata.labels ?? {}), [REPLICA_OF_LABEL]: uid },
+          ownerReferences: [
+            {
+              apiVersion: API_VERSION,
+              kind: "NVMePartition",
+              name,
+              uid,
+              controller: true,
+              blockOwnerDeletion: true,
+            },
+          ],
+        },
+        spec: c.spec,
+      };
+      try {
+        await clients.partitions.create(replica);
+        rctx.log.info("replica created", { volume: key, replica: c.name });
+      } catch (err) {
+        // Another manager made it first; the watch brings it.
+        if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
+      }
+    }
+    for (const d of out.delete) {
+      await clients.partitions.delete(d.name, namespace, { uid: d.uid });
+      rctx.log.info("replica deleted", { volume: key, replica: d.name, why: d.why });
+    }
+    for (const e of out.events) ctx.events.emit(volume, e.type, e.reason, "Replicate", e.note);
+    if (out.status) {
+      const patch = out.status;
+      const now = new Date(ctx.clock.now());
+      await writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, volume, (latest) =>
+        latest.metadata.uid !== uid
+          ? undefined
+          : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, patch, now),
+      );
+    }
+    if (out.finalizer === false) {
+      await editFinalizers(clients.partitions, name, namespace, uid, (f) =>
+        f.includes(REPLICAS_FINALIZER) ? f.filter((x) => x !== REPLICAS_FINALIZER) : undefined,
+      );
+    }
+    // Node health changes with time, not only with writes: look again while not every copy is online.
+    return out.status || out.create.length || out.delete.length
+      ? {}
+      : { requeueAfterMs: ctx.config.stalenessMs };
+  };
+}
+
+/** Volume keys to reconcile when objects change. */
+export function replicaTriggers(ctx: ManagerContext): Triggers {
+  const { inventory } = ctx;
+  return {
+    partition: (_old, p) => {
+      if (isReplicated(p)) return [objectKey(p.metadata)];
+      const of = p.spec.replicaOf;
+      return of ? [objectKey({ name: of.name, namespace: p.metadata.namespace })] : [];
+    },
+    // A storage node's health decides whether its copies are Online or Degraded.
+    node: (old, n) => {
+      const now = ctx.clock.now();
+      const was = old ? nodeHealth(old.spec.nodeName, old, now, ctx.config.stalenessMs).ok : undefined;
+      if (was === nodeHealth(n.spec.nodeName, n, now, ctx.config.stalenessMs).ok) return [];
+      const out: string[] = [];
+      for (const key of inventory.replicatedKeys()) {
+        const v = inventory.partition(key);
+        if (v?.status?.replicas?.some((r) => r.nodeName === n.spec.nodeName)) out.push(key);
+      }
+      return out;
+    },
+  };
+}

@@ -1,0 +1,313 @@
+// The replica set of one replicated volume (an NVMePartition with spec.replicas > 1), as a pure
+// function of the volume, its replica partitions and the storage nodes: which replicas to create
+// or delete, and what the volume's status.replicas says. The controller carries it out.
+//
+// A replica is an ordinary NVMePartition with spec.replicaOf naming the volume, so placement puts
+// it on a drive through the device ledger exactly as it places any partition, and its agent
+// provisions and exports it. What this core adds:
+// - one replica per copy, each named <volume>-r<index>, created by the manager;
+// - copies on distinct storage nodes (and distinct values of spec.replicaTopologyKey): placement
+//   avoids siblings' nodes; when two managers still put two copies on one node, the newer copy
+//   of a volume that has never served is deleted and made again elsewhere;
+// - the copies' state and generation. A volume that has never served starts at data generation 1
+//   with every copy Online once every copy is exported (fresh, all-empty copies are equal). From
+//   then on only the node serving the volume lowers a copy (Faulted, Stale: it stops receiving
+//   writes) by raising status.dataGeneration over the copies that go on. The manager never raises
+//   a copy's generation: a copy that is behind stays behind until a rebuild says otherwise.
+import { createHash } from "node:crypto";
+import type {
+  NVMePartition,
+  NVMePartitionSpec,
+  NVMePartitionStatus,
+  RDMAStorageNode,
+  ReplicaState,
+  ReplicaStatus,
+} from "../../api/index.ts";
+import { nodeHealth } from "../node-health.ts";
+import type { ConditionInput } from "../status-patch.ts";
+
+/** Finalizer the manager keeps on a replicated volume until every replica partition is gone. */
+export const REPLICAS_FINALIZER = "storage.distort.io/replicas";
+/** Label on every replica partition: the UID of the volume it holds a copy of. */
+export const REPLICA_OF_LABEL = "storage.distort.io/replica-of";
+/** Condition type on a replicated volume: every copy exported and current. */
+export const REPLICAS_READY = "ReplicasReady";
+
+/** A volume holds copies in spec.replicas > 1; a replica names its volume in spec.replicaOf. */
+export function isReplicated(p: NVMePartition): boolean {
+  return (p.spec.replicas ?? 1) > 1;
+}
+
+/** Name of replica `index` of volume `volume` (bounded: a long volume name is cut and hashed). */
+export function replicaName(volume: string, index: number): string {
+  const suffix = `-r${index}`;
+  if (volume.length + suffix.length <= 253) return `${volume}${suffix}`;
+  const h = createHash("sha256").update(volume).digest("hex").slice(0, 10);
+  return `${volume.slice(0, 253 - suffix.length - h.length - 1).replace(/[-.]+$/, "")}-${h}${suffix}`;
+}
+
+/** The index in a replica's name (the part after the last "-r"), or undefined. */
+export function replicaIndex(name: string): number | undefined {
+  const m = /-r(\d{1,3})$/.exec(name);
+  return m ? Number(m[1]) : undefined;
+}
+
+/** The spec of a new replica of `volume`: its size, backend, carving and topology, one copy. */
+export function replicaSpec(volume: NVMePartition): NVMePartitionSpec {
+  const s = volume.spec;
+  const to = s.targetOptions;
+  return {
+    sizeBytes: s.sizeBytes,
+    backend: s.backend,
+    volumeManager: s.volumeManager,
+    // The copies are reached by the serving node over the storage fabric, on the volume's
+    // transport and port; host authentication between storage nodes is not configured yet.
+    targetOptions: {
+      transport: to?.transport ?? "rdma",
+      ...(to?.portalPort === undefined ? {} : { portalPort: to.portalPort }),
+    },
+    ...(s.topology ? { topology: s.topology } : {}),
+    ...(s.thinProvisioning ? { thinProvisioning: true } : {}),
+    replicaOf: { name: volume.metadata.name, uid: volume.metadata.uid as string },
+  };
+}
+
+export interface ReplicaView {
+  node(nodeName: string): RDMAStorageNode | undefined;
+}
+
+export interface ReplicaConfig {
+  stalenessMs: number;
+}
+
+export interface ReplicaOutcome {
+  /** Replica partitions to create (name, spec), in index order. */
+  create: { name: string; spec: NVMePartitionSpec }[];
+  /** Replica partitions to delete, with the reason (each by name and UID). */
+  delete: { name: string; uid: string; why: string }[];
+  /** The volume's status fields the manager owns, when they differ from what it holds. */
+  status?: { set: Partial<NVMePartitionStatus>; conditions: ConditionInput[] };
+  /** Add (true) or remove (false) REPLICAS_FINALIZER; undefined: leave it. */
+  finalizer?: boolean;
+  /** Events to record on the volume. */
+  events: { type: "Normal" | "Warning"; reason: string; note: string }[];
+}
+
+/** What a replica partition's own status says, before the volume's generation is considered. */
+function observed(r: NVMePartition, view: ReplicaView, nowMs: number, cfg: ReplicaConfig) {
+  const st = r.status?.state ?? "Pending";
+  if (r.metadata.deletionTimestamp)
+    return { kind: "gone" as const, why: "replica partition is being deleted" };
+  if (st === "Failed") {
+    const ready = r.status?.conditions?.find((c) => c.type === "Ready");
+    return { kind: "failed" as const, why: ready?.message ?? "replica partition failed" };
+  }
+  if (st !== "Exported") return { kind: "pending" as const, why: `replica partition is ${st}` };
+  const nodeName = r.spec.nodeName as string;
+  const health = nodeHealth(nodeName, view.node(nodeName), nowMs, cfg.stalenessMs);
+  if (!health.ok) return { kind: "unreachable" as const, why: `storage node ${nodeName}: ${health.reason}` };
+  return { kind: "exported" as const, why: "exported" };
+}
+
+/**
+ * Decides the replica set of `volume` from its replica partitions `replicas` (every partition
+ * whose spec.replicaOf names this volume's UID). Pure.
+ */
+export function decideReplicas(
+  volume: NVMePartition,
+  replicas: readonly NVMePartition[],
+  view: ReplicaView,
+  nowMs: number,
+  cfg: ReplicaConfig,
+): ReplicaOutcome {
+  const out: ReplicaOutcome = { create: [], delete: [], events: [] };
+  const uid = volume.metadata.uid as string;
+  const mine = replicas
+    .filter((r) => r.spec.replicaOf?.uid === uid)
+    .sort((a, b) => (replicaIndex(a.metadata.name) ?? 0) - (replicaIndex(b.metadata.name) ?? 0));
+  const finalizers = volume.metadata.finalizers ?? [];
+  const holds = finalizers.includes(REPLICAS_FINALIZER);
+
+  if (volume.metadata.deletionTimestamp) {
+    for (const r of mine) {
+      if (!r.metadata.deletionTimestamp)
+        out.delete.push({ name: r.metadata.name, uid: r.metadata.uid as string, why: "volume deleted" });
+    }
+    if (mine.length === 0 && holds) out.finalizer = false;
+    return out;
+  }
+  if (!holds) out.finalizer = true;
+
+  const want = volume.spec.replicas ?? 1;
+  const prior = new Map((volume.status?.replicas ?? []).map((e) => [e.name, e]));
+  const served = volume.status?.dataGeneration !== undefined;
+
+  // Two copies on one storage node (or one spread value) protect nothing: placement avoids it,
+  // but two managers placing siblings at the same moment can still do it. Before the volume has
+  // served, the newer copy is simply made again; after, it has to be rebuilt elsewhere first.
+  const spreadKey = volume.spec.replicaTopologyKey;
+  const domainOf = (r: NVMePartition): string | undefined => {
+    const n = r.spec.nodeName;
+    if (!n) return undefined;
+    if (!spreadKey) return `node:${n}`;
+    const value = view.node(n)?.metadata.labels?.[spreadKey];
+    return value === undefined ? `node:${n}` : `${spreadKey}=${value}`;
+  };
+  const seen = new Map<string, NVMePartition>();
+  const duplicate = new Set<string>();
+  for (const r of mine) {
+    if (r.metadata.deletionTimestamp) continue;
+    const d = domainOf(r);
+    if (d === undefined) continue;
+    const first = seen.get(d);
+    if (!first) {
+      seen.set(d, r);
+      continue;
+    }
+    duplicate.add(r.metadata.name);
+    if (!served) {
+      out.delete.push({
+        name: r.metadata.name,
+        uid: r.metadata.uid as string,
+        why: `shares ${d} with replica ${first.metadata.name}; made again elsewhere`,
+      });
+      out.events.push({
+        type: "Warning",
+        reason: "ReplicaCoLocated",
+        note: `replica ${r.metadata.name} was placed beside ${first.metadata.name} (${d}); it is made again elsewhere`,
+      });
+    }
+  }
+
+  // Live copies: not being deleted and not failed. Missing ones are created at free indices.
+  const live = mine.filter(
+    (r) =>
+      !r.metadata.deletionTimestamp &&
+      r.status?.state !== "Failed" &&
+      !out.delete.some((d) => d.name === r.metadata.name),
+  );
+  const used = new Set(mine.map((r) => replicaIndex(r.metadata.name)));
+  for (let i = 0, missing = want - live.length; missing > 0 && i < 2 * want + 8; i++) {
+    if (used.has(i)) continue;
+    out.create.push({ name: replicaName(volume.metadata.name, i), spec: replicaSpec(volume) });
+    used.add(i);
+    missing--;
+  }
+
+  // The copies' entries.
+  const facts = mine.map((r) => ({ r, o: observed(r, view, nowMs, cfg), prev: prior.get(r.metadata.name) }));
+  const allExported = facts.filter((f) => f.o.kind === "exported").length >= want && duplicate.size === 0;
+  const startGeneration = !served && allExported ? 1 : undefined;
+  const dataGeneration = volume.status?.dataGeneration ?? startGeneration;
+  const entries: ReplicaStatus[] = [];
+  for (const { r, o, prev } of facts) {
+    if (o.kind === "gone" && !prev) continue;
+    let state: ReplicaState;
+    let generation = prev?.generation ?? 0;
+    let message: string | undefined = o.why;
+    if (startGeneration !== undefined && o.kind === "exported") {
+      state = "Online";
+      generation = startGeneration;
+      message = undefined;
+    } else if (o.kind === "failed" || o.kind === "gone") {
+      state = "Faulted";
+    } else if (prev && (prev.state === "Faulted" || prev.state === "Stale" || prev.state === "Rebuilding")) {
+      // Only the serving node (a rebuild) brings a lowered copy back.
+      state = prev.state;
+      message = prev.message;
+    } else if (dataGeneration !== undefined && generation === dataGeneration) {
+      state = o.kind === "exported" ? "Online" : "Degraded";
+      if (o.kind === "exported") message = undefined;
+    } else if (dataGeneration !== undefined) {
+      // Exported but behind (a new copy of a volume that has served): a rebuild must fill it.
+      state = o.kind === "pending" ? "Pending" : "Stale";
+      message =
+        o.kind === "pending"
+          ? o.why
+          : `holds generation ${generation} of ${dataGeneration}; joins through a rebuild`;
+    } else {
+      state = "Pending";
+    }
+    entries.push({
+      name: r.metadata.name,
+      ...(r.metadata.uid ? { uid: r.metadata.uid } : {}),
+      ...(r.spec.nodeName ? { nodeName: r.spec.nodeName } : {}),
+      ...(r.spec.deviceSerial ? { deviceSerial: r.spec.deviceSerial } : {}),
+      state,
+      generation,
+      ...(message ? { message: message.slice(0, 1024) } : {}),
+    });
+  }
+  for (const c of out.create)
+    entries.push({ name: c.name, state: "Pending", generation: 0, message: "being created" });
+
+  const online = entries.filter((e) => e.state === "Online").length;
+  const current = entries.filter(
+    (e) =>
+      dataGeneration !== undefined &&
+      e.generation === dataGeneration &&
+      (e.state === "Online" || e.state === "Degraded"),
+  ).length;
+  let cond: ConditionInput;
+  if (online >= want) {
+    cond = {
+      type: REPLICAS_READY,
+      status: "True",
+      reason: "AllReplicasOnline",
+      message: `${online}/${want} replicas online`,
+    };
+  } else if (dataGeneration === undefined) {
+    const placed = mine.filter((r) => r.spec.nodeName).length;
+    cond = {
+      type: REPLICAS_READY,
+      status: "False",
+      reason: "ReplicasPending",
+      message: `${placed}/${want} replicas placed, ${facts.filter((f) => f.o.kind === "exported").length}/${want} exported`,
+    };
+  } else if (current === 0) {
+    cond = {
+      type: REPLICAS_READY,
+      status: "False",
+      reason: "NoCurrentReplica",
+      message: `no replica holds generation ${dataGeneration}: the volume cannot serve without losing acknowledged writes`,
+    };
+  } else {
+    cond = {
+      type: REPLICAS_READY,
+      status: "False",
+      reason: "Degraded",
+      message: `${online}/${want} replicas online, ${current} current at generation ${dataGeneration}`,
+    };
+  }
+  cond.observedGeneration = volume.metadata.generation;
+
+  const set: Partial<NVMePartitionStatus> = { replicas: entries };
+  if (startGeneration !== undefined && !served) set.dataGeneration = startGeneration;
+  const placedAll = entries.length >= want && entries.every((e) => e.nodeName);
+  const state = volume.status?.state ?? "Pending";
+  if (state === "Pending" && placedAll) set.state = "Placed";
+  const changed =
+    JSON.stringify(volume.status?.replicas ?? []) !== JSON.stringify(entries) ||
+    (set.dataGeneration !== undefined && set.dataGeneration !== volume.status?.dataGeneration) ||
+    (set.state !== undefined && set.state !== state) ||
+    !sameCondition(volume, cond);
+  if (changed) out.status = { set, conditions: [cond] };
+  if (startGeneration !== undefined && !served)
+    out.events.push({
+      type: "Normal",
+      reason: "ReplicasOnline",
+      note: `${want} replicas exported on ${entries.map((e) => e.nodeName).join(", ")}; data generation 1`,
+    });
+  return out;
+}
+
+function sameCondition(volume: NVMePartition, c: ConditionInput): boolean {
+  const have = volume.status?.conditions?.find((x) => x.type === c.type);
+  return (
+    have !== undefined &&
+    have.status === c.status &&
+    have.reason === c.reason &&
+    have.message === c.message &&
+    have.observedGeneration === c.observedGeneration
+  );
+}

@@ -1,0 +1,160 @@
+// The replica controller and placement together against a real kube-apiserver: a replicated volume
+// gets one replica partition per copy, each placed through the device ledger on its own storage
+// node; the copies come Online at data generation 1 once every one is exported; too few nodes
+// leave the last copy unschedulable with ReplicaAntiAffinity; deleting the volume removes every
+// replica and then the volume, and the ledger lets go of their room.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { API_VERSION, type NVMePartition } from "../../api/index.ts";
+import { eventually, type TestCluster, testCluster } from "../../lab/cluster/test-support.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
+import { GiB } from "../testdata/fixtures.ts";
+import { type Harness, harness } from "../testdata/harness.ts";
+import { REPLICA_OF_LABEL, REPLICAS_FINALIZER } from "./replica-core.ts";
+
+let tc: TestCluster;
+const harnesses: Harness[] = [];
+beforeAll(async () => {
+  tc = await testCluster();
+}, 300_000);
+afterAll(async () => {
+  await Promise.all(harnesses.map((h) => h.stop()));
+  await tc?.stop();
+});
+
+async function withNodes(prefix: string, nodes: string[]): Promise<Harness> {
+  const h = await harness(tc, prefix);
+  harnesses.push(h);
+  for (const node of nodes) {
+    await h.createDevice(node, { node, serial: `S-${h.ns}-${node}`, allocatable: 20 * GiB });
+    await h.createClaim(`claim-${node}`, `S-${h.ns}-${node}`);
+    await h.createNode(node);
+  }
+  await h.start();
+  await eventually(
+    async () => (await h.claims.list({ namespace: h.ns })).items.every((c) => c.status?.phase === "Bound"),
+    10_000,
+    "claims bound",
+  );
+  return h;
+}
+
+async function createVolume(h: Harness, name: string, replicas: number): Promise<NVMePartition> {
+  return h.partitions.create({
+    apiVersion: API_VERSION,
+    kind: "NVMePartition",
+    metadata: { name, namespace: h.ns, labels: h.label },
+    spec: {
+      sizeBytes: 3 * GiB,
+      backend: "spdk",
+      volumeManager: "spdk-lvol",
+      targetOptions: { transport: "tcp" },
+      replicas,
+    },
+  });
+}
+
+async function replicasOf(h: Harness, uid: string): Promise<NVMePartition[]> {
+  const all = (await h.partitions.list({ namespace: h.ns })).items;
+  return all
+    .filter((p) => p.spec.replicaOf?.uid === uid)
+    .sort((a, b) => (a.metadata.name < b.metadata.name ? -1 : 1));
+}
+
+test("three copies on three nodes, each in its drive's ledger; Online at generation 1 once exported", async () => {
+  const h = await withNodes("repl", ["node-a", "node-b", "node-c"]);
+  const vol = await createVolume(h, "vol", 3);
+  const uid = vol.metadata.uid as string;
+  const placed = await eventually(
+    async () => {
+      const rs = await replicasOf(h, uid);
+      return rs.length === 3 && rs.every((r) => r.spec.nodeName) && rs;
+    },
+    20_000,
+    "three placed replicas",
+  );
+  expect(placed.map((r) => r.metadata.name)).toEqual(["vol-r0", "vol-r1", "vol-r2"]);
+  expect(new Set(placed.map((r) => r.spec.nodeName)).size).toBe(3);
+  for (const r of placed) {
+    expect(r.metadata.labels?.[REPLICA_OF_LABEL]).toBe(uid);
+    expect((r.metadata as { ownerReferences?: unknown[] }).ownerReferences?.[0]).toMatchObject({
+      kind: "NVMePartition",
+      name: "vol",
+      uid,
+    });
+    expect(r.spec).toMatchObject({
+      sizeBytes: 3 * GiB,
+      volumeManager: "spdk-lvol",
+      targetOptions: { transport: "tcp" },
+    });
+    const dev = await h.devices.get(h.dev(r.spec.nodeName as string));
+    expect(dev?.status?.reservations?.map((e) => e.uid)).toEqual([r.metadata.uid as string]);
+  }
+  // The volume itself holds no drive and is no pending placement.
+  const v1 = await h.partitions.get("vol", h.ns);
+  expect(v1?.spec.nodeName).toBeUndefined();
+  expect(v1?.metadata.finalizers).toContain(REPLICAS_FINALIZER);
+  expect(v1?.status?.dataGeneration).toBeUndefined();
+
+  // The agents export the copies (their status written as an agent would).
+  for (const r of placed) {
+    await updateStatus(h.partitions, r.metadata.name, h.ns, (latest) => ({
+      ...(latest.status ?? { conditions: [] }),
+      state: "Exported" as const,
+      conditions: latest.status?.conditions ?? [],
+    }));
+  }
+  const online = await eventually(
+    async () => {
+      const v = await h.partitions.get("vol", h.ns);
+      return v?.status?.dataGeneration === 1 && v.status.replicas?.every((e) => e.state === "Online") && v;
+    },
+    15_000,
+    "copies online",
+  );
+  expect(online.status?.replicas?.map((e) => [e.name, e.nodeName, e.state, e.generation])).toEqual(
+    placed.map((r) => [r.metadata.name, r.spec.nodeName, "Online", 1]),
+  );
+  expect(online.status?.conditions.find((c) => c.type === "ReplicasReady")).toMatchObject({
+    status: "True",
+    reason: "AllReplicasOnline",
+  });
+
+  await h.partitions.delete("vol", h.ns);
+  await eventually(async () => (await h.partitions.get("vol", h.ns)) === undefined, 20_000, "volume gone");
+  expect(await replicasOf(h, uid)).toEqual([]);
+  await eventually(
+    async () => {
+      for (const n of ["node-a", "node-b", "node-c"]) {
+        const d = await h.devices.get(h.dev(n));
+        if ((d?.status?.reservations ?? []).length > 0) return false;
+      }
+      return true;
+    },
+    20_000,
+    "ledger released",
+  );
+}, 90_000);
+
+test("more copies than storage nodes: the last one waits with ReplicaAntiAffinity", async () => {
+  const h = await withNodes("repl2", ["node-a", "node-b"]);
+  const vol = await createVolume(h, "vol", 3);
+  const uid = vol.metadata.uid as string;
+  const refused = await eventually(
+    async () => {
+      const rs = await replicasOf(h, uid);
+      const waiting = rs.find((r) => !r.spec.nodeName);
+      const c = waiting?.status?.conditions.find((x) => x.type === "Scheduled");
+      return rs.length === 3 && rs.filter((r) => r.spec.nodeName).length === 2 && c?.status === "False" && c;
+    },
+    20_000,
+    "third replica refused",
+  );
+  expect(refused.reason).toBe("ReplicaAntiAffinity");
+  expect(refused.message).toContain("already hold another replica of this volume (node-a, node-b)");
+  const v = await h.partitions.get("vol", h.ns);
+  expect(v?.status?.conditions.find((c) => c.type === "ReplicasReady")).toMatchObject({
+    status: "False",
+    reason: "ReplicasPending",
+    message: "2/3 replicas placed, 0/3 exported",
+  });
+}, 60_000);
