@@ -364,7 +364,7 @@ describe("CEL rules required by the design", () => {
     [
       "NVMePartition",
       ".spec",
-      "!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
+      "(has(self.replicas) && self.replicas > 1) || !has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
       "spec.nodeName is immutable once set",
     ],
     [
@@ -376,7 +376,7 @@ describe("CEL rules required by the design", () => {
     [
       "NVMePartition",
       ".spec",
-      "has(self.nodeName) == has(self.deviceSerial)",
+      "(has(self.replicas) && self.replicas > 1) || has(self.nodeName) == has(self.deviceSerial)",
       "spec.nodeName and spec.deviceSerial must be set together",
     ],
     [
@@ -467,8 +467,8 @@ describe("CEL rules required by the design", () => {
     [
       "NVMePartition",
       ".spec",
-      "!has(self.replicas) || self.replicas == 1 || !has(self.nodeName)",
-      "spec.nodeName and spec.deviceSerial stay unset on a replicated volume: its replicas are placed, each on its own drive",
+      "!has(self.replicas) || self.replicas == 1 || !has(self.deviceSerial)",
+      "spec.deviceSerial stays unset on a replicated volume: its replicas are placed, each on its own drive, and spec.nodeName names the node serving it",
     ],
     [
       "NVMePartition",

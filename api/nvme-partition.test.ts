@@ -73,6 +73,10 @@ describe("NVMePartition", () => {
     },
     { name: "a replica of a volume", set: { "spec.replicaOf": { name: "v", uid: "u" } } },
     { name: "replicas 1 placed", set: { "spec.replicas": 1 } },
+    {
+      name: "a replicated volume served by a node, with no drive of its own",
+      set: { "spec.deviceSerial": undefined, "spec.claimRef": undefined, "spec.replicas": 2 },
+    },
   ];
   test.each(accepts)("accepts $name", ({ set }) => {
     expect(issuePaths(NVMePartitionSchema, withPaths(exampleNVMePartition(), set))).toEqual([]);
@@ -156,7 +160,7 @@ describe("NVMePartition", () => {
       },
       at: "spec.replicas",
     },
-    { name: "a replicated volume placed on a drive", set: { "spec.replicas": 2 }, at: "spec.nodeName" },
+    { name: "a replicated volume placed on a drive", set: { "spec.replicas": 2 }, at: "spec.deviceSerial" },
     {
       name: "four replicas",
       set: {

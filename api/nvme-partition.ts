@@ -264,7 +264,7 @@ const thinNeedsSpdk = "spec.thinProvisioning requires spec.backend spdk: kernel 
 export const replicasNeedSpdk =
   "spec.replicas above 1 requires spec.backend spdk: the kernel nvmet backend has no RAID to mirror copies with";
 const replicatedNotPlaced =
-  "spec.nodeName and spec.deviceSerial stay unset on a replicated volume: its replicas are placed, each on its own drive";
+  "spec.deviceSerial stays unset on a replicated volume: its replicas are placed, each on its own drive, and spec.nodeName names the node serving it";
 const replicaOfSingle = "spec.replicaOf is set only on a single-copy replica (spec.replicas absent or 1)";
 const spreadNeedsReplicas = "spec.replicaTopologyKey needs spec.replicas above 1";
 export const replicatedNoSource =
@@ -282,7 +282,11 @@ const NVMePartitionSpecBaseSchema = v.pipe(
       positiveBytes("Requested capacity in bytes; may grow (volume expansion), never shrink."),
       cel("self >= oldSelf", "spec.sizeBytes may not shrink"),
     ),
-    nodeName: v.optional(name("Storage node chosen by placement; empty until placed, immutable once set.")),
+    nodeName: v.optional(
+      name(
+        "Storage node chosen by placement; empty until placed, immutable once set. On a replicated volume (spec.replicas > 1): the node serving it (the manager's choice among its current copies), which moves on failover.",
+      ),
+    ),
     deviceSerial: v.optional(
       str(
         "Serial of the parent NVMeDevice chosen by placement; empty until placed, immutable once set.",
@@ -311,7 +315,12 @@ const NVMePartitionSpecBaseSchema = v.pipe(
     replicaTopologyKey: v.optional(TopologyKeySchema),
     replicaOf: v.optional(ReplicaOfSchema),
   }),
-  immutableOnceSet("spec", "nodeName"),
+  // The serving node of a replicated volume moves on failover; a drive's partition never moves.
+  cel(
+    "(has(self.replicas) && self.replicas > 1) || !has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
+    "spec.nodeName is immutable once set",
+    { fieldPath: ".nodeName", reason: "FieldValueForbidden" },
+  ),
   immutableOnceSet("spec", "contentSource"),
   immutableOnceSet("spec", "deviceSerial"),
   cel(
@@ -321,13 +330,17 @@ const NVMePartitionSpecBaseSchema = v.pipe(
   ),
   v.forward(
     v.partialCheck(
-      [["nodeName"], ["deviceSerial"]],
-      (s) => (s.nodeName === undefined) === (s.deviceSerial === undefined),
+      [["nodeName"], ["deviceSerial"], ["replicas"]],
+      (s) => (s.replicas ?? 1) > 1 || (s.nodeName === undefined) === (s.deviceSerial === undefined),
       placementTogether,
     ),
     ["deviceSerial"],
   ),
-  cel("has(self.nodeName) == has(self.deviceSerial)", placementTogether, { fieldPath: ".deviceSerial" }),
+  cel(
+    "(has(self.replicas) && self.replicas > 1) || has(self.nodeName) == has(self.deviceSerial)",
+    placementTogether,
+    { fieldPath: ".deviceSerial" },
+  ),
   v.forward(
     v.partialCheck(
       [["volumeManager"], ["backend"]],
@@ -403,14 +416,14 @@ export const NVMePartitionSpecSchema = v.pipe(
   }),
   v.forward(
     v.partialCheck(
-      [["replicas"], ["nodeName"]],
-      (s) => (s.replicas ?? 1) === 1 || s.nodeName === undefined,
+      [["replicas"], ["deviceSerial"]],
+      (s) => (s.replicas ?? 1) === 1 || s.deviceSerial === undefined,
       replicatedNotPlaced,
     ),
-    ["nodeName"],
+    ["deviceSerial"],
   ),
-  cel("!has(self.replicas) || self.replicas == 1 || !has(self.nodeName)", replicatedNotPlaced, {
-    fieldPath: ".nodeName",
+  cel("!has(self.replicas) || self.replicas == 1 || !has(self.deviceSerial)", replicatedNotPlaced, {
+    fieldPath: ".deviceSerial",
   }),
   v.forward(
     v.partialCheck(

@@ -41,3 +41,23 @@ export function attachmentNameFor(partitionName: string, partitionUID: string): 
 export function readerAttachmentNameFor(partitionName: string, partitionUID: string, nodeId: string): string {
   return `${attachmentNameFor(partitionName, partitionUID)}-r${sha256hex(nodeId).slice(0, 10)}`;
 }
+
+/** Prefix of the host NQN a storage node serving replicated volumes connects to their copies with. */
+export const NEXUS_HOST_NQN_PREFIX = "nqn.2026-02.io.distort:nexus-";
+
+/**
+ * The host NQN with which storage node `nodeName` attaches the copies of the replicated volumes it
+ * serves (SPDK's bdev_nvme_attach_controller hostnqn). One per node: a replica's ACL admitting it
+ * admits that node only, and revoking it fences that node. A name too long for an NQN (223
+ * bytes) is cut and given a hash of the whole.
+ */
+export function nexusHostNqnFor(nodeName: string): string {
+  const nqn = `${NEXUS_HOST_NQN_PREFIX}${nodeName}`;
+  if (nqn.length <= 223) return nqn;
+  return `${NEXUS_HOST_NQN_PREFIX}${nodeName.slice(0, 223 - NEXUS_HOST_NQN_PREFIX.length - 17)}-${sha256hex(nodeName).slice(0, 16)}`;
+}
+
+/** The raid1 bdev that serves replicated volume `externalId` on its serving node. */
+export function nexusBdevFor(externalId: string): string {
+  return `nexus-${externalId}`;
+}
