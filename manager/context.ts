@@ -5,6 +5,7 @@ import type {
   NVMeDeviceClaim,
   NVMePartition,
   NVMeSnapshot,
+  NVMeVolumeAttachment,
   RDMAStorageNode,
 } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
@@ -23,6 +24,8 @@ export interface Clients {
   nodes: ResourceClient<RDMAStorageNode>;
   /** Read only, to place a restore on the drive holding its snapshot. */
   snapshots?: ResourceClient<NVMeSnapshot>;
+  /** The replica controller admits a replicated volume's serving node to each of its copies. */
+  attachments?: ResourceClient<NVMeVolumeAttachment>;
 }
 
 export interface ManagerContext {

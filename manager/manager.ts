@@ -80,6 +80,7 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
     claims: new ResourceClient(conn, kinds.NVMeDeviceClaim),
     partitions: new ResourceClient(conn, kinds.NVMePartition),
     snapshots: new ResourceClient(conn, kinds.NVMeSnapshot),
+    attachments: new ResourceClient(conn, kinds.NVMeVolumeAttachment),
     nodes: new ResourceClient(conn, kinds.RDMAStorageNode),
   };
   const inventory = new Inventory();

@@ -2,10 +2,18 @@
 // partition per copy (created here, placed by the placement controller through the device
 // ledger, provisioned and exported by their agents), deletes them when the volume goes, and
 // writes the volume's status.replicas. Keys are volume keys; replica-core.ts decides.
-import { API_VERSION, type NVMePartition, type NVMePartitionStatus } from "../../api/index.ts";
+import { randomUUID } from "node:crypto";
+import {
+  API_VERSION,
+  type NVMePartition,
+  type NVMePartitionStatus,
+  type NVMeVolumeAttachment,
+} from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { objectKey } from "../../lib/kube/resource.ts";
 import type { Reconcile } from "../../lib/kube/runner.ts";
+import type { Logger } from "../../lib/log.ts";
+import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import type { ManagerContext, Triggers } from "../context.ts";
 import { editFinalizers } from "../finalizers.ts";
 import { nodeHealth } from "../node-health.ts";
@@ -63,11 +71,28 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
         if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
       }
     }
+    for (const u of out.unadmit)
+      await clients.attachments?.delete(attachmentNameFor(u.copy, u.uid), namespace);
     for (const d of out.delete) {
       await clients.partitions.delete(d.name, namespace, { uid: d.uid });
       rctx.log.info("replica deleted", { volume: key, replica: d.name, why: d.why });
     }
     for (const e of out.events) ctx.events.emit(volume, e.type, e.reason, "Replicate", e.note);
+    if (out.serve) {
+      // Guarded by the resourceVersion the decision saw: two managers never both choose.
+      try {
+        volume = await clients.partitions.mergePatch(name, namespace, {
+          metadata: { uid, resourceVersion: volume.metadata.resourceVersion },
+          spec: { nodeName: out.serve },
+        });
+        rctx.log.info("replicated volume served", { volume: key, node: out.serve });
+        ctx.events.emit(volume, "Normal", "Serving", "Replicate", `served from node ${out.serve}`);
+      } catch (err) {
+        if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) return {};
+        throw err;
+      }
+    }
+    for (const a of out.admit) await admit(ctx, namespace as string, a, rctx.log);
     if (out.status) {
       const patch = out.status;
       const now = new Date(ctx.clock.now());
@@ -87,6 +112,51 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
       ? {}
       : { requeueAfterMs: ctx.config.stalenessMs };
   };
+}
+
+/**
+ * The NVMeVolumeAttachment that admits serving node `a.node` to copy `a.copy`: the record every
+ * agent admits hosts from, under the name the copy's UID derives. Created when missing; one that
+ * names another host is left alone (moving it is the failover's fencing step, not this one's).
+ */
+async function admit(
+  ctx: ManagerContext,
+  namespace: string,
+  a: { copy: string; uid: string; node: string },
+  log: Logger,
+): Promise<void> {
+  const client = ctx.clients.attachments;
+  if (!client) return;
+  const name = attachmentNameFor(a.copy, a.uid);
+  const hostNQN = nexusHostNqnFor(a.node);
+  const existing = await client.get(name, namespace);
+  if (existing) {
+    if (existing.spec.hostNQN !== hostNQN)
+      log.warn("copy admits another host than its volume's serving node", {
+        copy: a.copy,
+        admitted: existing.spec.hostNQN,
+        serving: a.node,
+      });
+    return;
+  }
+  const record: NVMeVolumeAttachment = {
+    apiVersion: API_VERSION,
+    kind: "NVMeVolumeAttachment",
+    metadata: { name, namespace },
+    spec: {
+      partitionName: a.copy,
+      partitionUID: a.uid,
+      nodeId: `${a.node}/${hostNQN}`,
+      hostNQN,
+      attachmentId: `serve-${randomUUID()}`,
+    },
+  };
+  try {
+    await client.create(record);
+    log.info("serving node admitted to copy", { copy: a.copy, node: a.node });
+  } catch (err) {
+    if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
+  }
 }
 
 /** Volume keys to reconcile when objects change. */

@@ -96,6 +96,43 @@ describe("decideReplicas", () => {
     ]);
     expect(out.status?.conditions[0]).toMatchObject({ status: "True", reason: "AllReplicasOnline" });
     expect(out.events.map((e) => e.reason)).toEqual(["ReplicasOnline"]);
+    // Served from the first current copy's node, which is admitted to every copy.
+    expect(out.serve).toBe("a");
+    expect(out.admit).toEqual([
+      { copy: "vol-r0", uid: "uid-r0", node: "a" },
+      { copy: "vol-r1", uid: "uid-r1", node: "a" },
+      { copy: "vol-r2", uid: "uid-r2", node: "a" },
+    ]);
+  });
+
+  test("no serving node before the copies are current, and none is chosen twice", () => {
+    const rs = [replica(0, { node: "a", state: "Exported" }), replica(1, { node: "b", state: "Pending" })];
+    const v = volume({ replicas: 2 });
+    expect(decideReplicas(v, rs, nodes({ a: {}, b: {} }), NOW, CFG).serve).toBeUndefined();
+    expect(decideReplicas(v, rs, nodes({ a: {}, b: {} }), NOW, CFG).admit).toEqual([]);
+    const served = volume({
+      replicas: 2,
+      status: {
+        state: "Exported",
+        dataGeneration: 3,
+        conditions: [],
+        replicas: [
+          { name: "vol-r0", uid: "uid-r0", nodeName: "a", state: "Online", generation: 3 },
+          { name: "vol-r1", uid: "uid-r1", nodeName: "b", state: "Stale", generation: 2 },
+        ],
+      },
+    });
+    served.spec.nodeName = "b";
+    const out = decideReplicas(
+      served,
+      [replica(0, { node: "a", state: "Exported" }), replica(1, { node: "b", state: "Exported" })],
+      nodes({ a: {}, b: {} }),
+      NOW,
+      CFG,
+    );
+    expect(out.serve).toBeUndefined();
+    // Only the current copy is offered to the serving node: a stale one is never read.
+    expect(out.admit).toEqual([{ copy: "vol-r0", uid: "uid-r0", node: "b" }]);
   });
 
   test("not every copy exported yet: no generation is given out", () => {
@@ -198,10 +235,19 @@ describe("decideReplicas", () => {
 
   test("a deleted volume deletes its replicas, and lets go once none is left", () => {
     const rs = [replica(0, { node: "a", state: "Exported" }), replica(1, { node: "b", deleting: true })];
-    const out = decideReplicas(volume({ deleting: true }), rs, nodes({}), NOW, CFG);
+    // The deletion fixture holds a finalizer of its own: the serving node has not let go yet.
+    const held = volume({ deleting: true });
+    expect(decideReplicas(held, rs, nodes({}), NOW, CFG)).toMatchObject({ delete: [], unadmit: [] });
+    const v = volume({ deleting: true });
+    v.metadata.finalizers = [REPLICAS_FINALIZER];
+    const out = decideReplicas(v, rs, nodes({}), NOW, CFG);
+    expect(out.unadmit).toEqual([
+      { copy: "vol-r0", uid: "uid-r0" },
+      { copy: "vol-r1", uid: "uid-r1" },
+    ]);
     expect(out.delete.map((d) => d.name)).toEqual(["vol-r0"]);
     expect(out.finalizer).toBeUndefined();
-    expect(decideReplicas(volume({ deleting: true }), [], nodes({}), NOW, CFG).finalizer).toBe(false);
+    expect(decideReplicas(v, [], nodes({}), NOW, CFG).finalizer).toBe(false);
   });
 
   test("nothing to write when the status already says it", () => {

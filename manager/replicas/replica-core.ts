@@ -91,6 +91,12 @@ export interface ReplicaOutcome {
   finalizer?: boolean;
   /** Events to record on the volume. */
   events: { type: "Normal" | "Warning"; reason: string; note: string }[];
+  /** The storage node to serve the volume from (spec.nodeName), when none does yet. */
+  serve?: string;
+  /** Copies the serving node must be admitted to (one NVMeVolumeAttachment each). */
+  admit: { copy: string; uid: string; node: string }[];
+  /** Copies whose admission of a serving node is withdrawn (their NVMeVolumeAttachment deleted). */
+  unadmit: { copy: string; uid: string }[];
 }
 
 /** What a replica partition's own status says, before the volume's generation is considered. */
@@ -120,7 +126,7 @@ export function decideReplicas(
   nowMs: number,
   cfg: ReplicaConfig,
 ): ReplicaOutcome {
-  const out: ReplicaOutcome = { create: [], delete: [], events: [] };
+  const out: ReplicaOutcome = { create: [], delete: [], events: [], admit: [], unadmit: [] };
   const uid = volume.metadata.uid as string;
   const mine = replicas
     .filter((r) => r.spec.replicaOf?.uid === uid)
@@ -129,9 +135,14 @@ export function decideReplicas(
   const holds = finalizers.includes(REPLICAS_FINALIZER);
 
   if (volume.metadata.deletionTimestamp) {
+    // The serving node lets go first (its finalizer): only then are the copies' admissions of it
+    // withdrawn and the copies deleted, so nothing is cut from under a raid still assembled.
+    if (finalizers.some((f) => f !== REPLICAS_FINALIZER)) return out;
     for (const r of mine) {
+      const ruid = r.metadata.uid as string;
+      out.unadmit.push({ copy: r.metadata.name, uid: ruid });
       if (!r.metadata.deletionTimestamp)
-        out.delete.push({ name: r.metadata.name, uid: r.metadata.uid as string, why: "volume deleted" });
+        out.delete.push({ name: r.metadata.name, uid: ruid, why: "volume deleted" });
     }
     if (mine.length === 0 && holds) out.finalizer = false;
     return out;
@@ -240,6 +251,22 @@ export function decideReplicas(
   }
   for (const c of out.create)
     entries.push({ name: c.name, state: "Pending", generation: 0, message: "being created" });
+
+  // The serving node: chosen once, among the nodes of copies that are online and current (its own
+  // copy then needs no other node to be up); it reaches every current copy over the fabric.
+  const isCurrent = (e: ReplicaStatus) =>
+    dataGeneration !== undefined &&
+    e.generation === dataGeneration &&
+    (e.state === "Online" || e.state === "Degraded");
+  if (dataGeneration !== undefined && !volume.spec.nodeName) {
+    const first = entries.find((e) => e.state === "Online" && e.generation === dataGeneration && e.nodeName);
+    if (first?.nodeName) out.serve = first.nodeName;
+  }
+  const serving = out.serve ?? volume.spec.nodeName;
+  if (serving) {
+    for (const e of entries)
+      if (isCurrent(e) && e.uid) out.admit.push({ copy: e.name, uid: e.uid, node: serving });
+  }
 
   const online = entries.filter((e) => e.state === "Online").length;
   const current = entries.filter(

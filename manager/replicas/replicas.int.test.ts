@@ -4,9 +4,11 @@
 // leave the last copy unschedulable with ReplicaAntiAffinity; deleting the volume removes every
 // replica and then the volume, and the ledger lets go of their room.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { API_VERSION, type NVMePartition } from "../../api/index.ts";
+import { API_VERSION, kinds, type NVMePartition } from "../../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../../lab/cluster/test-support.ts";
+import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
+import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import { GiB } from "../testdata/fixtures.ts";
 import { type Harness, harness } from "../testdata/harness.ts";
 import { REPLICA_OF_LABEL, REPLICAS_FINALIZER } from "./replica-core.ts";
@@ -118,10 +120,35 @@ test("three copies on three nodes, each in its drive's ledger; Online at generat
     status: "True",
     reason: "AllReplicasOnline",
   });
+  // Served from the first copy's node, which is admitted to every copy under its own host NQN.
+  const servedFrom = placed[0]?.spec.nodeName as string;
+  await eventually(
+    async () => (await h.partitions.get("vol", h.ns))?.spec.nodeName === servedFrom,
+    10_000,
+    "served",
+  );
+  const attachments = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  for (const r of placed) {
+    const a = await eventually(
+      async () => attachments.get(attachmentNameFor(r.metadata.name, r.metadata.uid as string), h.ns),
+      10_000,
+      `serving node admitted to ${r.metadata.name}`,
+    );
+    expect(a.spec).toMatchObject({
+      partitionName: r.metadata.name,
+      partitionUID: r.metadata.uid,
+      hostNQN: nexusHostNqnFor(servedFrom),
+      nodeId: `${servedFrom}/${nexusHostNqnFor(servedFrom)}`,
+    });
+  }
 
   await h.partitions.delete("vol", h.ns);
   await eventually(async () => (await h.partitions.get("vol", h.ns)) === undefined, 20_000, "volume gone");
   expect(await replicasOf(h, uid)).toEqual([]);
+  for (const r of placed)
+    expect(
+      await attachments.get(attachmentNameFor(r.metadata.name, r.metadata.uid as string), h.ns),
+    ).toBeUndefined();
   await eventually(
     async () => {
       for (const n of ["node-a", "node-b", "node-c"]) {
