@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import * as k8s from "@kubernetes/client-node";
-import { kinds, type NVMeDevice, type RDMAStorageNode } from "../api/index.ts";
+import { API_VERSION, kinds, type NVMeDevice, type RDMAStorageNode } from "../api/index.ts";
 import {
   ControllerServiceCapability_RPC_Type as Cap,
   Controller,
@@ -1579,6 +1579,51 @@ describe("listing, capacity, health, validation, expansion", () => {
     expect(refused.details).toContain("kernel backend");
     const p = await e.standIn.parts.get("pvc-grow", e.ns);
     expect(p?.metadata.annotations?.[Annotations.requestName]).toBe("pvc-grow");
+  });
+
+  test("a replicated volume: created with its copies asked for, not grown or snapshotted yet; its copies are no CSI volumes", async () => {
+    const vol = (
+      await e.client.unary(
+        Controller.method.createVolume,
+        createReq("pvc-repl", { parameters: { replicas: "2", transport: "tcp" } }),
+      )
+    ).volume!;
+    const p = await e.standIn.parts.get("pvc-repl", e.ns);
+    expect(p?.spec).toMatchObject({ replicas: 2, backend: "spdk" });
+    expect(p?.spec.deviceSerial).toBeUndefined();
+    const grow = await failure(
+      e.client.unary(Controller.method.controllerExpandVolume, {
+        volumeId: vol.volumeId,
+        capacityRange: { requiredBytes: BigInt(4 * GiB) },
+      }),
+    );
+    expect(grow.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(grow.details).toContain("is replicated (2 copies)");
+    const snap = await failure(
+      e.client.unary(Controller.method.createSnapshot, { name: "snap-repl", sourceVolumeId: vol.volumeId }),
+    );
+    expect(snap.code).toBe(GRPC.FAILED_PRECONDITION);
+    expect(snap.details).toContain("is replicated");
+    // A copy, as the manager makes it: not listed, and its id names no volume.
+    const copy = await e.standIn.parts.create({
+      apiVersion: API_VERSION,
+      kind: "NVMePartition",
+      metadata: { name: "pvc-repl-r0", namespace: e.ns },
+      spec: {
+        sizeBytes: GiB,
+        backend: "spdk",
+        volumeManager: "partition",
+        replicaOf: { name: "pvc-repl", uid: p?.metadata.uid as string },
+      },
+    });
+    const copyId = `${e.ns}/pvc-repl-r0/${copy.metadata.uid}`;
+    await eventually(async () => e.controller.partitions.get(`${e.ns}/pvc-repl-r0`) !== undefined);
+    const listed = await e.client.unary(Controller.method.listVolumes, {});
+    expect(listed.entries.map((x) => x.volume!.volumeId)).not.toContain(copyId);
+    expect(listed.entries.map((x) => x.volume!.volumeId)).toContain(vol.volumeId);
+    await e.client.unary(Controller.method.deleteVolume, { volumeId: copyId });
+    expect((await e.standIn.parts.get("pvc-repl-r0", e.ns))?.metadata.uid).toBe(copy.metadata.uid);
+    await e.standIn.parts.delete("pvc-repl-r0", e.ns);
   });
 
   test("two concurrent expansions on one drive cannot overcommit it: the ledger arbitrates, one gets RESOURCE_EXHAUSTED", async () => {

@@ -56,6 +56,11 @@ export async function expandVolume(
         `volume ${req.volumeId} uses the kernel backend, whose partitions cannot grow in place; only spdk volumes expand`,
       );
     }
+    if ((p.spec.replicas ?? 1) > 1) {
+      throw failedPrecondition(
+        `volume ${req.volumeId} is replicated (${p.spec.replicas} copies): growing its copies and the raid over them together is not supported yet`,
+      );
+    }
     let patched = p;
     if (p.spec.sizeBytes < target) {
       // Room first: the spec grows only once the device's ledger holds the new size.

@@ -95,6 +95,10 @@ export async function createSnapshot(c: ControllerState, req: CreateSnapshotRequ
         throw failedPrecondition(
           `source volume ${req.sourceVolumeId} uses the kernel backend: disk partitions cannot be snapshotted`,
         );
+      if ((p.spec.replicas ?? 1) > 1)
+        throw failedPrecondition(
+          `source volume ${req.sourceVolumeId} is replicated (${p.spec.replicas} copies): snapshots are taken of one lvol, and a snapshot of every copy at one point in time is not supported yet`,
+        );
       try {
         s = await c.snapClient.create({
           apiVersion: API_VERSION,

@@ -137,10 +137,13 @@ export class ControllerState {
     return ref && ref.namespace === this.ns ? ref : undefined;
   }
 
-  /** The partition of exactly this incarnation, read from the API server; undefined when gone. */
+  /**
+   * The partition of exactly this incarnation, read from the API server; undefined when gone, and
+   * for a copy of a replicated volume (the manager's, never a CSI volume of its own).
+   */
   async partitionOf(ref: VolumeRef): Promise<NVMePartition | undefined> {
     const p = await this.partClient.get(ref.name, ref.namespace);
-    return p && p.metadata.uid === ref.uid ? p : undefined;
+    return p && p.metadata.uid === ref.uid && !p.spec.replicaOf ? p : undefined;
   }
 
   /** The snapshot of exactly this incarnation, read from the API server; undefined when gone. */
@@ -211,6 +214,8 @@ export class ControllerState {
    */
   addressable(): NVMePartition[] {
     return this.partitions.list().filter((p) => {
+      // A copy of a replicated volume is the manager's, not a volume of its own.
+      if (p.spec.replicaOf) return false;
       const uid = p.metadata.uid;
       return uid !== undefined && parseVolumeId(`${this.ns}/${p.metadata.name}/${uid}`) !== undefined;
     });

@@ -182,8 +182,11 @@ export class StandIn {
   async place(name: string): Promise<NVMePartition> {
     const p = (await this.parts.get(name, this.ns)) as NVMePartition;
     if (p.spec.nodeName) return p;
-    await this.ensureDevice();
     await this.heartbeat();
+    // A replicated volume holds no drive: the manager only names the node serving it.
+    if ((p.spec.replicas ?? 1) > 1)
+      return this.parts.replace({ ...p, spec: { ...p.spec, nodeName: this.storageNode } });
+    await this.ensureDevice();
     await updateStatus(this.devs, this.deviceName, undefined, (d) => {
       const ledger = d.status?.reservations ?? [];
       if (ledger.some((r) => r.uid === p.metadata.uid)) return undefined;
