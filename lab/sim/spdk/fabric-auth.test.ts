@@ -91,8 +91,16 @@ const controllers = async () =>
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-auth-"));
   fabric = createFabric(join(root, "f"));
-  target = await startSpdkEmulator({ socketPath: join(root, "t.sock"), dataDir: join(root, "t"), fabric });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  target = await startSpdkEmulator({
+    rpcPollMs: 0,
+    socketPath: join(root, "t.sock"),
+    dataDir: join(root, "t"),
+    fabric,
+  });
   snap = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "i.sock"),
     dataDir: join(root, "i"),
     fabric,

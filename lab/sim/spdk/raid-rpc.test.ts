@@ -43,7 +43,13 @@ let emu: SpdkEmulator;
 const DRIVE = { pciAddress: "0000:5e:00.0", serial: "SRAID", model: "Sim", sizeBytes: 512 * MIB };
 
 async function start(): Promise<SpdkEmulator> {
-  return startSpdkEmulator({ socketPath: join(root, "a.sock"), dataDir: join(root, "a"), drives: [DRIVE] });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  return startSpdkEmulator({
+    rpcPollMs: 0,
+    socketPath: join(root, "a.sock"),
+    dataDir: join(root, "a"),
+    drives: [DRIVE],
+  });
 }
 
 beforeAll(async () => {
