@@ -74,12 +74,16 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-/** Sends a record's raw request and returns the raw reply text. */
+/**
+ * Sends a record's raw request and returns the raw text received once its reply line is complete
+ * (each of these records is one newline-terminated reply), as replay.test.ts reads them.
+ */
 async function replay(rec: Rec): Promise<string> {
   const c = await RawRpcConnection.connect(emu.socketPath);
   try {
     c.send(rec.raw_request);
-    return await c.settle(15, 5000);
+    await c.replies(1, 5000);
+    return c.received;
   } finally {
     c.close();
   }
