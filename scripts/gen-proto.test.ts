@@ -1,5 +1,5 @@
-// Guards the committed gen/: regenerates from proto/ into a scratch directory and fails on any
-// byte difference, naming each file that is missing, extra or changed.
+// Guards the committed gen/: regenerates from proto/ and fails on any byte difference, naming
+// each file that is missing, extra or changed.
 //
 // Generation (buf, then protoc-gen-es under bun) costs ~1.5 s of CPU, so its output is kept in
 // the cache under a key over everything it depends on: proto/, buf's configuration, this script's
@@ -15,12 +15,13 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { genProto, listFiles, REPO_ROOT } from "./gen-proto";
 
-/** Packages whose installed version shapes the generated code (buf, the plugin, its runtime, bun). */
+/** Packages whose installed version shapes the generated code: buf, the plugin and what it loads, bun. */
 const TOOL_PACKAGES = [
   "@bufbuild/buf",
   "@bufbuild/protoc-gen-es",
   "@bufbuild/protoplugin",
   "@bufbuild/protobuf",
+  "typescript",
   "bun",
 ];
 
@@ -28,6 +29,7 @@ async function inputsKey(): Promise<string> {
   const files = [
     ...(await listFiles(join(REPO_ROOT, "proto"))).map((f) => `proto/${f}`),
     "buf.yaml",
+    "buf.lock",
     "buf.gen.yaml",
     "scripts/gen-proto.ts",
     ...TOOL_PACKAGES.map((p) => `node_modules/${p}/package.json`),
