@@ -18,7 +18,7 @@ import {
   VolumeHealthErrorType,
   VolumeUsage_Unit,
 } from "../gen/csi/v1/csi_pb.ts";
-import { realClock } from "../lib/clock.ts";
+import { ManualClock } from "../lib/clock.ts";
 import { toConnectError } from "../lib/grpc/status.ts";
 import { silentLogger } from "../lib/log.ts";
 import { generateHostKeyPair, hostEntryKeys } from "../lib/nvme/dhchap-keys.ts";
@@ -127,6 +127,19 @@ let fs: FakeFs;
 let state: MemoryStateStore;
 let svc: ReturnType<typeof createNodeService>;
 
+/**
+ * Time for the device waits: each sleep passes at once and moves now() by its length, so a wait
+ * that runs to its deadline costs no wall time and its length is exact.
+ */
+class SteppingClock extends ManualClock {
+  override sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    const slept = super.sleep(ms, signal);
+    this.advance(Math.max(0, ms));
+    return slept;
+  }
+}
+let clock: SteppingClock;
+
 function build(over: Partial<NodeDeps> = {}) {
   svc = createNodeService({
     nodeId: "worker-a",
@@ -137,7 +150,7 @@ function build(over: Partial<NodeDeps> = {}) {
     mounter,
     fs,
     state,
-    clock: realClock,
+    clock,
     logger: silentLogger,
     deviceWaitMs: 200,
     pollMs: 5,
@@ -146,6 +159,7 @@ function build(over: Partial<NodeDeps> = {}) {
 }
 
 beforeEach(() => {
+  clock = new SteppingClock(Date.now());
   log = new CallLog();
   initiator = new FakeInitiator(log);
   mounter = new FakeMounter(log);
@@ -685,9 +699,9 @@ describe("NodeStageVolume", () => {
 
   test("a device that never appears is UNAVAILABLE after the wait", async () => {
     initiator.devices.delete(NQN);
-    const t0 = Date.now();
+    const t0 = clock.now();
     expect(await codeOf(stage())).toBe(Code.Unavailable);
-    expect(Date.now() - t0).toBeGreaterThanOrEqual(190);
+    expect(clock.now() - t0).toBeGreaterThanOrEqual(200);
   });
 
   test("a missing staging directory is FAILED_PRECONDITION before connecting", async () => {

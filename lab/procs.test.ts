@@ -4,6 +4,7 @@ import { afterEach, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { ManualClock } from "../lib/clock.ts";
 import { ProcessTable } from "./procs.ts";
 import { stateDiff } from "./sweep.ts";
 
@@ -14,13 +15,18 @@ afterEach(async () => {
   for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
 });
 
-function table(): { t: ProcessTable; dir: string } {
+/** A table whose restart back-off runs on a manual clock: tests step it instead of sleeping. */
+function table(): { t: ProcessTable; dir: string; clock: ManualClock } {
   const dir = mkdtempSync(join(tmpdir(), "procs-"));
   dirs.push(dir);
-  const t = new ProcessTable(dir);
+  const clock = new ManualClock(Date.now());
+  const t = new ProcessTable(dir, () => {}, clock);
   tables.push(t);
-  return { t, dir };
+  return { t, dir, clock };
 }
+
+/** Longer than the longest restart delay: a restart that was going to happen has happened. */
+const PAST_ANY_BACKOFF_MS = 60_000;
 
 async function until<T>(fn: () => T | undefined, ms = 10_000): Promise<T> {
   const end = Date.now() + ms;
@@ -33,12 +39,17 @@ async function until<T>(fn: () => T | undefined, ms = 10_000): Promise<T> {
 }
 
 test("a killed process comes back with a new pid and the exit is counted as unexpected", async () => {
-  const { t, dir } = table();
+  const { t, dir, clock } = table();
   await t.start({ name: "sleeper", argv: ["sleep", "30"] });
   const first = t.pid("sleeper");
   expect(first).toBeNumber();
   expect(JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).sleeper).toBe(first);
   await t.kill("sleeper");
+  // Not before the first back-off step (200 ms), then as soon as it passed.
+  await until(() => (t.state()[0]?.unexpectedExits === 1 ? true : undefined));
+  clock.advance(199);
+  expect(t.pid("sleeper")).toBeUndefined();
+  clock.advance(1);
   const second = await until(() => {
     const p = t.pid("sleeper");
     return p !== undefined && p !== first ? p : undefined;
@@ -55,22 +66,26 @@ test("a killed process comes back with a new pid and the exit is counted as unex
 });
 
 test("a stopped process stays stopped and leaves pids.json", async () => {
-  const { t, dir } = table();
+  const { t, dir, clock } = table();
   await t.start({ name: "a/b", argv: ["sleep", "30"] });
   const pid = t.pid("a/b") as number;
   await t.stop("a/b", 1000);
   expect(t.pid("a/b")).toBeUndefined();
-  await Bun.sleep(400); // longer than the first restart delay: nothing may come back
+  expect(clock.pendingTimers).toBe(0); // no restart scheduled
+  clock.advance(PAST_ANY_BACKOFF_MS); // and nothing comes back
+  await Bun.sleep(0);
   expect(t.names()).toEqual([]);
   expect(() => process.kill(pid, 0)).toThrow();
   expect(JSON.parse(readFileSync(join(dir, "pids.json"), "utf8"))).toEqual({});
 });
 
 test("restart: false keeps a crashed process down", async () => {
-  const { t } = table();
+  const { t, clock } = table();
   await t.start({ name: "once", argv: ["sh", "-c", "exit 3"], restart: false });
   await until(() => (t.state()[0]?.unexpectedExits === 1 ? true : undefined));
-  await Bun.sleep(400);
+  expect(clock.pendingTimers).toBe(0);
+  clock.advance(PAST_ANY_BACKOFF_MS);
+  await Bun.sleep(0);
   expect(t.pid("once")).toBeUndefined();
   expect(t.state()[0]?.restarts).toBe(0);
 });

@@ -4,6 +4,7 @@
 import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { type Clock, realClock } from "../lib/clock.ts";
 
 export interface ProcSpec {
   /** Unique name, also the log file's name ("manager-0", "agent/storage-a", ...). */
@@ -51,12 +52,17 @@ export class ProcessTable {
   readonly #dir: string;
   readonly #entries = new Map<string, Entry>();
   readonly #say: (line: string) => void;
+  readonly #clock: Clock;
   #closed = false;
 
-  /** `dir` receives logs/ and pids.json (the pids `lab down` sweeps if this process died). */
-  constructor(dir: string, say: (line: string) => void = () => {}) {
+  /**
+   * `dir` receives logs/ and pids.json (the pids `lab down` sweeps if this process died). `clock`
+   * times the restart back-off (tests step it); the processes themselves run in real time.
+   */
+  constructor(dir: string, say: (line: string) => void = () => {}, clock: Clock = realClock) {
     this.#dir = dir;
     this.#say = say;
+    this.#clock = clock;
     mkdirSync(join(dir, "logs"), { recursive: true });
   }
 
@@ -98,7 +104,7 @@ export class ProcessTable {
     } finally {
       closeSync(fd);
     }
-    const startedAt = Date.now();
+    const startedAt = this.#clock.now();
     e.proc = proc;
     e.stopping = false;
     this.#writePids();
@@ -110,11 +116,11 @@ export class ProcessTable {
       e.unexpectedExits++;
       if (e.spec.restart === false) return;
       // Like kubelet's back-off: a process that ran a while starts again from the shortest delay.
-      if (Date.now() - startedAt > BACKOFF_RESET_MS) e.backoff = 0;
+      if (this.#clock.now() - startedAt > BACKOFF_RESET_MS) e.backoff = 0;
       const delay = RESTART_DELAYS_MS[Math.min(e.backoff, RESTART_DELAYS_MS.length - 1)] ?? 5000;
       e.backoff++;
       this.#say(`${e.spec.name} ended (${how}); restarting in ${delay} ms`);
-      setTimeout(() => {
+      this.#clock.setTimeout(() => {
         if (this.#closed || e.stopping || e.proc !== proc) return;
         e.restarts++;
         this.#launch(e).catch((err) => this.#say(`${e.spec.name} restart failed: ${String(err)}`));

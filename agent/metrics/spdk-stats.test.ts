@@ -22,6 +22,8 @@ let thin: string;
 
 beforeAll(async () => {
   target = await startTestTarget({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     drives: [{ pciAddress: "0000:5e:00.0", serial: "SSTATS", model: "Sim", sizeBytes: 256 * MIB }],
   });
   const spec = { sizeBytes: 8 * MIB, hosts: [HOST_A, HOST_B], ...addr };

@@ -77,6 +77,8 @@ describe("prepareLabNode", () => {
     // The emulator, given the chart's --sim-data-dir and --sim-drives, attaches both drives.
     const socketPath = join(scratch.path, "spdk.sock");
     const tgt = await startSpdkEmulator({
+      // What is answered, not when: rpc-clock.test.ts covers the poller.
+      rpcPollMs: 0,
       socketPath,
       dataDir: layout.dataDir,
       drives: loadDrives(layout.drivesFile),

@@ -164,7 +164,7 @@ export function dhKeyPair(group: FfdheGroup, privateKey?: bigint): DhKeyPair {
   while (x === undefined || x < 2n) {
     x = BigInt(`0x${randomBytes(group.privateBits / 8).toString("hex")}`);
   }
-  return { group, privateKey: x, publicValue: toBytes(modPow(2n, x, prime(group)), group.bits / 8) };
+  return { group, privateKey: x, publicValue: toBytes(pow2Mod(x, prime(group)), group.bits / 8) };
 }
 
 /**
@@ -183,14 +183,48 @@ export function dhSharedValue(own: DhKeyPair, peerPublic: Uint8Array): Buffer {
   return toBytes(modPow(y, own.privateKey, p), size);
 }
 
-function modPow(base: bigint, exp: bigint, mod: bigint): bigint {
+/**
+ * 2^exp mod p, left to right: each bit squares, and a set bit doubles, which is a shift and at
+ * most one subtraction rather than a multiplication and a division.
+ */
+function pow2Mod(exp: bigint, mod: bigint): bigint {
+  const bits = exp.toString(2);
   let result = 1n;
-  let b = base % mod;
-  let e = exp;
-  while (e > 0n) {
-    if (e & 1n) result = (result * b) % mod;
-    b = (b * b) % mod;
-    e >>= 1n;
+  for (let i = 0; i < bits.length; i++) {
+    result = (result * result) % mod;
+    if (bits.charCodeAt(i) === 49 /* "1" */) {
+      result <<= 1n;
+      if (result >= mod) result -= mod;
+    }
+  }
+  return result;
+}
+
+/**
+ * base^exp mod p, left to right with a sliding window of up to 4 bits over precomputed odd
+ * powers: about one multiplication per 5 exponent bits besides the squarings, where plain
+ * square-and-multiply needs one per set bit.
+ */
+function modPow(base: bigint, exp: bigint, mod: bigint): bigint {
+  const b = base % mod;
+  const b2 = (b * b) % mod;
+  const odd = [b]; // odd[i] = b^(2i+1)
+  for (let i = 1; i < 8; i++) odd.push(((odd[i - 1] as bigint) * b2) % mod);
+  const bits = exp.toString(2);
+  let result = 1n;
+  let i = 0;
+  while (i < bits.length) {
+    if (bits[i] === "0") {
+      result = (result * result) % mod;
+      i++;
+      continue;
+    }
+    // The longest window of at most 4 bits from i that ends in a 1.
+    let j = Math.min(i + 4, bits.length);
+    while (bits[j - 1] === "0") j--;
+    for (let k = i; k < j; k++) result = (result * result) % mod;
+    result = (result * (odd[(Number.parseInt(bits.slice(i, j), 2) - 1) / 2] as bigint)) % mod;
+    i = j;
   }
   return result;
 }

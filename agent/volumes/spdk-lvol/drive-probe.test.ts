@@ -68,6 +68,8 @@ async function start(drive: Partial<SimDrive>, prepare?: (image: string) => Prom
   closeSync(fd);
   await prepare?.(image);
   const emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir,
     drives: [{ pciAddress: PCI, serial: "PROBE001", model: "SIM", sizeBytes: SIZE, ...drive }],

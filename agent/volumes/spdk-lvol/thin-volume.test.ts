@@ -25,6 +25,8 @@ let lvols: SpdkLvolVolumeManager;
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "spdk-thin-"));
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     drives: [{ pciAddress: DRIVE.pciAddress, serial: DRIVE.serial, model: "SIM", sizeBytes: 2 ** 30 }],

@@ -30,6 +30,8 @@ export interface TestTargetOptions {
   readonly drives?: readonly SimDrive[];
   /** Passed to the emulator (default: the real clock); a ManualClock holds QoS timeslices still. */
   readonly clock?: Clock;
+  /** Passed to the emulator: its RPC poll period (default SPDK's); 0 answers on arrival. */
+  readonly rpcPollMs?: number;
 }
 
 /** The name of the lvstore exportLvol creates on the first drive. */
@@ -69,6 +71,7 @@ export async function startTestTarget(opts: TestTargetOptions = {}): Promise<Tes
     fabric,
     drives: opts.drives,
     clock: opts.clock,
+    ...(opts.rpcPollMs === undefined ? {} : { rpcPollMs: opts.rpcPollMs }),
   });
   const rpc = new SpdkClient({ socketPath: emulator.socketPath, logger: silentLogger });
   return {

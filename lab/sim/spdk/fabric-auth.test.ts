@@ -31,6 +31,12 @@ let root: string;
 let fabric: SimFabric;
 let target: SpdkEmulator;
 let snap: SpdkEmulator;
+/**
+ * Offered where the DH group is not what a test is about: the exchange still runs, in ffdhe2048.
+ * Offering everything ends in ffdhe8192, whose BigInt exponentiations cost ~0.2 s a connect; the
+ * tests of group choice offer everything on purpose.
+ */
+const SMALL_GROUP = { dhgroups: [1] as DhGroupId[] };
 const hostSecret = generateDhchapSecret({ hash: 1 });
 const ctrlSecret = generateDhchapSecret({ hash: 3 });
 const otherSecret = generateDhchapSecret({ hash: 1 });
@@ -85,8 +91,16 @@ const controllers = async () =>
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-auth-"));
   fabric = createFabric(join(root, "f"));
-  target = await startSpdkEmulator({ socketPath: join(root, "t.sock"), dataDir: join(root, "t"), fabric });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  target = await startSpdkEmulator({
+    rpcPollMs: 0,
+    socketPath: join(root, "t.sock"),
+    dataDir: join(root, "t"),
+    fabric,
+  });
   snap = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "i.sock"),
     dataDir: join(root, "i"),
     fabric,
@@ -152,7 +166,7 @@ describe("host authentication (unidirectional)", () => {
       expect(err.message).toContain("refused by the controller (failed (1))");
     }
     // Another host's key does not open this host's entry either, and a malformed secret never leaves the host.
-    expect((await refusal(connect(HOST2, { secret: hostSecret }))).errno).toBe(111);
+    expect((await refusal(connect(HOST2, { secret: hostSecret, ...SMALL_GROUP }))).errno).toBe(111);
     expect((await refusal(connect(HOST, { secret: "DHHC-1:00:bm90IGEga2V5:" }))).errno).toBe(126);
     expect(await controllers()).toEqual([]);
   });
@@ -186,7 +200,7 @@ describe("controller authentication (bidirectional)", () => {
   });
 
   test("asking a controller that has no controller key for this host is refused", async () => {
-    const err = await refusal(connect(HOST2, { secret: otherSecret, ctrlSecret }));
+    const err = await refusal(connect(HOST2, { secret: otherSecret, ctrlSecret, ...SMALL_GROUP }));
     expect(err.errno).toBe(111);
     expect(err.message).toContain("refused by the controller");
   });
@@ -279,7 +293,7 @@ describe("a removed key stays listed while a host still uses it", () => {
     ]);
     // The name is free again and cannot be removed twice; the host entry keeps its key.
     expect((await rpc(t, "keyring_file_remove_key", { name: "k3" })).error?.code).toBe(-126);
-    await connectAndWrite(h3, { secret: s3 }, "removed key");
+    await connectAndWrite(h3, { secret: s3, ...SMALL_GROUP }, "removed key");
 
     expect(await call(t, "nvmf_subsystem_remove_host", { nqn: NQN, host: h3 })).toBe(true);
     expect(await keys()).toEqual([
@@ -297,7 +311,7 @@ describe("nvmf_subsystem_set_keys rotates a host's keys in place", () => {
     const newSecret = generateDhchapSecret({ hash: 2 });
     await call(t, "keyring_file_add_key", { name: "k4old", path: keyFile("k4old", oldSecret) });
     await call(t, "nvmf_subsystem_add_host", { nqn: NQN, host: h4, dhchap_key: "k4old" });
-    const live = await connect(h4, { secret: oldSecret });
+    const live = await connect(h4, { secret: oldSecret, ...SMALL_GROUP });
     try {
       await call(t, "keyring_file_add_key", { name: "k4new", path: keyFile("k4new", newSecret) });
       // Errors as rpc_nvmf_subsystem_set_keys answers them.
@@ -344,8 +358,8 @@ describe("nvmf_subsystem_set_keys rotates a host's keys in place", () => {
       await live.write(1, 4096 * 3, data);
       expect((await live.read(1, 4096 * 3, 4096)).equals(data)).toBe(true);
       // New connections: the old key is refused, the new one admitted.
-      await refusal(connect(h4, { secret: oldSecret }));
-      await connectAndWrite(h4, { secret: newSecret }, "rotated");
+      await refusal(connect(h4, { secret: oldSecret, ...SMALL_GROUP }));
+      await connectAndWrite(h4, { secret: newSecret, ...SMALL_GROUP }, "rotated");
       // The old key has no user left once removed from the keyring.
       expect(await call(t, "keyring_file_remove_key", { name: "k4old" })).toBe(true);
       const names = ((await call(t, "keyring_get_keys")) as { name: string }[]).map((k) => k.name);

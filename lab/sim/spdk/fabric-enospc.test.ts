@@ -53,6 +53,8 @@ beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-enospc-"));
   fabric = createFabric(join(root, "f"));
   target = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "t.sock"),
     dataDir: join(root, "t"),
     fabric,

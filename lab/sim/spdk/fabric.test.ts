@@ -54,12 +54,16 @@ beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-fab-"));
   fabric = createFabric(join(root, "f"));
   target = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "t.sock"),
     dataDir: join(root, "t"),
     fabric,
     drives: [{ pciAddress: "0000:5e:00.0", serial: "S5E", model: "Sim", sizeBytes: 64 * MIB }],
   });
   snap = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "snap.sock"),
     dataDir: join(root, "snap"),
     fabric,

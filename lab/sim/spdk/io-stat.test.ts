@@ -47,7 +47,8 @@ const call = (method: string, params?: Record<string, unknown>) =>
   rpc(target.emulator.socketPath, method, params);
 
 beforeAll(async () => {
-  target = await startTestTarget();
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  target = await startTestTarget({ rpcPollMs: 0 });
   await target.exportFile({
     nqn: NQN,
     sizeBytes: 4 * MIB,

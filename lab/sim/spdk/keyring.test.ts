@@ -13,7 +13,12 @@ let s: string;
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-keys-"));
-  emu = await startSpdkEmulator({ socketPath: join(root, "spdk.sock"), dataDir: join(root, "data") });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  emu = await startSpdkEmulator({
+    rpcPollMs: 0,
+    socketPath: join(root, "spdk.sock"),
+    dataDir: join(root, "data"),
+  });
   s = emu.socketPath;
 });
 

@@ -32,6 +32,8 @@ let s: string;
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-lvol-bytes-"));
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     drives: [

@@ -18,6 +18,8 @@ let s: string;
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-extent-"));
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     drives: [{ pciAddress: "0000:5e:00.0", serial: "PHLJ0002", model: "Sim NVMe", sizeBytes: 256 * MIB }],

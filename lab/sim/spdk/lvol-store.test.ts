@@ -17,6 +17,8 @@ let s: string;
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-lvol-"));
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     drives: [{ pciAddress: "0000:3b:00.0", serial: "PHLJ0001", model: "Sim NVMe", sizeBytes: 128 * MIB }],

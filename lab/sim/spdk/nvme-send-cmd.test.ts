@@ -35,6 +35,8 @@ beforeAll(async () => {
   writeSync(fd, Buffer.alloc(8192, 0x5a), 0, 8192, MIB + 4096);
   closeSync(fd);
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir,
     drives: [

@@ -15,7 +15,8 @@ let target: TestTarget;
 let bdev: string;
 
 beforeAll(async () => {
-  target = await startTestTarget({ clock });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  target = await startTestTarget({ clock, rpcPollMs: 0 });
   await target.exportFile({
     nqn: NQN,
     sizeBytes: 4 * MIB,

@@ -27,7 +27,8 @@ const root = mkdtempSync(join(tmpdir(), "distort-sim-qos-"));
 let emu: SpdkEmulator;
 
 beforeAll(async () => {
-  emu = await startSpdkEmulator({ socketPath: join(root, "t.sock"), dataDir: join(root, "t") });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  emu = await startSpdkEmulator({ rpcPollMs: 0, socketPath: join(root, "t.sock"), dataDir: join(root, "t") });
   // The capture's m0: 16384 blocks of 4 KiB.
   await call(emu.socketPath, "bdev_malloc_create", { name: "m0", num_blocks: 16384, block_size: 4096 });
 });

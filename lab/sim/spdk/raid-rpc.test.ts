@@ -43,7 +43,13 @@ let emu: SpdkEmulator;
 const DRIVE = { pciAddress: "0000:5e:00.0", serial: "SRAID", model: "Sim", sizeBytes: 512 * MIB };
 
 async function start(): Promise<SpdkEmulator> {
-  return startSpdkEmulator({ socketPath: join(root, "a.sock"), dataDir: join(root, "a"), drives: [DRIVE] });
+  // What is answered, not when: rpc-clock.test.ts covers the poller.
+  return startSpdkEmulator({
+    rpcPollMs: 0,
+    socketPath: join(root, "a.sock"),
+    dataDir: join(root, "a"),
+    drives: [DRIVE],
+  });
 }
 
 beforeAll(async () => {
@@ -68,12 +74,16 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-/** Sends a record's raw request and returns the raw reply text. */
+/**
+ * Sends a record's raw request and returns the raw text received once its reply line is complete
+ * (each of these records is one newline-terminated reply), as replay.test.ts reads them.
+ */
 async function replay(rec: Rec): Promise<string> {
   const c = await RawRpcConnection.connect(emu.socketPath);
   try {
     c.send(rec.raw_request);
-    return await c.settle(15, 5000);
+    await c.replies(1, 5000);
+    return c.received;
   } finally {
     c.close();
   }
@@ -112,7 +122,8 @@ test("a member leaves, a fresh lvol is rebuilt with visible progress, a restart 
   expect((await call(s, "bdev_get_bdevs", { name: "rbn1" })) as { claimed: boolean }[]).toMatchObject([
     { claimed: false },
   ]);
-  expect(await call(s, "bdev_raid_set_options", { process_max_bandwidth_mb_sec: 96 })).toBe(true);
+  // 63 MiB at 256 MiB/s: at least ~250 ms of rebuild, polled every 20 ms.
+  expect(await call(s, "bdev_raid_set_options", { process_max_bandwidth_mb_sec: 256 })).toBe(true);
   expect(await call(s, "bdev_raid_add_base_bdev", { raid_bdev: "r1", base_bdev: "lvsA/l3" })).toBe(true);
   [r1] = await raids();
   expect(r1?.process).toMatchObject({ type: "rebuild", target: "lvsA/l3" });
@@ -120,12 +131,12 @@ test("a member leaves, a fresh lvol is rebuilt with visible progress, a restart 
     error: { code: -1, message: "Failed to add base bdev lvsA/l2 to RAID bdev r1: Operation not permitted" },
   });
   const percents: number[] = [];
-  for (let i = 0; i < 100; i++) {
+  for (const end = Date.now() + 20_000; Date.now() < end; ) {
     [r1] = await raids();
     const p = r1?.process as { progress: { percent: number } } | undefined;
     if (!p) break;
     percents.push(p.progress.percent);
-    await Bun.sleep(100);
+    await Bun.sleep(20);
   }
   expect(r1?.process).toBeUndefined();
   expect(percents.length).toBeGreaterThan(2);

@@ -31,6 +31,8 @@ beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), "distort-tcpfab-"));
   port = await freePort();
   target = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "t.sock"),
     dataDir: join(root, "t"),
     fabric,

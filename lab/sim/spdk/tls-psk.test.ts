@@ -73,6 +73,8 @@ async function replay(from: number, to: number, version: "25.05.1" | "26.01") {
   root = mkdtempSync(join(tmpdir(), "distort-tls-"));
   keyFiles(root);
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     spdkVersion: version,
@@ -111,6 +113,8 @@ test("the sim fabric's TLS: right PSK connects; wrong, none, unlisted host get E
   const { key0, key1 } = keyFiles(root);
   const fabric = createFabric(join(root, "f"));
   emu = await startSpdkEmulator({
+    // What is answered, not when: rpc-clock.test.ts covers the poller.
+    rpcPollMs: 0,
     socketPath: join(root, "spdk.sock"),
     dataDir: join(root, "data"),
     spdkVersion: "26.01",
