@@ -506,6 +506,12 @@ describe("CEL rules required by the design", () => {
       "has(self.replicaOf) == has(oldSelf.replicaOf) && (!has(self.replicaOf) || self.replicaOf == oldSelf.replicaOf)",
       "spec.replicaOf is immutable",
     ],
+    [
+      "NVMePartition",
+      ".spec",
+      "!has(self.failoverAfterSeconds) || (has(self.replicas) && self.replicas > 1)",
+      "spec.failoverAfterSeconds needs spec.replicas above 1",
+    ],
     ["NVMeSnapshot", ".spec.sourcePartitionName", "self == oldSelf", "spec.sourcePartitionName is immutable"],
     ["NVMeSnapshot", ".spec.sourcePartitionUID", "self == oldSelf", "spec.sourcePartitionUID is immutable"],
     ["NVMeVolumeAttachment", ".spec.partitionName", "self == oldSelf", "spec.partitionName is immutable"],

@@ -24,6 +24,7 @@ import {
   TransportSchema,
 } from "./common.ts";
 import {
+  FailoverAfterSchema,
   ReplicaCountSchema,
   ReplicaOfSchema,
   ReplicaStatusListSchema,
@@ -267,6 +268,7 @@ const replicatedNotPlaced =
   "spec.deviceSerial stays unset on a replicated volume: its replicas are placed, each on its own drive, and spec.nodeName names the node serving it";
 const replicaOfSingle = "spec.replicaOf is set only on a single-copy replica (spec.replicas absent or 1)";
 const spreadNeedsReplicas = "spec.replicaTopologyKey needs spec.replicas above 1";
+const failoverNeedsReplicas = "spec.failoverAfterSeconds needs spec.replicas above 1";
 export const replicatedNoSource =
   "spec.contentSource is not supported with spec.replicas above 1 (clones and restores stay on one drive)";
 const wholeImmutable = <T>(field: string) =>
@@ -314,6 +316,7 @@ const NVMePartitionSpecBaseSchema = v.pipe(
     replicas: v.optional(ReplicaCountSchema),
     replicaTopologyKey: v.optional(TopologyKeySchema),
     replicaOf: v.optional(ReplicaOfSchema),
+    failoverAfterSeconds: v.optional(FailoverAfterSchema),
   }),
   // The serving node of a replicated volume moves on failover; a drive's partition never moves.
   cel(
@@ -446,6 +449,17 @@ export const NVMePartitionSpecSchema = v.pipe(
   ),
   cel("!has(self.replicaTopologyKey) || (has(self.replicas) && self.replicas > 1)", spreadNeedsReplicas, {
     fieldPath: ".replicaTopologyKey",
+  }),
+  v.forward(
+    v.partialCheck(
+      [["failoverAfterSeconds"], ["replicas"]],
+      (s) => s.failoverAfterSeconds === undefined || (s.replicas ?? 1) > 1,
+      failoverNeedsReplicas,
+    ),
+    ["failoverAfterSeconds"],
+  ),
+  cel("!has(self.failoverAfterSeconds) || (has(self.replicas) && self.replicas > 1)", failoverNeedsReplicas, {
+    fieldPath: ".failoverAfterSeconds",
   }),
   v.forward(
     v.partialCheck(

@@ -73,3 +73,19 @@ export const ReplicaStatusListSchema = v.pipe(
   v.maxLength(2 * MAX_REPLICAS),
   v.description("Every copy of a replicated volume (manager)."),
 );
+
+/** Bounds of spec.failoverAfterSeconds, and the default when it is absent. */
+export const FAILOVER_AFTER_MIN_SECONDS = 5;
+export const FAILOVER_AFTER_MAX_SECONDS = 3600;
+export const DEFAULT_FAILOVER_AFTER_SECONDS = 30;
+
+/** spec.failoverAfterSeconds: how long the serving node may go without a heartbeat before another serves. */
+export const FailoverAfterSchema = v.pipe(
+  v.number(),
+  v.integer(),
+  v.minValue(FAILOVER_AFTER_MIN_SECONDS),
+  v.maxValue(FAILOVER_AFTER_MAX_SECONDS),
+  v.description(
+    "Replicated volumes: seconds the serving node may go without a heartbeat before the volume is served from another node holding a current copy (after the old one is fenced from every copy). Absent: 30.",
+  ),
+);

@@ -167,6 +167,7 @@ export function buildPartition(
       ...(params.thin ? { thinProvisioning: true } : {}),
       ...(params.replicas ? { replicas: params.replicas } : {}),
       ...(params.replicaTopologyKey ? { replicaTopologyKey: params.replicaTopologyKey } : {}),
+      ...(params.failoverAfterSeconds ? { failoverAfterSeconds: params.failoverAfterSeconds } : {}),
     },
   };
 }

@@ -100,6 +100,7 @@ const StoredRecordSchema = v.object({
     tls: v.optional(v.literal("required")),
     replicas: v.optional(v.picklist([2, 3])),
     replicaTopologyKey: v.optional(v.string()),
+    failoverAfterSeconds: v.optional(v.number()),
   }),
   capabilities: v.array(
     v.object({

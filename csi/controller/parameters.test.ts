@@ -64,6 +64,9 @@ test("replicas: 2 and 3 are recorded with the spread key; 1 is the single-copy r
     replicaTopologyKey: "topology.kubernetes.io/zone",
   });
   expect(parseParameters({ replicas: "2" }, NS).params.replicas).toBe(2);
+  expect(parseParameters({ replicas: "2", failoverAfterSeconds: "15" }, NS).params.failoverAfterSeconds).toBe(
+    15,
+  );
   expect(parseParameters({ replicas: "1" }, NS).params).toEqual(parseParameters({}, NS).params);
 });
 
@@ -87,6 +90,17 @@ const refusals: [string, Record<string, string>, string][] = [
     "replicas 2 requires backend spdk: the kernel nvmet backend has no RAID",
   ],
   ["spread key without replicas", { replicaTopologyKey: "zone" }, "replicaTopologyKey needs replicas 2 or 3"],
+  [
+    "failover bound without replicas",
+    { failoverAfterSeconds: "30" },
+    "failoverAfterSeconds needs replicas 2 or 3",
+  ],
+  [
+    "failover bound too short",
+    { replicas: "2", failoverAfterSeconds: "1" },
+    "failoverAfterSeconds must be at least 5",
+  ],
+  ["failover bound not a number", { replicas: "2", failoverAfterSeconds: "soon" }, "whole number of seconds"],
   [
     "spread key not a label key",
     { replicas: "2", replicaTopologyKey: "no spaces" },

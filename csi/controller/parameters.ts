@@ -3,7 +3,11 @@
 // csi.storage.k8s.io/* keys the external-provisioner adds. Pure.
 import * as v from "valibot";
 import type { Backend, QosLimits, Transport, VolumeManager } from "../../api/index.ts";
-import { TopologyKeySchema } from "../../api/replicas.ts";
+import {
+  FAILOVER_AFTER_MAX_SECONDS,
+  FAILOVER_AFTER_MIN_SECONDS,
+  TopologyKeySchema,
+} from "../../api/replicas.ts";
 import {
   DHCHAP_DHGROUPS,
   DHCHAP_HASH_NAMES,
@@ -91,6 +95,21 @@ const ParametersSchema = v.object({
       ),
     ),
   ),
+  failoverAfterSeconds: v.optional(
+    v.pipe(
+      v.string(),
+      v.regex(/^[0-9]{1,4}$/, "failoverAfterSeconds must be a whole number of seconds"),
+      v.transform(Number),
+      v.minValue(
+        FAILOVER_AFTER_MIN_SECONDS,
+        `failoverAfterSeconds must be at least ${FAILOVER_AFTER_MIN_SECONDS}`,
+      ),
+      v.maxValue(
+        FAILOVER_AFTER_MAX_SECONDS,
+        `failoverAfterSeconds must be at most ${FAILOVER_AFTER_MAX_SECONDS}`,
+      ),
+    ),
+  ),
   dhchapSecretKey: v.optional(
     v.pipe(
       v.string(),
@@ -134,6 +153,8 @@ export interface VolumeParameters {
   replicas?: 2 | 3;
   /** Storage-node label the copies spread across (each copy in its own value); only with replicas. */
   replicaTopologyKey?: string;
+  /** Seconds without a heartbeat from the serving node before another serves; only with replicas. */
+  failoverAfterSeconds?: number;
 }
 
 export interface ParsedParameters {
@@ -228,6 +249,8 @@ export function parseParameters(
     );
   if (p.replicaTopologyKey !== undefined && replicas === 1)
     throw invalidArgument("replicaTopologyKey needs replicas 2 or 3");
+  if (p.failoverAfterSeconds !== undefined && replicas === 1)
+    throw invalidArgument("failoverAfterSeconds needs replicas 2 or 3");
   const qos = parseQos(qosRaw, "parameter");
   requireQosBackend(p.backend, qos, "parameters");
   const params: VolumeParameters = {
@@ -249,6 +272,7 @@ export function parseParameters(
     ...(p.tls === "required" ? { tls: "required" as const } : {}),
     ...(replicas > 1 ? { replicas: replicas as 2 | 3 } : {}),
     ...(p.replicaTopologyKey === undefined ? {} : { replicaTopologyKey: p.replicaTopologyKey }),
+    ...(p.failoverAfterSeconds === undefined ? {} : { failoverAfterSeconds: p.failoverAfterSeconds }),
   };
   return { params, provisioner, ...(qos ? { qos } : {}) };
 }
