@@ -51,7 +51,7 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g(D, "nvmepartitions", ["get", "list", "watch", "patch", "create", "update", "delete"], "cluster"),
       g(D, "nvmepartitions/status", ["update"], "cluster"),
       g(D, "nvmesnapshots", ["get"], "cluster"),
-      g(D, "nvmevolumeattachments", ["get", "create", "delete"], "namespace"),
+      g(D, "nvmevolumeattachments", ["get", "create", "update", "delete"], "namespace"),
       g("events.k8s.io", "events", ["create", "patch"], "cluster"),
       g(D, "rdmastoragenodes", ["get", "list", "watch"], "namespace"),
       g(D, "rdmastoragenodes/status", ["update"], "namespace"),

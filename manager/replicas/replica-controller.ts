@@ -5,6 +5,7 @@
 import { randomUUID } from "node:crypto";
 import {
   API_VERSION,
+  DEFAULT_FAILOVER_AFTER_SECONDS,
   type NVMePartition,
   type NVMePartitionStatus,
   type NVMeVolumeAttachment,
@@ -20,7 +21,14 @@ import { nodeHealth } from "../node-health.ts";
 import { INITIAL_PARTITION_STATUS } from "../placement/placement-core.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";
-import { decideReplicas, isReplicated, REPLICA_OF_LABEL, REPLICAS_FINALIZER } from "./replica-core.ts";
+import { decideFailover, type FailoverStep, failoverDeadlineMs, servingNodeLost } from "./failover.ts";
+import {
+  decideReplicas,
+  isReplicated,
+  REPLICA_OF_LABEL,
+  REPLICAS_FINALIZER,
+  SERVING,
+} from "./replica-core.ts";
 
 export const REPLICAS = "replicas";
 
@@ -31,6 +39,10 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
     if (!volume || !isReplicated(volume)) return;
     const uid = volume.metadata.uid as string;
     const { name, namespace } = volume.metadata;
+    if (servingNodeLost(volume, inventory, ctx.clock.now())) {
+      const step = await failoverStep(ctx, volume);
+      if (step.kind !== "none") return carryOut(ctx, volume, step, rctx.log);
+    }
     const out = decideReplicas(volume, inventory.replicasOf(uid), inventory, ctx.clock.now(), {
       stalenessMs: ctx.config.stalenessMs,
     });
@@ -107,10 +119,18 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
         f.includes(REPLICAS_FINALIZER) ? f.filter((x) => x !== REPLICAS_FINALIZER) : undefined,
       );
     }
-    // Node health changes with time, not only with writes: look again while not every copy is online.
-    return out.status || out.create.length || out.delete.length
-      ? {}
-      : { requeueAfterMs: ctx.config.stalenessMs };
+    // The serving node lets go of a deleted volume in its own time: look again soon.
+    if (volume.metadata.deletionTimestamp && out.finalizer === undefined) return { requeueAfterMs: 2000 };
+    if (out.status || out.create.length || out.delete.length || out.serve) return {};
+    // Node health changes with time, not only with writes. Look again when the serving node's
+    // heartbeat would pass the volume's failover bound (a fresher heartbeat by then moves the
+    // deadline), and in any case within the staleness window.
+    return {
+      requeueAfterMs: Math.min(
+        ctx.config.stalenessMs,
+        failoverDeadlineMs(volume, inventory, ctx.clock.now()),
+      ),
+    };
   };
 }
 
@@ -156,6 +176,139 @@ async function admit(
     log.info("serving node admitted to copy", { copy: a.copy, node: a.node });
   } catch (err) {
     if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
+  }
+}
+
+/** The volume's next failover step, from the copies' admissions read afresh. */
+async function failoverStep(ctx: ManagerContext, v: NVMePartition): Promise<FailoverStep> {
+  const attachments = new Map<string, NVMeVolumeAttachment>();
+  const client = ctx.clients.attachments;
+  if (!client) return { kind: "none" };
+  for (const e of v.status?.replicas ?? []) {
+    if (!e.uid) continue;
+    const name = attachmentNameFor(e.name, e.uid);
+    const a = await client.get(name, v.metadata.namespace);
+    if (a && a.spec.partitionUID === e.uid) attachments.set(name, a);
+  }
+  return decideFailover(v, attachments, ctx.inventory, ctx.clock.now(), {
+    stalenessMs: ctx.config.stalenessMs,
+  });
+}
+
+const FAILOVER_POLL_MS = 1000;
+
+async function carryOut(
+  ctx: ManagerContext,
+  v: NVMePartition,
+  step: Exclude<FailoverStep, { kind: "none" }>,
+  log: Logger,
+): Promise<{ requeueAfterMs?: number }> {
+  const { clients } = ctx;
+  const { name, namespace } = v.metadata;
+  const uid = v.metadata.uid as string;
+  const now = new Date(ctx.clock.now());
+  const serving = (status: "True" | "False", reason: string, message: string) =>
+    writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, v, (latest) =>
+      latest.metadata.uid !== uid
+        ? undefined
+        : applyStatusPatch(
+            latest.status,
+            INITIAL_PARTITION_STATUS,
+            {
+              conditions: [
+                { type: SERVING, status, reason, message, observedGeneration: latest.metadata.generation },
+              ],
+            },
+            now,
+          ),
+    );
+  switch (step.kind) {
+    case "stuck": {
+      const was = v.status?.conditions?.find((c) => c.type === SERVING);
+      if (was?.reason !== "NoLiveCurrentCopy")
+        ctx.events.emit(v, "Warning", "FailoverBlocked", "Failover", step.message);
+      await serving("False", "NoLiveCurrentCopy", step.message);
+      return { requeueAfterMs: FAILOVER_POLL_MS * 5 };
+    }
+    case "fence": {
+      const host = nexusHostNqnFor(step.to);
+      for (const m of step.moves) {
+        const record = await clients.attachments?.get(m.attachment, namespace);
+        const spec = {
+          partitionName: m.copy,
+          partitionUID: m.uid,
+          nodeId: `${step.to}/${host}`,
+          hostNQN: host,
+          attachmentId: `serve-${randomUUID()}`,
+        };
+        if (record) await clients.attachments?.replace({ ...record, spec });
+        else
+          await clients.attachments?.create({
+            apiVersion: API_VERSION,
+            kind: "NVMeVolumeAttachment",
+            metadata: { name: m.attachment, namespace },
+            spec,
+          });
+        log.warn("copy fenced from the lost serving node", { copy: m.copy, from: step.from, to: step.to });
+      }
+      const note = `serving node ${step.from} lost: fencing it from ${step.moves.map((m) => m.copy).join(", ")} before ${step.to} serves`;
+      ctx.events.emit(v, "Warning", "Fencing", "Failover", note);
+      await serving("False", "Fencing", note);
+      return { requeueAfterMs: FAILOVER_POLL_MS };
+    }
+    case "wait-fenced":
+      await serving(
+        "False",
+        "Fencing",
+        `waiting for ${step.waiting.join(", ")} to drop ${step.from} and admit ${step.to} only`,
+      );
+      return { requeueAfterMs: FAILOVER_POLL_MS };
+    case "promote": {
+      const g = v.status?.dataGeneration;
+      const stored = await writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, v, (latest) =>
+        latest.metadata.uid !== uid || latest.status?.dataGeneration !== g
+          ? undefined
+          : applyStatusPatch(
+              latest.status,
+              INITIAL_PARTITION_STATUS,
+              {
+                set: { dataGeneration: step.dataGeneration, replicas: step.replicas },
+              },
+              now,
+            ),
+      );
+      if (stored) {
+        const stale = step.replicas.filter((r) => r.state === "Stale").map((r) => r.name);
+        ctx.events.emit(
+          v,
+          "Warning",
+          "GenerationRaised",
+          "Failover",
+          `data generation ${step.dataGeneration}: ${stale.join(", ")} left out (stale) at failover from ${step.from} to ${step.to}`,
+        );
+      }
+      return {};
+    }
+    case "serve": {
+      try {
+        await clients.partitions.mergePatch(name, namespace, {
+          metadata: { uid, resourceVersion: v.metadata.resourceVersion },
+          spec: { nodeName: step.to },
+        });
+      } catch (err) {
+        if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) return {};
+        throw err;
+      }
+      const note = `served from ${step.to} after ${step.from} missed heartbeats for ${v.spec.failoverAfterSeconds ?? DEFAULT_FAILOVER_AFTER_SECONDS} s; ${step.from} is fenced from every current copy`;
+      log.warn("replicated volume failed over", {
+        volume: `${namespace}/${name}`,
+        from: step.from,
+        to: step.to,
+      });
+      ctx.events.emit(v, "Warning", "FailedOver", "Failover", note);
+      await serving("True", "FailedOver", note);
+      return {};
+    }
   }
 }
 

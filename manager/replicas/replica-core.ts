@@ -32,6 +32,8 @@ export const REPLICAS_FINALIZER = "storage.distort.io/replicas";
 export const REPLICA_OF_LABEL = "storage.distort.io/replica-of";
 /** Condition type on a replicated volume: every copy exported and current. */
 export const REPLICAS_READY = "ReplicasReady";
+/** Condition type on a replicated volume: whether its serving node serves (False during a failover). */
+export const SERVING = "Serving";
 
 /** A volume holds copies in spec.replicas > 1; a replica names its volume in spec.replicaOf. */
 export function isReplicated(p: NVMePartition): boolean {

@@ -4,7 +4,7 @@
 // leave the last copy unschedulable with ReplicaAntiAffinity; deleting the volume removes every
 // replica and then the volume, and the ledger lets go of their room.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { API_VERSION, kinds, type NVMePartition } from "../../api/index.ts";
+import { API_VERSION, kinds, type NVMePartition, type NVMeVolumeAttachment } from "../../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../../lab/cluster/test-support.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
@@ -40,7 +40,12 @@ async function withNodes(prefix: string, nodes: string[]): Promise<Harness> {
   return h;
 }
 
-async function createVolume(h: Harness, name: string, replicas: number): Promise<NVMePartition> {
+async function createVolume(
+  h: Harness,
+  name: string,
+  replicas: number,
+  failoverAfterSeconds?: number,
+): Promise<NVMePartition> {
   return h.partitions.create({
     apiVersion: API_VERSION,
     kind: "NVMePartition",
@@ -51,6 +56,7 @@ async function createVolume(h: Harness, name: string, replicas: number): Promise
       volumeManager: "spdk-lvol",
       targetOptions: { transport: "tcp" },
       replicas,
+      ...(failoverAfterSeconds ? { failoverAfterSeconds } : {}),
     },
   });
 }
@@ -185,3 +191,132 @@ test("more copies than storage nodes: the last one waits with ReplicaAntiAffinit
     message: "2/3 replicas placed, 0/3 exported",
   });
 }, 60_000);
+
+/** What each copy's agent does with its admission record: enforce the lifetime it names. */
+async function enforceAdmissions(
+  h: Harness,
+  attachments: ResourceClient<NVMeVolumeAttachment>,
+): Promise<void> {
+  for (const a of (await attachments.list({ namespace: h.ns })).items) {
+    if (a.status?.observedAttachmentId === a.spec.attachmentId) continue;
+    await updateStatus(attachments, a.metadata.name, h.ns, (latest) => ({
+      ...(latest.status ?? { conditions: [] }),
+      observedAttachmentId: latest.spec.attachmentId,
+      conditions: latest.status?.conditions ?? [],
+    }));
+  }
+}
+
+test("failover: the lost serving node is fenced from every live copy, the generation rises, then another node serves", async () => {
+  const h = await withNodes("failover", ["node-a", "node-b", "node-c"]);
+  const attachments = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const vol = await createVolume(h, "vol", 3, 5);
+  const uid = vol.metadata.uid as string;
+  const copies = await eventually(
+    async () => {
+      const rs = await replicasOf(h, uid);
+      return rs.length === 3 && rs.every((r) => r.spec.nodeName) && rs;
+    },
+    20_000,
+    "three placed replicas",
+  );
+  for (const r of copies)
+    await updateStatus(h.partitions, r.metadata.name, h.ns, (latest) => ({
+      ...(latest.status ?? { conditions: [] }),
+      state: "Exported" as const,
+      conditions: latest.status?.conditions ?? [],
+    }));
+  const first = await eventually(
+    async () => {
+      const v = await h.partitions.get("vol", h.ns);
+      return v?.spec.nodeName !== undefined && v.status?.dataGeneration === 1 ? v : undefined;
+    },
+    15_000,
+    "served",
+  );
+  const lost = first.spec.nodeName as string;
+  await eventually(
+    async () => (await attachments.list({ namespace: h.ns })).items.length === 3,
+    10_000,
+    "admitted",
+  );
+  await enforceAdmissions(h, attachments);
+  const survivors = copies.filter((r) => r.spec.nodeName !== lost);
+  const lostCopy = copies.find((r) => r.spec.nodeName === lost) as NVMePartition;
+
+  // The serving node stops beating: its last heartbeat 40 s ago, past the volume's 5 s (and
+  // within the manager's 60 s staleness, so only this volume's bound decides).
+  await updateStatus(h.nodes, lost, h.ns, (latest) => ({
+    ...(latest.status ?? { conditions: [] }),
+    lastHeartbeatTime: new Date(Date.now() - 40_000).toISOString(),
+    conditions: latest.status?.conditions ?? [],
+  }));
+  // Watch the volume while the failover runs: it must never name a new serving node while the
+  // old generation still stands.
+  const seen: { node?: string; gen?: number }[] = [];
+  let watching = true;
+  const watcher = (async () => {
+    for (let i = 0; watching && i < 2400; i++) {
+      const v = await h.partitions.get("vol", h.ns);
+      seen.push({ node: v?.spec.nodeName, gen: v?.status?.dataGeneration });
+      await Bun.sleep(25);
+    }
+  })();
+  // The surviving copies' admissions move to one survivor's host; nothing serves until enforced.
+  const moved = await eventually(
+    async () => {
+      const items = (await attachments.list({ namespace: h.ns })).items;
+      const hosts = survivors.map(
+        (r) => items.find((a) => a.spec.partitionUID === r.metadata.uid)?.spec.hostNQN,
+      );
+      return hosts[0] !== nexusHostNqnFor(lost) && hosts[0] === hosts[1] && hosts[0];
+    },
+    15_000,
+    "admissions moved",
+  );
+  const to = survivors
+    .map((r) => r.spec.nodeName as string)
+    .find((n) => nexusHostNqnFor(n) === moved) as string;
+  expect(to).toBeDefined();
+  await Bun.sleep(1500);
+  expect((await h.partitions.get("vol", h.ns))?.spec.nodeName).toBe(lost);
+  expect(
+    (await h.partitions.get("vol", h.ns))?.status?.conditions.find((c) => c.type === "Serving"),
+  ).toMatchObject({
+    status: "False",
+    reason: "Fencing",
+  });
+  // The lost node's own copy keeps its admission: nobody could enforce a change there.
+  const lostAdmission = await attachments.get(
+    attachmentNameFor(lostCopy.metadata.name, lostCopy.metadata.uid as string),
+    h.ns,
+  );
+  expect(lostAdmission?.spec.hostNQN).toBe(nexusHostNqnFor(lost));
+
+  await enforceAdmissions(h, attachments);
+  const after = await eventually(
+    async () => {
+      const v = await h.partitions.get("vol", h.ns);
+      return v?.spec.nodeName === to && v;
+    },
+    15_000,
+    "failed over",
+  );
+  watching = false;
+  await watcher;
+  expect(after.status?.dataGeneration).toBe(2);
+  expect(after.status?.replicas?.find((e) => e.name === lostCopy.metadata.name)).toMatchObject({
+    state: "Stale",
+    generation: 1,
+  });
+  for (const r of survivors)
+    expect(after.status?.replicas?.find((e) => e.name === r.metadata.name)).toMatchObject({
+      state: "Online",
+      generation: 2,
+    });
+  expect(seen.some((o) => o.node === to && o.gen === 1)).toBe(false);
+  expect(seen.some((o) => o.node === lost && o.gen === 2)).toBe(true);
+  const events = await h.events("vol");
+  for (const reason of ["Fencing", "GenerationRaised", "FailedOver"])
+    expect(events.some((e) => e.includes(reason))).toBe(true);
+}, 90_000);
