@@ -13,7 +13,7 @@ import type { IoStat } from "./io-stat.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
 import { initiatorErrnoOf } from "./nvme-completion.ts";
-import { Errno, ErrnoError } from "./rpc-error.ts";
+import { Errno, ErrnoError, PATH_ERRNO } from "./rpc-error.ts";
 
 /** Transports nvmf_tgt can be built with. */
 export type Trtype = "TCP" | "RDMA";
@@ -654,6 +654,12 @@ export class NvmfTarget {
       if (!ns) {
         // Invalid namespace: the command fails; the initiator sees an I/O error.
         return send({ op: "error", tag: msg.tag, errno: Errno.EIO });
+      }
+      // nvmf_ctrlr_process_io_cmd: a namespace whose ANA group is neither optimized nor
+      // non-optimized on this controller's listener fails the command with a path status.
+      const ana = s.anaStates(ctrl.listen)?.[msg.nsid - 1];
+      if (ana !== undefined && ana !== "optimized" && ana !== "non_optimized") {
+        return send({ op: "error", tag: msg.tag, errno: PATH_ERRNO });
       }
       const bdev = ns.bdev;
       // Latency runs from submission (before QoS queueing) to completion, as the bdev layer's
