@@ -3,7 +3,7 @@
 // "<name>n<nsid>", path state, reconnects and detach.
 import type { Clock } from "../../../lib/clock.ts";
 import type { Logger } from "../../../lib/log.ts";
-import { Bdev, type BdevRegistry, IO_TYPES, SYSTEM_DOMAIN } from "./bdev.ts";
+import { Bdev, type BdevRegistry, IO_TYPES, type IoTypes, SYSTEM_DOMAIN } from "./bdev.ts";
 import { type BlockIo, checkRange, FileExtentIo } from "./block-io.ts";
 import { connectController, FabricConnectError, type FabricController, type SimFabric } from "./fabric.ts";
 import type { HostDhchapOptions } from "./fabric-auth.ts";
@@ -490,7 +490,9 @@ export class NvmeControllers {
 
   async #addFabricNamespace(ctrlr: NvmeCtrlr, ns: NamespaceInfo): Promise<string | undefined> {
     const io = new FabricNamespaceIo(ctrlr, ns.nsid, this.clock, this.bdevRetryCount);
-    const bdev = this.#nvmeBdev(ctrlr, ns.nsid, io, -1, IO_TYPES.nvmeFabric, SYSTEM_DOMAIN);
+    // bdev_nvme_io_type_supported: UNMAP follows the controller's ONCS Dataset Management bit.
+    const ioTypes = { ...IO_TYPES.nvmeFabric, unmap: ctrlr.paths[0]?.ctrlrData.dsm === true };
+    const bdev = this.#nvmeBdev(ctrlr, ns.nsid, io, -1, ioTypes, SYSTEM_DOMAIN);
     return (await this.#register(ctrlr, ns.nsid, bdev)) ? bdev.name : undefined;
   }
 
@@ -512,7 +514,7 @@ export class NvmeControllers {
     nsid: number,
     io: BlockIo,
     numaId: number,
-    ioTypes: (typeof IO_TYPES)[keyof typeof IO_TYPES],
+    ioTypes: IoTypes,
     memoryDomains: JsonValue | undefined,
   ): Bdev {
     const ns = ctrlr.namespaces.find((n) => n.nsid === nsid) as NamespaceInfo;

@@ -619,6 +619,8 @@ export class NvmfTarget {
       firmwareRevision: "25.05.1",
       subnqn: s.nqn,
       nvmeVersion: "1.3",
+      // nvmf_ctrlr_dsm_supported: Dataset Management only when every namespace can unmap.
+      dsm: s.sortedNamespaces().every((ns) => ns.bdev.init.ioTypes.unmap),
     };
   }
 
