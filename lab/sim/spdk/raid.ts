@@ -210,7 +210,7 @@ export class Raids {
       module: "raid",
       productName: "Raid Volume",
       blockSize: raid.blockSize,
-      io: new Raid1Io(raid, (slot, err) => this.#failSlot(raid, slot, err)),
+      io: new Raid1Io(raid, (slot, bdev, err) => this.#failSlot(raid, slot, err, bdev)),
       ioTypes: { ...IO_TYPES.lvol, seek_hole: false, seek_data: false },
       memoryDomainsOf: () => memberDomains(raid),
       driverSpecific: () => ({ raid: raid.info() }),
@@ -263,7 +263,12 @@ export class Raids {
     }
   }
 
-  #failSlot(raid: Raid, slot: Slot, err: unknown): void {
+  /**
+   * raid_bdev_fail_base_bdev: once per member (base_info->is_failed); a slot that no longer holds
+   * `bdev` (already failed, removed or hot-removed meanwhile) is left alone.
+   */
+  #failSlot(raid: Raid, slot: Slot, err: unknown, bdev: Bdev | null = slot.bdev): void {
+    if (this.#byName.get(raid.name) !== raid || !slot.configured || !bdev || slot.bdev !== bdev) return;
     this.log.warn("raid1 failing base bdev", { raid: raid.name, base: slot.name, err: String(err) });
     void this.#dropSlot(raid, slot);
   }
@@ -538,7 +543,7 @@ class Raid1Io implements BlockIo {
 
   constructor(
     private readonly raid: Raid,
-    private readonly fail: (slot: Slot, err: unknown) => void,
+    private readonly fail: (slot: Slot, bdev: Bdev, err: unknown) => void,
   ) {
     this.#outstanding = raid.slots.map(() => 0);
   }
@@ -559,12 +564,14 @@ class Raid1Io implements BlockIo {
       if (usable(s) && (idx < 0 || (this.#outstanding[i] ?? 0) < (this.#outstanding[idx] ?? 0))) idx = i;
     });
     const chosen = this.raid.slots[idx];
-    if (!chosen?.bdev) throw new ErrnoError(Errno.EIO, "no readable raid member");
+    const bdev = chosen?.bdev;
+    if (!chosen || !bdev) throw new ErrnoError(Errno.EIO, "no readable raid member");
     const at = (s: Slot) => s.dataOffset * bs + offset;
+    const from = at(chosen);
     this.#outstanding[idx] = (this.#outstanding[idx] ?? 0) + count;
     let firstErr: unknown;
     try {
-      return await memberRead(chosen.bdev, at(chosen), length);
+      return await memberRead(bdev, from, length);
     } catch (err) {
       firstErr = err;
     } finally {
@@ -572,23 +579,22 @@ class Raid1Io implements BlockIo {
     }
     // raid1_read_other_base_bdev, then raid1_correct_read_error.
     for (const other of this.raid.slots) {
-      if (other === chosen || !usable(other) || !other.bdev) continue;
+      const source = other.bdev;
+      if (other === chosen || !usable(other) || !source) continue;
       let data: Buffer;
       try {
-        data = await memberRead(other.bdev, at(other), length);
+        data = await memberRead(source, at(other), length);
       } catch {
         continue;
       }
-      if (chosen.bdev) {
-        try {
-          await memberWrite(chosen.bdev, at(chosen), data);
-        } catch (err) {
-          this.fail(chosen, err);
-        }
+      try {
+        await memberWrite(bdev, from, data);
+      } catch (err) {
+        this.fail(chosen, bdev, err);
       }
       return data;
     }
-    this.fail(chosen, firstErr);
+    this.fail(chosen, bdev, firstErr);
     throw firstErr;
   }
 
@@ -597,13 +603,14 @@ class Raid1Io implements BlockIo {
     const bs = this.raid.blockSize;
     await this.raid.lock.run(async () => {
       const members = this.raid.slots.filter((s) => s.configured && s.bdev);
+      const bdevs = members.map((s) => s.bdev as Bdev);
       const results = await Promise.allSettled(
-        members.map((s) => memberWrite(s.bdev as Bdev, s.dataOffset * bs + offset, data)),
+        members.map((s, i) => memberWrite(bdevs[i] as Bdev, s.dataOffset * bs + offset, data)),
       );
       let ok = 0;
       results.forEach((r, i) => {
         if (r.status === "fulfilled") ok++;
-        else this.fail(members[i] as Slot, r.reason);
+        else this.fail(members[i] as Slot, bdevs[i] as Bdev, r.reason);
       });
       if (ok === 0) throw new ErrnoError(Errno.EIO, "raid1 write failed on every member");
     });
