@@ -265,6 +265,7 @@ export class NvmeControllers {
    * subsystem; EIO/ENODEV as for attachFabric. Resolves with the controller's bdev names.
    */
   async addPath(ctrlr: NvmeCtrlr, a: FabricAttach): Promise<string[]> {
+    if (ctrlr.paths.some((x) => sameTrid(x.trid, a.trid))) throw new ErrnoError(Errno.EEXIST, "path exists");
     if (!this.fabric) throw new ErrnoError(Errno.ENODEV, "no fabric");
     const conn = await connectController(this.fabric, {
       trtype: a.transport,
@@ -362,8 +363,11 @@ export class NvmeControllers {
       if (path !== ctrlr.paths[0]) return;
       void this.#reconcile(ctrlr, list);
     });
+    // An ANA change (read from the ANA log page on its AEN) clears the cached paths.
+    conn.onAnaState(() => this.#clearCurrent(ctrlr));
     conn.onClose(() => {
       if (path.destruct || path.fabric !== conn) return;
+      this.#clearCurrent(ctrlr);
       this.log.info("fabric path lost", {
         ctrlr: ctrlr.name,
         traddr: path.trid.traddr,
@@ -371,6 +375,11 @@ export class NvmeControllers {
       });
       this.#startReset(ctrlr, path);
     });
+  }
+
+  /** bdev_nvme_clear_io_path_caches: every namespace of `ctrlr` forgets its current path. */
+  #clearCurrent(ctrlr: NvmeCtrlr): void {
+    for (const b of ctrlr.bdevs.values()) if (b.io instanceof FabricNamespaceIo) b.io.current = undefined;
   }
 
   /**
@@ -493,6 +502,7 @@ export class NvmeControllers {
     // bdev_nvme_io_type_supported: UNMAP follows the controller's ONCS Dataset Management bit.
     const ioTypes = { ...IO_TYPES.nvmeFabric, unmap: ctrlr.paths[0]?.ctrlrData.dsm === true };
     const bdev = this.#nvmeBdev(ctrlr, ns.nsid, io, -1, ioTypes, SYSTEM_DOMAIN);
+    io.claimOf = () => bdev.claim;
     return (await this.#register(ctrlr, ns.nsid, bdev)) ? bdev.name : undefined;
   }
 
@@ -526,12 +536,23 @@ export class NvmeControllers {
       blockSize: ns.blockSize,
       io,
       ioTypes,
-      memoryDomains,
+      // bdev_nvme_get_memory_domains: each path's controller contributes its domains.
+      ...(memoryDomains === undefined
+        ? {}
+        : { memoryDomainsOf: () => ctrlr.paths.flatMap(() => memoryDomains as JsonValue[]) }),
       numaId,
-      driverSpecific: () => ({
-        nvme: ctrlr.paths.map((p) => namespaceJson(p, nsid)),
-        mp_policy: "active_passive",
-      }),
+      driverSpecific: () => {
+        // nvme_bdev_dump_info_json: the selector (and rr_min_io) only with active_active.
+        const mp: { [key: string]: JsonValue } = { mp_policy: "active_passive" };
+        if (io instanceof FabricNamespaceIo) {
+          mp.mp_policy = io.policy;
+          if (io.policy === "active_active") {
+            mp.selector = io.selector;
+            if (io.selector === "round_robin") mp.rr_min_io = io.rrMinIo;
+          }
+        }
+        return { nvme: ctrlr.paths.map((p) => namespaceJson(p, nsid)), ...mp };
+      },
       onRemoved: () => {
         if (ctrlr.bdevs.get(nsid)?.uuid === ns.uuid) ctrlr.bdevs.delete(nsid);
       },
@@ -539,10 +560,20 @@ export class NvmeControllers {
   }
 }
 
-/** ANA states a path may carry I/O in (nvme_ns_is_accessible). */
-function anaAccessible(p: CtrlrPath): boolean {
-  const a = p.fabric?.anaState ?? "optimized";
+/** The ANA state the initiator knows for a path (optimized when the subsystem reports none). */
+function anaOf(p: CtrlrPath): string {
+  return p.fabric?.anaState ?? "optimized";
+}
+
+/** nvme_ns_is_accessible: optimized or non-optimized. */
+export function anaAccessible(p: CtrlrPath): boolean {
+  const a = anaOf(p);
   return a === "optimized" || a === "non_optimized";
+}
+
+/** nvme_io_path_is_available: connected and accessible. */
+function available(p: CtrlrPath): boolean {
+  return p.usable && anaAccessible(p);
 }
 
 /**
@@ -557,15 +588,38 @@ function pathFailed(c: NvmeCtrlr, p: CtrlrPath): boolean {
   return p.failed;
 }
 
+/** bdev_nvme_set_multipath_policy's policy and selector. */
+export type MpPolicy = "active_passive" | "active_active";
+export type MpSelector = "round_robin" | "queue_depth";
+
 /**
- * The data path of a namespace reached over the fabric (bdev_nvme_submit_request). I/O goes to
- * the first usable path in an optimized ANA state, else the first non-optimized one
- * (_bdev_nvme_find_io_path, active_passive). With no such path the I/O is held and retried
- * every second while any path may still become available (any_io_path_may_become_available:
- * connected, or its controller not failed), and fails with EIO once none may; an I/O whose path
- * drops under it, or that the target answers with an ANA path error, is retried the same way.
+ * The data path of a namespace reached over the fabric (bdev_nvme_submit_request), with the
+ * multipath state SPDK keeps per nvme_bdev and per channel (one channel: the emulator's thread).
+ * I/O goes to a usable path in an optimized ANA state, else a non-optimized one
+ * (bdev_nvme_find_io_path: active_passive sticks to the cached current path; active_active
+ * round-robins over the optimized paths every rr_min_io I/Os, or picks the fewest outstanding
+ * with queue_depth). With no such path the I/O is held and retried every second while any path
+ * may still become available (any_io_path_may_become_available: connected, or its controller not
+ * failed), and fails with EIO once none may; an I/O whose path drops under it, or that the
+ * target answers with an ANA path error, is retried the same way.
  */
-class FabricNamespaceIo implements BlockIo {
+export class FabricNamespaceIo implements BlockIo {
+  policy: MpPolicy = "active_passive";
+  selector: MpSelector = "round_robin";
+  rrMinIo = 1;
+  /** nbdev_ch->current_io_path. */
+  #current: CtrlrPath | undefined;
+  #rrCounter = 0;
+  /**
+   * The consumer the cache belongs to. SPDK caches the path per I/O channel, and a consumer that
+   * opens the bdev (an NVMe-oF namespace, a raid) gets a fresh channel with no path cached,
+   * whatever examine read before: the emulator has one channel, so a new claim clears it.
+   */
+  #owner: unknown;
+  /** The bdev's claim, for the cache's owner (set when the bdev is made). */
+  claimOf: () => unknown = () => null;
+  readonly #outstanding = new Map<CtrlrPath, number>();
+
   constructor(
     private readonly ctrlr: NvmeCtrlr,
     private readonly nsid: number,
@@ -579,13 +633,66 @@ class FabricNamespaceIo implements BlockIo {
     return ns ? ns.numBlocks * ns.blockSize : 0;
   }
 
+  get current(): CtrlrPath | undefined {
+    const owner = this.claimOf();
+    if (owner !== this.#owner) {
+      this.#owner = owner;
+      this.#current = undefined;
+    }
+    return this.#current;
+  }
+
+  set current(p: CtrlrPath | undefined) {
+    this.#owner = this.claimOf();
+    this.#current = p;
+  }
+
+  /** nvme_io_path_is_current, for bdev_nvme_get_io_paths. */
+  isCurrent(p: CtrlrPath): boolean {
+    if (!available(p)) return false;
+    if (this.policy === "active_active") {
+      const optimized = this.ctrlr.paths.some((x) => anaOf(x) === "optimized");
+      return anaOf(p) === "optimized" || !optimized;
+    }
+    return p === this.current;
+  }
+
   #findPath(): CtrlrPath | undefined {
+    const cur = this.current;
+    if (cur && available(cur)) {
+      if (this.policy === "active_passive") return cur;
+      if (this.selector === "round_robin") {
+        if (++this.#rrCounter < this.rrMinIo) return cur;
+        this.#rrCounter = 0;
+      }
+    }
+    if (this.policy === "active_active" && this.selector === "queue_depth") {
+      // _bdev_nvme_find_io_path_min_qd.
+      let best: CtrlrPath | undefined;
+      let bestRank = 2;
+      let bestQd = Number.POSITIVE_INFINITY;
+      for (const p of this.ctrlr.paths) {
+        if (!available(p)) continue;
+        const rank = anaOf(p) === "optimized" ? 0 : 1;
+        const qd = this.#outstanding.get(p) ?? 0;
+        if (rank < bestRank || (rank === bestRank && qd < bestQd)) [best, bestRank, bestQd] = [p, rank, qd];
+      }
+      return best;
+    }
+    // _bdev_nvme_find_io_path: from the path after the current one, round the list.
+    const paths = this.ctrlr.paths;
+    const from = cur ? paths.indexOf(cur) + 1 : 0;
     let nonOptimized: CtrlrPath | undefined;
-    for (const p of this.ctrlr.paths) {
-      if (!p.usable || !anaAccessible(p)) continue;
-      if ((p.fabric?.anaState ?? "optimized") === "optimized") return p;
+    for (let i = 0; i < paths.length; i++) {
+      const p = paths[(from + i) % paths.length] as CtrlrPath;
+      if (!available(p)) continue;
+      if (anaOf(p) === "optimized") {
+        this.current = p;
+        return p;
+      }
       nonOptimized ??= p;
     }
+    this.current = nonOptimized;
     return nonOptimized;
   }
 
@@ -597,10 +704,13 @@ class FabricNamespaceIo implements BlockIo {
     for (;;) {
       const p = this.#findPath();
       const conn = p?.fabric;
-      if (conn) {
+      if (p && conn) {
+        this.#outstanding.set(p, (this.#outstanding.get(p) ?? 0) + 1);
         try {
           return await cmd(conn);
         } catch (err) {
+          // bdev_nvme_check_retry_io: a path error clears the cached path.
+          this.current = undefined;
           // Aborted by SQ deletion (the connection dropped) or an ANA path status: a path error,
           // retried at once on whatever path is usable; any other status fails the I/O (the
           // emulated target's errors all carry Do Not Retry).
@@ -608,6 +718,8 @@ class FabricNamespaceIo implements BlockIo {
           if (!pathError) throw err;
           if (!this.#mayBecomeAvailable()) throw new ErrnoError(Errno.EIO, `${this.ctrlr.name}: path lost`);
           continue;
+        } finally {
+          this.#outstanding.set(p, (this.#outstanding.get(p) ?? 1) - 1);
         }
       }
       if (this.retryCount === 0 || !this.#mayBecomeAvailable()) {

@@ -78,6 +78,11 @@ async function stateOf(name: string): Promise<string | undefined> {
 /** Lets fabric traffic and timers' continuations run (real time; the clock stays put). */
 const settle = () => Bun.sleep(8);
 
+/** Waits (real time, at most 1 s) for I/O the clock has released to finish on the fabric. */
+async function until(cond: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !cond(); i++) await Bun.sleep(5);
+}
+
 /**
  * Advances the manual clock by `ms`, timer by timer, giving the fabric traffic a timer starts
  * (a reconnect attempt) a few real milliseconds before the next one fires.
@@ -147,7 +152,9 @@ test("ctrlr_loss_timeout_sec -1: I/O is held for as long as reconnects are refus
   await advance(1000);
   expect(await stateOf("f0")).toBe("enabled");
   await advance(1000);
+  await until(() => w.done);
   expect(w).toMatchObject({ done: true, error: undefined });
+  await until(() => r.done);
   expect(r).toMatchObject({ done: true, error: undefined });
   expect((await target.bdev("m0").read(4096, 4096)).equals(block("b"))).toBe(true);
   expect(await call(host.socketPath, "bdev_nvme_detach_controller", { name: "f0" })).toBe(true);
@@ -162,6 +169,7 @@ test("fast_io_fail_timeout_sec: held I/O fails once a reset fails past it, and (
   await advance(2000);
   expect(w.done).toBe(false);
   await advance(2000);
+  await until(() => w.done);
   expect(w.done).toBe(true);
   expect(String(w.error)).toContain("Input/output error");
   await expect(bdev.write(0, block("c"))).rejects.toThrow();
@@ -194,6 +202,7 @@ test("ctrlr_loss_timeout_sec elapsed: the controller and its bdev are deleted an
   });
   expect(host.state().bdevs.some((b) => b.name === "ltn1")).toBe(false);
   await advance(1000);
+  await until(() => w.done);
   expect(w.done).toBe(true);
   expect(w.error).toBeDefined();
   await addHost();
@@ -209,6 +218,7 @@ test("bdev_nvme_detach_controller while I/O is held: the I/O fails on its next r
   expect(w.done).toBe(false);
   expect(await call(host.socketPath, "bdev_nvme_detach_controller", { name: "dt" })).toBe(true);
   await advance(1000);
+  await until(() => w.done);
   expect(w.done).toBe(true);
   expect(String(w.error)).toContain("no usable path");
   await addHost();
@@ -302,6 +312,7 @@ test("ANA: ana_reporting shows in the bdev, I/O avoids an inaccessible path and 
     ana_state: "optimized",
   });
   await advance(1000);
+  await until(() => r.done);
   expect(r).toMatchObject({ done: true, error: undefined });
   await call(host.socketPath, "bdev_nvme_detach_controller", { name: "mp" });
 });

@@ -39,6 +39,8 @@ export interface Namespace {
   /** 32 uppercase hex digits. */
   readonly nguid: string;
   readonly eui64: string | undefined;
+  /** The namespace's ANA group: anagrpid given at add_ns, else its NSID (SPDK's default). */
+  readonly anagrpid: number;
 }
 
 /** An allowed host, with the DH-HMAC-CHAP key names it must authenticate with (fabric-auth.ts). */
@@ -262,7 +264,7 @@ export class NvmfTarget {
   addNamespace(
     s: Subsystem,
     bdevName: string,
-    opts: { nsid?: number; uuid?: string; nguid?: string; eui64?: string },
+    opts: { nsid?: number; uuid?: string; nguid?: string; eui64?: string; anagrpid?: number },
   ): number {
     const bdev = this.registry.get(bdevName);
     if (!bdev) throw new TargetError(`bdev ${bdevName} not found`);
@@ -279,7 +281,7 @@ export class NvmfTarget {
     this.registry.claim(bdev, "exclusive_write", `nvmf:${s.nqn}:${nsid}`);
     const uuid = opts.uuid ?? bdev.uuid;
     const nguid = opts.nguid ?? uuid.replaceAll("-", "").toUpperCase();
-    s.namespaces.set(nsid, { nsid, bdev, uuid, nguid, eui64: opts.eui64 });
+    s.namespaces.set(nsid, { nsid, bdev, uuid, nguid, eui64: opts.eui64, anagrpid: opts.anagrpid || nsid });
     this.#announceNamespaces(s);
     return nsid;
   }
@@ -659,7 +661,7 @@ export class NvmfTarget {
       }
       // nvmf_ctrlr_process_io_cmd: a namespace whose ANA group is neither optimized nor
       // non-optimized on this controller's listener fails the command with a path status.
-      const ana = s.anaStates(ctrl.listen)?.[msg.nsid - 1];
+      const ana = s.anaStates(ctrl.listen)?.[ns.anagrpid - 1];
       if (ana !== undefined && ana !== "optimized" && ana !== "non_optimized") {
         return send({ op: "error", tag: msg.tag, errno: PATH_ERRNO });
       }

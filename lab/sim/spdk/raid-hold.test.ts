@@ -51,6 +51,11 @@ afterAll(async () => {
 
 const settle = () => Bun.sleep(8);
 
+/** Waits (real time, at most 1 s) for I/O the clock has released to finish on the fabric. */
+async function until(cond: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !cond(); i++) await Bun.sleep(5);
+}
+
 /** Advances the clock timer by timer, giving each reconnect attempt a few real milliseconds. */
 async function advance(ms: number): Promise<void> {
   const end = clock.now() + ms;
@@ -134,7 +139,8 @@ test("a write waits for the reconnecting member and completes on both once it is
   expect(w.done).toBe(false);
   expect(await raid("ra")).toMatchObject({ state: "online", num_base_bdevs_discovered: 2 });
   await addHost();
-  await advance(2000);
+  await advance(3000);
+  await until(() => w.done);
   expect(w).toEqual({ done: true, error: undefined });
   expect((await host.bdev("ra_l").read(DATA_OFFSET + 4096, 4096)).equals(block("2"))).toBe(true);
   expect((await target.bdev("ra_r").read(DATA_OFFSET + 4096, 4096)).equals(block("2"))).toBe(true);
@@ -150,6 +156,7 @@ test("once the member's I/O fails (fast_io_fail_timeout_sec) it is failed out an
   await advance(1000);
   expect(w.done).toBe(false);
   await advance(2000);
+  await until(() => w.done);
   expect(w).toEqual({ done: true, error: undefined });
   await settle();
   expect(await raid("rb")).toMatchObject({
@@ -179,6 +186,7 @@ test("the controller declared lost (ctrlr_loss_timeout_sec) takes its bdev out o
   await advance(1000);
   expect(w.done).toBe(false);
   await advance(3000);
+  await until(() => w.done);
   expect(w).toEqual({ done: true, error: undefined });
   expect(host.state().bdevs.some((b) => b.name === "rc_cn1")).toBe(false);
   expect(await raid("rc")).toMatchObject({ state: "online", num_base_bdevs_discovered: 1 });
@@ -196,8 +204,10 @@ test("a read held by the reconnecting member in slot 0 does not hold the next re
   const second = await host.bdev("rd").read(0, 4096);
   expect(second.equals(block("5"))).toBe(true);
   expect(first.done).toBe(false);
+  // The reconnect comes within a second; the held read is retried on the one-second tick after it.
   await addHost();
-  await advance(2000);
+  await advance(3000);
+  await until(() => first.done);
   expect(first).toEqual({ done: true, error: undefined });
   await teardown("rd");
 });
