@@ -84,8 +84,10 @@ async function until(cond: () => boolean): Promise<void> {
 }
 
 /**
- * Advances the manual clock by `ms`, timer by timer, giving the fabric traffic a timer starts
- * (a reconnect attempt) a few real milliseconds before the next one fires.
+ * Advances the manual clock by `ms`, timer by timer. After each timer the clock waits (real
+ * time, bounded) for the reconnect attempt it may have started to finish, so simulated seconds
+ * never outrun the fabric's real round trips: until no controller reads resetting, or the
+ * states stop changing (a refused attempt with reconnect_delay_sec 0 keeps reading resetting).
  */
 async function advance(ms: number): Promise<void> {
   const end = clock.now() + ms;
@@ -93,10 +95,23 @@ async function advance(ms: number): Promise<void> {
     const due = clock.nextDue();
     if (due === undefined || due > end) break;
     clock.advance(due - clock.now());
-    await Bun.sleep(3);
+    await quiet();
   }
   clock.advance(end - clock.now());
   await settle();
+}
+
+async function quiet(): Promise<void> {
+  let last = "";
+  let same = 0;
+  for (let i = 0; i < 100; i++) {
+    await Bun.sleep(2);
+    const now = JSON.stringify(await call(host.socketPath, "bdev_nvme_get_controllers"));
+    if (!now.includes('"resetting"')) return;
+    same = now === last ? same + 1 : 0;
+    if (same >= 4) return;
+    last = now;
+  }
 }
 
 /** Tracks a promise's outcome without awaiting it. */
