@@ -136,6 +136,8 @@ export interface BdevInit {
   readonly io: BlockIo;
   readonly ioTypes: IoTypes;
   readonly memoryDomains?: JsonValue;
+  /** memory_domains worked out at each call (a raid's follow its configured members); wins over memoryDomains. */
+  readonly memoryDomainsOf?: () => JsonValue | undefined;
   readonly numaId?: number;
   /** The driver_specific object, computed when printed. */
   readonly driverSpecific: () => { [key: string]: JsonValue };
@@ -193,7 +195,7 @@ export class Bdev {
 
   /** The memory_domains printed (undefined: none, as AIO and PCIe NVMe bdevs report). */
   get memoryDomains(): JsonValue | undefined {
-    return this.init.memoryDomains;
+    return this.init.memoryDomainsOf ? this.init.memoryDomainsOf() : this.init.memoryDomains;
   }
 
   /** One bdev_get_bdevs entry, keys in SPDK's order. */
@@ -212,7 +214,8 @@ export class Bdev {
     if (this.claim) out.claim_type = this.claim.type;
     out.zoned = false;
     out.supported_io_types = { ...this.init.ioTypes };
-    if (this.init.memoryDomains !== undefined) out.memory_domains = this.init.memoryDomains;
+    const domains = this.memoryDomains;
+    if (domains !== undefined) out.memory_domains = domains;
     out.driver_specific = this.init.driverSpecific();
     return out;
   }

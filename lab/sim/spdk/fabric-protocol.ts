@@ -25,6 +25,8 @@ export const ControllerInfoSchema = v.object({
   firmwareRevision: v.string(),
   subnqn: v.string(),
   nvmeVersion: v.string(),
+  /** ONCS Dataset Management: every namespace's bdev supports unmap (nvmf_ctrlr_dsm_supported). */
+  dsm: v.optional(v.boolean()),
 });
 export type ControllerInfo = v.InferOutput<typeof ControllerInfoSchema>;
 

@@ -415,6 +415,7 @@ export class FabricController {
   readonly #ctrlr: ControllerInfo;
   #namespaces: NamespaceInfo[];
   #anaState: AnaState;
+  readonly #anaReporting: boolean;
   #closed = false;
   /** The next Keep Alive to send, or the deadline of the one outstanding. */
   #kaTimer: ReturnType<typeof setTimeout> | undefined;
@@ -429,6 +430,7 @@ export class FabricController {
     this.#ctrlr = connected.ctrlr;
     this.#namespaces = connected.namespaces;
     this.#anaState = connected.anaState ?? "optimized";
+    this.#anaReporting = connected.anaState !== undefined;
     admin.onNotice = (msg) => {
       if (msg.op === "namespaces") {
         this.#namespaces = msg.namespaces;
@@ -484,6 +486,11 @@ export class FabricController {
   /** The ANA state of the path, kept current by the target's notices. */
   get anaState(): AnaState {
     return this.#anaState;
+  }
+
+  /** The subsystem reports ANA (Identify Controller CMIC bit 3): created with ana_reporting. */
+  get anaReporting(): boolean {
+    return this.#anaReporting;
   }
 
   get closed(): boolean {

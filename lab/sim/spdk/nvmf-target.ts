@@ -13,7 +13,7 @@ import type { IoStat } from "./io-stat.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { DISCOVERY_NQN } from "./nqn.ts";
 import { initiatorErrnoOf } from "./nvme-completion.ts";
-import { Errno, ErrnoError } from "./rpc-error.ts";
+import { Errno, ErrnoError, PATH_ERRNO } from "./rpc-error.ts";
 
 /** Transports nvmf_tgt can be built with. */
 export type Trtype = "TCP" | "RDMA";
@@ -39,6 +39,8 @@ export interface Namespace {
   /** 32 uppercase hex digits. */
   readonly nguid: string;
   readonly eui64: string | undefined;
+  /** The namespace's ANA group: anagrpid given at add_ns, else its NSID (SPDK's default). */
+  readonly anagrpid: number;
 }
 
 /** An allowed host, with the DH-HMAC-CHAP key names it must authenticate with (fabric-auth.ts). */
@@ -262,7 +264,7 @@ export class NvmfTarget {
   addNamespace(
     s: Subsystem,
     bdevName: string,
-    opts: { nsid?: number; uuid?: string; nguid?: string; eui64?: string },
+    opts: { nsid?: number; uuid?: string; nguid?: string; eui64?: string; anagrpid?: number },
   ): number {
     const bdev = this.registry.get(bdevName);
     if (!bdev) throw new TargetError(`bdev ${bdevName} not found`);
@@ -279,7 +281,7 @@ export class NvmfTarget {
     this.registry.claim(bdev, "exclusive_write", `nvmf:${s.nqn}:${nsid}`);
     const uuid = opts.uuid ?? bdev.uuid;
     const nguid = opts.nguid ?? uuid.replaceAll("-", "").toUpperCase();
-    s.namespaces.set(nsid, { nsid, bdev, uuid, nguid, eui64: opts.eui64 });
+    s.namespaces.set(nsid, { nsid, bdev, uuid, nguid, eui64: opts.eui64, anagrpid: opts.anagrpid || nsid });
     this.#announceNamespaces(s);
     return nsid;
   }
@@ -619,6 +621,8 @@ export class NvmfTarget {
       firmwareRevision: "25.05.1",
       subnqn: s.nqn,
       nvmeVersion: "1.3",
+      // nvmf_ctrlr_dsm_supported: Dataset Management only when every namespace can unmap.
+      dsm: s.sortedNamespaces().every((ns) => ns.bdev.init.ioTypes.unmap),
     };
   }
 
@@ -654,6 +658,12 @@ export class NvmfTarget {
       if (!ns) {
         // Invalid namespace: the command fails; the initiator sees an I/O error.
         return send({ op: "error", tag: msg.tag, errno: Errno.EIO });
+      }
+      // nvmf_ctrlr_process_io_cmd: a namespace whose ANA group is neither optimized nor
+      // non-optimized on this controller's listener fails the command with a path status.
+      const ana = s.anaStates(ctrl.listen)?.[ns.anagrpid - 1];
+      if (ana !== undefined && ana !== "optimized" && ana !== "non_optimized") {
+        return send({ op: "error", tag: msg.tag, errno: PATH_ERRNO });
       }
       const bdev = ns.bdev;
       // Latency runs from submission (before QoS queueing) to completion, as the bdev layer's

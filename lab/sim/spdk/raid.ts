@@ -10,6 +10,7 @@ import type { Logger } from "../../../lib/log.ts";
 import { Bdev, type BdevRegistry, IO_TYPES } from "./bdev.ts";
 import type { BlockIo } from "./block-io.ts";
 import { checkRange } from "./block-io.ts";
+import { TICK_RATE } from "./core-mask.ts";
 import type { JsonValue } from "./json-stream.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
@@ -209,9 +210,9 @@ export class Raids {
       module: "raid",
       productName: "Raid Volume",
       blockSize: raid.blockSize,
-      io: new Raid1Io(raid, (slot, err) => this.#failSlot(raid, slot, err)),
+      io: new Raid1Io(raid, (slot, bdev, err) => this.#failSlot(raid, slot, err, bdev)),
       ioTypes: { ...IO_TYPES.lvol, seek_hole: false, seek_data: false },
-      memoryDomains: sharedDomains(raid),
+      memoryDomainsOf: () => memberDomains(raid),
       driverSpecific: () => ({ raid: raid.info() }),
     });
     raid.bdev = bdev;
@@ -262,7 +263,12 @@ export class Raids {
     }
   }
 
-  #failSlot(raid: Raid, slot: Slot, err: unknown): void {
+  /**
+   * raid_bdev_fail_base_bdev: once per member (base_info->is_failed); a slot that no longer holds
+   * `bdev` (already failed, removed or hot-removed meanwhile) is left alone.
+   */
+  #failSlot(raid: Raid, slot: Slot, err: unknown, bdev: Bdev | null = slot.bdev): void {
+    if (this.#byName.get(raid.name) !== raid || !slot.configured || !bdev || slot.bdev !== bdev) return;
     this.log.warn("raid1 failing base bdev", { raid: raid.name, base: slot.name, err: String(err) });
     void this.#dropSlot(raid, slot);
   }
@@ -275,18 +281,32 @@ export class Raids {
     const raid = this.#byName.get(raidName);
     if (!raid) throw new ErrnoError(Errno.ENODEV, `raid bdev ${raidName} is not found in config`);
     if (raid.rebuild) throw new ErrnoError(Errno.EPERM, `raid bdev '${raidName}' is in process`);
-    const slot = raid.slots.find((s) => !s.configured && s.bdev === null);
+    let slot = raid.slots.find((s) => !s.configured && s.bdev === null);
     if (!slot) throw new ErrnoError(Errno.EINVAL, "no empty slot found");
     const b = this.registry.get(bdevName);
     if (!b) throw new ErrnoError(Errno.ENODEV, `bdev ${bdevName} not found`);
     if (b.claim) throw new ErrnoError(Errno.EPERM, `bdev ${b.name} already claimed`);
+    // raid_bdev_configure_base_bdev_check_sb_cb: a bdev carrying this raid's (stale) superblock
+    // is re-added by examine (raid_bdev_examine_sb): into the slot its superblock names, under
+    // its bdev name rather than the name given.
+    let name = bdevName;
+    if (raid.superblock && raid.state === "online") {
+      const sb = await readSuperblock(b);
+      if (sb?.uuid === raid.uuid) {
+        const at = sb.slots.findIndex((x) => x.uuid === b.uuid);
+        const own = raid.slots[at];
+        if (own && !own.configured && own.bdev === null) slot = own;
+        name = b.name;
+        this.log.info("Re-adding bdev to raid bdev", { bdev: b.name, raid: raid.name });
+      }
+    }
     const offset = raid.superblock ? Math.ceil(SB_RESERVED_BYTES / raid.blockSize) : 0;
     if (b.blockSize !== raid.blockSize || b.numBlocks - offset < raid.numBlocks) {
       throw new ErrnoError(Errno.EINVAL, "base bdev too small or of another block size");
     }
     this.registry.claim(b, "exclusive_write", CLAIM_OWNER);
     Object.assign(slot, {
-      name: bdevName,
+      name,
       uuid: b.uuid,
       bdev: b,
       dataOffset: offset,
@@ -330,12 +350,13 @@ export class Raids {
         await raid.lock.run(async () => {
           const source = raid.slots.find((s) => s.configured && s !== slot && s.bdev);
           if (!source?.bdev || !slot.bdev) throw new ErrnoError(Errno.EIO, "no rebuild source");
-          const data = await source.bdev.io.read(
+          const data = await memberRead(
+            source.bdev,
             (source.dataOffset + rebuild.blocks) * raid.blockSize,
             n * raid.blockSize,
           );
           if (cancelled) return;
-          await slot.bdev.io.write((slot.dataOffset + rebuild.blocks) * raid.blockSize, data);
+          await memberWrite(slot.bdev, (slot.dataOffset + rebuild.blocks) * raid.blockSize, data);
         });
       } catch (err) {
         if (cancelled) return;
@@ -386,7 +407,7 @@ export class Raids {
     for (const s of raid.slots) {
       if (!s.bdev || !s.configured) continue;
       try {
-        await s.bdev.io.write(0, block);
+        await memberWrite(s.bdev, 0, block);
       } catch (err) {
         this.log.warn("raid superblock write failed", { raid: raid.name, base: s.name, err: String(err) });
       }
@@ -465,30 +486,67 @@ async function readSuperblock(b: Bdev): Promise<Superblock | undefined> {
   }
 }
 
-/** The memory domains every member has (a raid can only hand out buffers all of them accept). */
-function sharedDomains(raid: Raid): JsonValue | undefined {
-  let shared: JsonValue[] | undefined;
-  for (const s of raid.slots) {
-    const d = s.bdev?.memoryDomains;
-    const list = Array.isArray(d) ? d : [];
-    shared =
-      shared === undefined
-        ? [...list]
-        : shared.filter((x) => list.some((y) => JSON.stringify(y) === JSON.stringify(x)));
+/**
+ * I/O the raid submits to a member, counted in the member's bdev_get_iostat as the bdev layer
+ * counts every I/O submitted to a bdev, whoever the consumer is.
+ */
+async function memberWrite(b: Bdev, offset: number, data: Uint8Array): Promise<void> {
+  const started = performance.now();
+  try {
+    await b.io.write(offset, data);
+  } catch (err) {
+    b.stat.fail();
+    throw err;
   }
-  return shared && shared.length > 0 ? shared : undefined;
+  b.stat.complete("write", data.length, ((performance.now() - started) / 1000) * TICK_RATE);
+}
+
+async function memberRead(b: Bdev, offset: number, length: number): Promise<Buffer> {
+  const started = performance.now();
+  let data: Buffer;
+  try {
+    data = await b.io.read(offset, length);
+  } catch (err) {
+    b.stat.fail();
+    throw err;
+  }
+  b.stat.complete("read", length, ((performance.now() - started) / 1000) * TICK_RATE);
+  return data;
 }
 
 /**
- * raid1's data path: a write goes to every configured member (a member that fails it is failed
- * out of the raid, and the write succeeds while one member took it); a read is served by the first
- * member holding valid data for the range, falling over to the next on error.
+ * raid_bdev_get_memory_domains: the domains of every configured member, one after another (not
+ * deduplicated), asked at each call; none when no member has any.
+ */
+function memberDomains(raid: Raid): JsonValue | undefined {
+  const all: JsonValue[] = [];
+  for (const s of raid.slots) {
+    if (!s.configured || !s.bdev) continue;
+    const d = s.bdev.memoryDomains;
+    if (Array.isArray(d)) all.push(...d);
+  }
+  return all.length > 0 ? all : undefined;
+}
+
+/**
+ * raid1's data path (raid1.c). A write goes to every configured member and completes once all
+ * of them have completed it (a member whose bdev holds the I/O, such as an NVMe-oF member while
+ * its controller reconnects, holds the write); a member that fails it is failed out of the raid,
+ * and the write succeeds when at least one member succeeded. A read goes to the member with the
+ * fewest blocks of reads outstanding (lowest slot on a tie); if it fails, the other members are
+ * tried in slot order and the data read is written back to the failing member, which is failed
+ * only if that write fails too, or if no other member could serve the read.
  */
 class Raid1Io implements BlockIo {
+  /** raid1_io_channel.read_blocks_outstanding, per slot (one channel: the emulator's thread). */
+  readonly #outstanding: number[];
+
   constructor(
     private readonly raid: Raid,
-    private readonly fail: (slot: Slot, err: unknown) => void,
-  ) {}
+    private readonly fail: (slot: Slot, bdev: Bdev, err: unknown) => void,
+  ) {
+    this.#outstanding = raid.slots.map(() => 0);
+  }
 
   get sizeBytes(): number {
     return this.raid.numBlocks * this.raid.blockSize;
@@ -499,17 +557,45 @@ class Raid1Io implements BlockIo {
     const bs = this.raid.blockSize;
     const first = Math.floor(offset / bs);
     const count = Math.ceil((offset + length) / bs) - first;
-    let lastErr: unknown = new ErrnoError(Errno.EIO, "no readable raid member");
-    for (const slot of this.raid.slots) {
-      if (!Raids.readable(this.raid, slot, first, count) || !slot.bdev) continue;
-      try {
-        return await slot.bdev.io.read(slot.dataOffset * bs + offset, length);
-      } catch (err) {
-        lastErr = err;
-        this.fail(slot, err);
-      }
+    const usable = (s: Slot) => Raids.readable(this.raid, s, first, count) && s.bdev !== null;
+    // raid1_channel_next_read_base_bdev.
+    let idx = -1;
+    this.raid.slots.forEach((s, i) => {
+      if (usable(s) && (idx < 0 || (this.#outstanding[i] ?? 0) < (this.#outstanding[idx] ?? 0))) idx = i;
+    });
+    const chosen = this.raid.slots[idx];
+    const bdev = chosen?.bdev;
+    if (!chosen || !bdev) throw new ErrnoError(Errno.EIO, "no readable raid member");
+    const at = (s: Slot) => s.dataOffset * bs + offset;
+    const from = at(chosen);
+    this.#outstanding[idx] = (this.#outstanding[idx] ?? 0) + count;
+    let firstErr: unknown;
+    try {
+      return await memberRead(bdev, from, length);
+    } catch (err) {
+      firstErr = err;
+    } finally {
+      this.#outstanding[idx] = (this.#outstanding[idx] ?? 0) - count;
     }
-    throw lastErr;
+    // raid1_read_other_base_bdev, then raid1_correct_read_error.
+    for (const other of this.raid.slots) {
+      const source = other.bdev;
+      if (other === chosen || !usable(other) || !source) continue;
+      let data: Buffer;
+      try {
+        data = await memberRead(source, at(other), length);
+      } catch {
+        continue;
+      }
+      try {
+        await memberWrite(bdev, from, data);
+      } catch (err) {
+        this.fail(chosen, bdev, err);
+      }
+      return data;
+    }
+    this.fail(chosen, bdev, firstErr);
+    throw firstErr;
   }
 
   async write(offset: number, data: Uint8Array): Promise<void> {
@@ -517,13 +603,14 @@ class Raid1Io implements BlockIo {
     const bs = this.raid.blockSize;
     await this.raid.lock.run(async () => {
       const members = this.raid.slots.filter((s) => s.configured && s.bdev);
+      const bdevs = members.map((s) => s.bdev as Bdev);
       const results = await Promise.allSettled(
-        members.map((s) => (s.bdev as Bdev).io.write(s.dataOffset * bs + offset, data)),
+        members.map((s, i) => memberWrite(bdevs[i] as Bdev, s.dataOffset * bs + offset, data)),
       );
       let ok = 0;
       results.forEach((r, i) => {
         if (r.status === "fulfilled") ok++;
-        else this.fail(members[i] as Slot, r.reason);
+        else this.fail(members[i] as Slot, bdevs[i] as Bdev, r.reason);
       });
       if (ok === 0) throw new ErrnoError(Errno.EIO, "raid1 write failed on every member");
     });

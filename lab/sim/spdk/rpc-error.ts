@@ -32,8 +32,15 @@ export const Errno = {
   ETIMEDOUT: 110,
   ECONNREFUSED: 111,
   EALREADY: 114,
+  EREMOTEIO: 121,
   ENOKEY: 126,
 } as const;
+
+/**
+ * The errno the fabric carries for an NVMe path status (Status Code Type 3h: an ANA
+ * inaccessible, persistent loss or transition answer). An initiator may retry it on another path.
+ */
+export const PATH_ERRNO = Errno.EREMOTEIO;
 
 const STRERROR: Readonly<Record<number, string>> = {
   1: "Operation not permitted",
@@ -53,6 +60,7 @@ const STRERROR: Readonly<Record<number, string>> = {
   110: "Connection timed out",
   111: "Connection refused",
   114: "Operation already in progress",
+  121: "Remote I/O error",
   126: "Required key not available",
 };
 

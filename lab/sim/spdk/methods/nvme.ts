@@ -3,11 +3,13 @@
 import * as v from "valibot";
 import { normalizePciAddress } from "../../../../lib/pci-address.ts";
 import type { App } from "../app.ts";
+import type { Bdev } from "../bdev.ts";
 import { FabricConnectError } from "../fabric.ts";
 import type { HostDhchapOptions } from "../fabric-auth.ts";
+import type { JsonValue } from "../json-stream.ts";
 import type { Key } from "../keyring.ts";
 import { type MethodSpec, RUNTIME } from "../method-table.ts";
-import type { NvmeCtrlr, Trid } from "../nvme-controllers.ts";
+import { anaAccessible, FabricNamespaceIo, type NvmeCtrlr, type Trid } from "../nvme-controllers.ts";
 import { bool, DECODE_FAILED_INTERNAL, decode, decodeOptional, i32, str, u32, u64 } from "../params.ts";
 import { Errno, ErrnoError, RpcError } from "../rpc-error.ts";
 
@@ -130,13 +132,14 @@ export function nvmeMethods(app: App): MethodSpec[] {
               `A controller named ${p.name} already exists and multipath is disabled`,
             );
           }
-          const samePath = existing.paths.some(
-            (x) =>
-              x.trid.traddr === traddr &&
-              (x.trid.trsvcid ?? "") === (p.trsvcid ?? "") &&
-              x.hostaddr === (p.hostaddr ?? "") &&
-              x.hostsvcid === (p.hostsvcid ?? ""),
-          );
+          // rpc_bdev_nvme_attach_controller compares with the name's first controller only; the
+          // same trid as a later path fails in bdev_nvme_add_secondary_trid/create with -EEXIST.
+          const samePath =
+            first !== undefined &&
+            first.trid.traddr === traddr &&
+            (first.trid.trsvcid ?? "") === (p.trsvcid ?? "") &&
+            first.hostaddr === (p.hostaddr ?? "") &&
+            first.hostsvcid === (p.hostsvcid ?? "");
           if (samePath) {
             throw new RpcError(
               -Errno.EALREADY,
@@ -242,6 +245,91 @@ export function nvmeMethods(app: App): MethodSpec[] {
           }
           return true;
         });
+      },
+    },
+    {
+      // bdev_nvme_rpc.c rpc_bdev_nvme_set_multipath_policy and spdk_bdev_nvme_set_multipath_policy.
+      name: "bdev_nvme_set_multipath_policy",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(
+          req,
+          v.strictObject({
+            name: str,
+            policy: v.picklist(["active_passive", "active_active"]),
+            selector: v.optional(v.picklist(["round_robin", "queue_depth"])),
+            rr_min_io: v.optional(u32),
+          }),
+          DECODE_FAILED_INTERNAL,
+        );
+        // "selector only works in active_active mode", reported as a decode failure.
+        if (p.selector !== undefined && p.policy !== "active_active") throw DECODE_FAILED_INTERNAL();
+        const selector = p.selector ?? "round_robin";
+        const rrMinIo = p.rr_min_io ?? 1;
+        if (p.policy === "active_active" && selector === "round_robin" && rrMinIo === 0) {
+          throw RpcError.errno(Errno.EINVAL);
+        }
+        const io = app.registry.get(p.name)?.io;
+        if (!(io instanceof FabricNamespaceIo)) throw RpcError.errno(Errno.ENODEV);
+        io.policy = p.policy;
+        io.selector = selector;
+        io.rrMinIo = rrMinIo;
+        io.current = undefined;
+        return true;
+      },
+    },
+    {
+      // rpc_bdev_nvme_get_io_paths: per poll group, the I/O paths of the channels it holds. A
+      // bdev has channels on every poll group while it is a namespace of this app's NVMe-oF
+      // target, directly or as a member of a raid that is; otherwise none are listed.
+      name: "bdev_nvme_get_io_paths",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decodeOptional(
+          req,
+          v.strictObject({ name: v.optional(str) }),
+          () => new RpcError(-32602, "bdev_nvme_get_io_paths requires no parameters"),
+        );
+        const exported = new Set<Bdev>();
+        for (const s of app.target.subsystems())
+          for (const ns of s.namespaces.values()) exported.add(ns.bdev);
+        const held = (b: Bdev, depth = 0): boolean => {
+          if (exported.has(b)) return true;
+          const m = app.raids.memberOf(b);
+          return depth < 4 && !!m?.slot.configured && !!m.raid.bdev && held(m.raid.bdev, depth + 1);
+        };
+        const ioPaths: JsonValue[] = [];
+        for (const c of nvme.list()) {
+          for (const path of c.paths) {
+            for (const bdev of [...c.bdevs.entries()].sort((x, y) => x[0] - y[0]).map(([, b]) => b)) {
+              const io = bdev.io;
+              if (!(io instanceof FabricNamespaceIo) || !held(bdev)) continue;
+              if (p.name !== undefined && p.name !== bdev.name) continue;
+              const transport: { [key: string]: JsonValue } = {
+                trtype: path.trid.trtype,
+                traddr: path.trid.traddr,
+              };
+              if (path.trid.trsvcid) transport.trsvcid = path.trid.trsvcid;
+              if (path.trid.adrfam) transport.adrfam = path.trid.adrfam;
+              ioPaths.push({
+                bdev_name: bdev.name,
+                cntlid: path.cntlid,
+                current: io.isCurrent(path),
+                connected: path.usable,
+                accessible: anaAccessible(path),
+                transport,
+              });
+            }
+          }
+        }
+        if (ioPaths.length === 0) return { poll_groups: [] };
+        const groups = app.target.pollGroupStats().length || 1;
+        return {
+          poll_groups: Array.from({ length: groups }, (_, i) => ({
+            thread: `nvmf_tgt_poll_group_${String(i).padStart(3, "0")}`,
+            io_paths: ioPaths,
+          })),
+        };
       },
     },
     {

@@ -297,6 +297,7 @@ export function nvmfMethods(app: App): MethodSpec[] {
             uuid: ns.uuid?.toLowerCase(),
             nguid: ns.nguid?.toUpperCase(),
             eui64: ns.eui64?.toUpperCase(),
+            anagrpid: ns.anagrpid,
           });
         });
       },
@@ -652,6 +653,7 @@ function subsystemJson(s: Subsystem): JsonValue {
       if (!/^0*$/.test(ns.nguid)) n.nguid = ns.nguid;
       if (ns.eui64 && !/^0*$/.test(ns.eui64)) n.eui64 = ns.eui64;
       n.uuid = ns.uuid;
+      if (s.anaReporting) n.anagrpid = ns.anagrpid;
       return n;
     });
   }
