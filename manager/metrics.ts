@@ -18,6 +18,8 @@ export interface ManagerMetrics {
   deviceFreeBytes: Gauge<"device" | "node">;
   /** 1 while this process leads (runs controllers). */
   leader: Gauge<never>;
+  /** Failover steps taken for replicated volumes whose serving node was lost. */
+  failoverSteps: Counter<"step">;
 }
 
 const LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
@@ -55,6 +57,12 @@ export function managerMetrics(registry: Registry): ManagerMetrics {
     leader: registry.gauge({
       name: "distort_manager_leader",
       help: "1 while this manager process holds the leader lease and runs its controllers.",
+      reuse: true,
+    }),
+    failoverSteps: registry.counter({
+      name: "distort_failover_steps_total",
+      help: "Failover steps for replicated volumes whose serving node missed heartbeats (fence, wait-fenced, promote, serve, stuck).",
+      labelNames: ["step"],
       reuse: true,
     }),
   };

@@ -207,6 +207,7 @@ async function carryOut(
   const { name, namespace } = v.metadata;
   const uid = v.metadata.uid as string;
   const now = new Date(ctx.clock.now());
+  ctx.metrics.failoverSteps.inc({ step: step.kind });
   const serving = (status: "True" | "False", reason: string, message: string) =>
     writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, v, (latest) =>
       latest.metadata.uid !== uid

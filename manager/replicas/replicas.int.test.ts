@@ -319,4 +319,7 @@ test("failover: the lost serving node is fenced from every live copy, the genera
   const events = await h.events("vol");
   for (const reason of ["Fencing", "GenerationRaised", "FailedOver"])
     expect(events.some((e) => e.includes(reason))).toBe(true);
+  const steps = h.registry.render();
+  for (const step of ["fence", "promote", "serve"])
+    expect(steps).toMatch(new RegExp(`distort_failover_steps_total\\{step="${step}"\\} [1-9]`));
 }, 90_000);
