@@ -549,6 +549,13 @@ export const NVMePartitionPrinterColumns: readonly PrinterColumn[] = [
   { name: "Requested", type: "integer", jsonPath: ".spec.sizeBytes", description: "bytes", priority: 1 },
   { name: "Node", type: "string", jsonPath: ".spec.nodeName" },
   { name: "Backend", type: "string", jsonPath: ".spec.backend" },
+  {
+    name: "Copies",
+    type: "integer",
+    jsonPath: ".spec.replicas",
+    description: "replicated volumes",
+    priority: 1,
+  },
   { name: "State", type: "string", jsonPath: ".status.state" },
   { name: "Ready", type: "string", jsonPath: '.status.conditions[?(@.type=="Ready")].status' },
   {

@@ -130,3 +130,28 @@ test("a fenced, not yet admitted attachment is reported as both", () => {
   );
   expect(chain.problems).toContain("NVMeVolumeAttachment pvc-1-x: AccessReady=False Pending");
 });
+
+test("a replicated volume lists its copies; a stale one is a problem that says why", () => {
+  const replicated = {
+    ...partition,
+    spec: { ...partition.spec, deviceSerial: undefined, replicas: 2 },
+    status: {
+      ...partition.status,
+      dataGeneration: 3,
+      replicas: [
+        { name: "pvc-1-r0", nodeName: "n1", state: "Online", generation: 3 },
+        { name: "pvc-1-r1", nodeName: "n2", state: "Stale", generation: 2, message: "left out at failover" },
+      ],
+    },
+  } as unknown as NVMePartition;
+  const chain = buildVolumeChain(input({ partition: replicated }));
+  const link = chain.links.find((l) => l.kind === "NVMePartition");
+  expect(link?.fields).toMatchObject({
+    copies: 2,
+    dataGeneration: 3,
+    replicas: "pvc-1-r0@n1:Online/g3 pvc-1-r1@n2:Stale/g2",
+  });
+  expect(chain.problems).toContain("copy pvc-1-r1 on n2 is Stale at generation 2 of 3: left out at failover");
+  expect(chain.healthy).toBe(false);
+  expect(renderVolumeChain(chain)).toContain("pvc-1-r1@n2:Stale/g2");
+});

@@ -146,11 +146,28 @@ export function buildVolumeChain(input: VolumeChainInput): VolumeChain {
         node: partition.spec.nodeName ?? null,
         device: partition.spec.deviceSerial ?? null,
         uid: partition.metadata.uid ?? null,
+        ...((partition.spec.replicas ?? 1) > 1
+          ? {
+              copies: partition.spec.replicas ?? null,
+              dataGeneration: s?.dataGeneration ?? null,
+              // One line: every copy with its node, state and generation.
+              replicas:
+                (s?.replicas ?? [])
+                  .map((r) => `${r.name}@${r.nodeName ?? "-"}:${r.state}/g${r.generation}`)
+                  .join(" ") || null,
+            }
+          : {}),
       },
       conditions: s?.conditions ?? [],
     };
     links.push(link);
     problems.push(...conditionProblems(link));
+    for (const r of s?.replicas ?? []) {
+      if (r.state !== "Online" && r.state !== "Pending")
+        problems.push(
+          `copy ${r.name} on ${r.nodeName ?? "no node"} is ${r.state} at generation ${r.generation} of ${s?.dataGeneration ?? "-"}${r.message ? `: ${r.message}` : ""}`,
+        );
+    }
     if (!partition.spec.nodeName)
       problems.push(`NVMePartition ${partition.metadata.name} is not placed on a node yet`);
   }
