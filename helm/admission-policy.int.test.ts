@@ -197,6 +197,14 @@ describe("placement is the manager's (ValidatingAdmissionPolicy)", () => {
     expect(got.status).toBe(404);
   });
 
+  test("a tenant cannot pass a partition of its own off as a copy of a replicated volume", async () => {
+    const fake = partition("fake-copy", false) as { spec: Record<string, unknown> };
+    fake.spec.replicaOf = { name: "victim", uid: "6d1f7c1e-0000-4000-8000-0000000000aa" };
+    const a = await create(tenant, tenantNs, fake);
+    expect(a.status).toBe(403);
+    expect(a.message).toContain("spec.replicaOf are set by the DISTORT manager only");
+  });
+
   test("a tenant may create and resize an unplaced partition, but not place it or move its claim", async () => {
     expect((await create(tenant, tenantNs, partition("p1", false))).status).toBe(201);
     expect((await patch(tenant, tenantNs, "p1", { spec: { sizeBytes: 128 * 1024 * 1024 } })).status).toBe(
