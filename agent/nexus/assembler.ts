@@ -11,7 +11,9 @@ import type { Logger } from "../../lib/log.ts";
 import type { SpdkMethods } from "../../lib/spdk/methods.ts";
 import type { RaidBdev } from "../../lib/spdk/schemas.ts";
 import type { CopyEndpoint, NexusPlan, NexusTeardown } from "./decide.ts";
-import { controllerOfMemberBdev, nexusMemberBdevFor } from "./identity.ts";
+import { controllerOfMemberBdev, nexusMemberBdevFor, replicaNamespaceUuidFor } from "./identity.ts";
+
+const ZERO_UUID = "00000000-0000-0000-0000-000000000000";
 
 /** The SPDK calls the nexus makes (SpdkMethods, through the agent's read cache). */
 export type NexusSpdk = Pick<
@@ -109,6 +111,18 @@ export class NexusAssembler {
       );
     }
     if (raid.state !== "online") {
+      // Examine re-assembles a raid from its members' superblocks; a slot it still waits for
+      // that is none of the planned copies (their namespace UUIDs are derived) never arrives,
+      // since only current copies are attached.
+      const planned = new Set(plan.members.map((m) => replicaNamespaceUuidFor(m.uid)));
+      const awaited = raid.base_bdevs_list.filter((b) => !b.is_configured && b.uuid !== ZERO_UUID);
+      const foreign = awaited.filter((b) => !planned.has(b.uuid.toLowerCase()));
+      if (foreign.length > 0) {
+        throw new StorageError(
+          "precondition",
+          `raid ${plan.raidBdev} is assembling from its superblocks and waits for member(s) ${foreign.map((b) => b.uuid).join(", ")}, which are not current copies: it is not served (starting it without them is not built yet)`,
+        );
+      }
       throw new StorageError(
         "unavailable",
         `raid ${plan.raidBdev} is ${raid.state} (${raid.num_base_bdevs_discovered}/${raid.num_base_bdevs} members present)`,
