@@ -280,6 +280,39 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
     }
   }
 
+  // Node A's target is killed (its own copy's export, the controllers and the raid all gone)
+  // and comes back empty: the agent's next passes export the copy again, reach both copies
+  // again, keep the raid examine re-assembles from their superblocks, and serve the same bytes.
+  await nodeA.emulator.crash();
+  await nodeA.emulator.restart();
+  await eventually(
+    async () => {
+      const st = nodeA.emulator.state();
+      return (
+        st.bdevs.some((b) => b.name === raidBdev) &&
+        st.subsystems.some((s) => s.nqn === nqn && s.hosts.includes(CONSUMER))
+      );
+    },
+    60_000,
+    "volume served again after the target restart",
+  );
+  const [back] = (await spdkA.bdevRaidGetBdevs("all")).filter((r) => r.name === raidBdev);
+  expect(back).toMatchObject({ state: "online", num_base_bdevs: 2, num_base_bdevs_discovered: 2 });
+  expect(back?.uuid).toBe(nexusRaidUuidFor(volUid));
+  const again = await connectController(fabric, {
+    trtype: "TCP",
+    traddr: A,
+    trsvcid: String(PORT),
+    subnqn: nqn,
+    hostnqn: CONSUMER,
+    hostid: CONSUMER_ID,
+  });
+  try {
+    expect((await again.read(1, at, pattern.length)).equals(pattern)).toBe(true);
+  } finally {
+    again.close();
+  }
+
   // Deletion: the consumer unpublishes, the volume is deleted, and node A's nexus goes away.
   await vas.delete(vaName, ns);
   await eventually(async () => (await vas.get(vaName, ns)) === undefined, 20_000, "consumer attachment gone");
