@@ -146,9 +146,22 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
       },
     } as NVMeVolumeAttachment);
   }
+  // Served by node A from now on, but nothing is until the manager declares the copies current.
+  await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
+  const pending = await eventually(
+    async () => {
+      const p = await parts.get("vol", ns);
+      const r = p?.status?.conditions?.find((c) => c.type === "Ready");
+      return r?.reason === "ReplicasPending" ? p : undefined;
+    },
+    20_000,
+    "Ready=False ReplicasPending",
+  );
+  expect(pending.metadata.finalizers).toContain("storage.distort.io/partition-cleanup");
+  expect(nodeA.emulator.state().nvmeControllers.filter((c) => c.name.startsWith("nxr_"))).toEqual([]);
   await updateStatus(parts, "vol", ns, (latest) => ({
     ...(latest.status ?? { conditions: [] }),
-    state: "Placed" as const,
+    state: latest.status?.state ?? ("Placed" as const),
     dataGeneration: 1,
     replicas: copies.map((c, i) => ({
       name: c.metadata.name,
@@ -159,7 +172,6 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
       generation: 1,
     })),
   }));
-  await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
 
   const externalId = externalIdFor(volUid);
   const nqn = nqnFor(externalId);
