@@ -600,7 +600,10 @@ export class PartitionController {
               message: err.message.slice(0, 1024),
             },
           );
-          throw err;
+          // Nothing on this node announces the fix (a copy's ACL admitting this host, its
+          // target back): look again soon rather than after a backoff grown to minutes.
+          log.info("replicated volume not assembled yet", { error: err.message });
+          return { requeueAfterMs: err.kind === "unavailable" ? 2_000 : 30_000 };
         }
         if (raid.repaired.length > 0)
           log.info("nexus assembled", { raid: plan.raidBdev, steps: raid.repaired });
