@@ -31,6 +31,7 @@ let copiesEmu: SpdkEmulator;
 let nexusEmu: SpdkEmulator;
 const clients: SpdkClient[] = [];
 let copyMethods: SpdkMethods;
+let copyTarget: SpdkTarget;
 let nexusMethods: SpdkMethods;
 let nexus: NexusAssembler;
 
@@ -96,6 +97,7 @@ beforeAll(async () => {
     keyFiles: dirKeyFiles(join(root, "keys")),
     logger: silentLogger,
   });
+  copyTarget = target;
   // Four copies as their agents export them; copy 3 admits nobody.
   for (const i of [0, 1, 2, 3]) {
     await c.call("bdev_malloc_create", { name: `m${i}`, num_blocks: (8 * MiB) / 512, block_size: 512 });
@@ -127,6 +129,27 @@ test("a copy is exported under its own namespace UUID, not its bdev's", async ()
   const [bdev] = await copyMethods.bdevGetBdevs({ name: "m0" });
   expect(s?.namespaces?.[0]?.uuid).toBe(replicaNamespaceUuidFor(uidOf(0)));
   expect(s?.namespaces?.[0]?.uuid).not.toBe(bdev?.uuid);
+});
+
+test("an export whose namespace carries another UUID is repaired to the asked one, once", async () => {
+  const c = client(copiesEmu);
+  await c.call("bdev_malloc_create", { name: "m9", num_blocks: 2048, block_size: 512 });
+  const ext = externalIdFor(uidOf(9));
+  const spec = {
+    nqn: nqnFor(ext),
+    volume: { externalId: ext, backendPath: "m9", sizeBytes: MiB },
+    transport: "tcp" as const,
+    address: "127.0.0.1",
+    port: 4420,
+    serialNumber: serialNumberFor(ext),
+  };
+  await copyTarget.ensureExport(spec);
+  const want = replicaNamespaceUuidFor(uidOf(9));
+  expect(await copyTarget.ensureExport({ ...spec, namespaceUuid: want })).toEqual(["namespace"]);
+  const [s] = await copyMethods.nvmfGetSubsystems(spec.nqn);
+  expect(s?.namespaces?.map((n) => [n.nsid, n.uuid])).toEqual([[1, want]]);
+  expect(await copyTarget.ensureExport({ ...spec, namespaceUuid: want })).toEqual([]);
+  await copyTarget.removeExport(spec.nqn);
 });
 
 test("a copy that does not admit the nexus host keeps the raid from being built, and says so", async () => {
