@@ -43,6 +43,12 @@ const fabric = createTcpFabric();
 const nodes: SimStorageNode[] = [];
 const agents: RunningAgent[] = [];
 const clients: SpdkClient[] = [];
+/**
+ * Steps of the volume's passes on node A after which the pass is cut off once (an error thrown
+ * from the step hook), so that the next pass has to carry on from what the cut one left.
+ */
+const INTERRUPT = new Set(["nexus-raid", "export", "unexport", "nexus-teardown"]);
+const interrupted = new Set<string>();
 
 beforeAll(async () => {
   tc = await testCluster();
@@ -64,13 +70,22 @@ beforeAll(async () => {
         DISTORT_PORTAL_PORT: String(PORT),
       }),
     );
+    const hooks = {
+      afterStep(step: string, key: string) {
+        if (nodeName !== NODE_A || !key.endsWith("/vol") || !INTERRUPT.has(step) || interrupted.has(step))
+          return;
+        interrupted.add(step);
+        throw new Error(`injected interruption after ${step}`);
+      },
+    };
     agents.push(
       await runAgent(
         cfg,
         createLogger({
-          level: (process.env.DISTORT_TEST_LOG as "info") ?? "warn",
+          level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
           fields: { node: nodeName },
         }),
+        hooks,
       ),
     );
   }
@@ -201,6 +216,8 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
 
   // Node A's target: a raid1 with a superblock over two NVMe-oF controllers, one per copy, both
   // attached as the nexus host, the local copy through the fabric like the remote one.
+  // Passes cut off after the raid was built and after the export: the next ones went on from there.
+  expect([...interrupted].sort()).toEqual(["export", "nexus-raid"]);
   const [raid] = (await spdkA.bdevRaidGetBdevs("all")).filter((r) => r.name === raidBdev);
   expect(raid).toMatchObject({ state: "online", raid_level: "raid1", superblock: true, num_base_bdevs: 2 });
   expect(raid?.uuid).toBe(nexusRaidUuidFor(volUid));
@@ -330,6 +347,7 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
   await eventually(async () => (await vas.get(vaName, ns)) === undefined, 20_000, "consumer attachment gone");
   await parts.delete("vol", ns);
   await eventually(async () => (await parts.get("vol", ns)) === undefined, 30_000, "volume gone");
+  expect([...interrupted].sort()).toEqual(["export", "nexus-raid", "nexus-teardown", "unexport"]);
   const after = nodeA.emulator.state();
   expect(after.subsystems.some((s) => s.nqn === nqn)).toBe(false);
   expect(after.bdevs.some((b) => b.name === raidBdev)).toBe(false);
