@@ -39,6 +39,7 @@ import { portalsInNetworks } from "./discovery/portal-networks.ts";
 import { type EndpointResult, findRdmaEndpoint } from "./discovery/rdma-endpoint.ts";
 import { registerAgentMetrics, runNodeMetrics } from "./metrics/node-metrics.ts";
 import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
+import type { NexusSpdk } from "./nexus/assembler.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { SnapshotController } from "./snapshots/controller.ts";
@@ -108,6 +109,8 @@ export async function runAgent(
   // target restart forgets all of it at once.
   let facts: TargetFacts | undefined;
   let reads: SpdkReadCache | undefined;
+  // The calls a replicated volume's serving node makes (copies attached, raid1 built).
+  let nexusSpdk: NexusSpdk | undefined;
   if (cfg.backends.includes("spdk")) {
     spdk = new SpdkClient({ socketPath: cfg.spdkSocket, logger: logger.with({ component: "spdk" }), clock });
     // Every backend read goes through the read cache: a verify sweep or a replay lists the
@@ -115,6 +118,7 @@ export async function runAgent(
     reads = new SpdkReadCache({ rpc: spdk, clock });
     facts = new TargetFacts({ rpc: reads, clock });
     const methods = new SpdkMethods(reads);
+    nexusSpdk = methods;
     const binder = {
       async bind(pciAddress: string) {
         if (!cfg.spdkSetup) return;
@@ -202,6 +206,7 @@ export async function runAgent(
     secrets,
     afterStep: crash,
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
+    ...(nexusSpdk ? { nexusSpdk } : {}),
   });
   const attachmentController = new AttachmentController({
     conn,

@@ -109,6 +109,12 @@ export interface ExportSpec {
   /** Subsystem serial number shown to initiators; derived from externalId. */
   serialNumber: string;
   /**
+   * UUID of namespace 1, when it must not be the volume's own (a copy of a replicated volume:
+   * see agent/nexus/identity.ts replicaNamespaceUuidFor). A namespace with another UUID is
+   * replaced. Absent: the backend's default (SPDK: the bdev's UUID). Ignored by nvmet.
+   */
+  namespaceUuid?: string;
+  /**
    * NVMe/TCP TLS 1.3 only (tcp): every listener takes TLS connections and nothing else, and hosts
    * are admitted with their PSK (setHosts' psks). A backend that cannot serve it refuses with
    * StorageError details.reason TLS_UNSUPPORTED and the reason in its message.

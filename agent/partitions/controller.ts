@@ -33,10 +33,13 @@ import {
   type TargetBackend,
   TLS_UNSUPPORTED,
   type Transport,
+  type Volume,
   type VolumeManager,
   type VolumeManagerName,
 } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
+import { NexusAssembler, type NexusSpdk } from "../nexus/assembler.ts";
+import { currentCopies, decideNexus, isReplicatedVolume, NEXUS_REASONS } from "../nexus/decide.ts";
 import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import { aclLocks } from "./acl-lock.ts";
 import {
@@ -72,7 +75,12 @@ export const PROVISION_STEPS = [
   "status",
 ] as const;
 export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-removed"] as const;
-export type Step = (typeof PROVISION_STEPS)[number] | (typeof DEPROVISION_STEPS)[number];
+/** Steps of a replicated volume's serving node beyond the shared ones (export, acl, status...). */
+export const NEXUS_STEPS = ["nexus-raid", "nexus-teardown"] as const;
+export type Step =
+  | (typeof PROVISION_STEPS)[number]
+  | (typeof DEPROVISION_STEPS)[number]
+  | (typeof NEXUS_STEPS)[number];
 
 /** Same paths in the same order (ANA states included); key order does not matter. */
 function sameList(a: readonly PortalStatus[] | undefined, b: readonly PortalStatus[]): boolean {
@@ -129,6 +137,12 @@ export interface PartitionControllerOptions {
   nodeObject?(): Promise<KubeObject | undefined>;
   /** How long a replay after a target restart may take before it is summarized anyway. */
   restartSummaryDeadlineMs?: number;
+  /**
+   * The SPDK calls a replicated volume's serving node makes (copies attached over NVMe-oF, the
+   * raid1 over them). Without it, or without an spdk backend, a replicated volume placed on this
+   * node is refused (ReplicasNeedSpdk).
+   */
+  nexusSpdk?: NexusSpdk;
 }
 
 /**
@@ -168,6 +182,7 @@ export class PartitionController {
    * already right), and a digest of what that write asked for.
    */
   private readonly statusSeen = new Map<string, { uid: string | undefined; rv: string; asked: string }>();
+  private readonly nexus: NexusAssembler | undefined;
 
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
@@ -179,6 +194,10 @@ export class PartitionController {
     this.devices = caches.cache(kinds.NVMeDevice, onNode(o.nodeName));
     this.attachments = caches.cache(kinds.NVMeVolumeAttachment, inReleaseNamespace(o.namespace));
     this.queue = new WorkQueue({ name: "partitions", clock: o.clock });
+    this.nexus =
+      o.nexusSpdk && o.backends.spdk
+        ? new NexusAssembler(o.nexusSpdk, o.logger.with({ component: "nexus" }))
+        : undefined;
     this.restarts = new RestartRepairs({
       clock: o.clock,
       deadlineMs: o.restartSummaryDeadlineMs,
@@ -405,6 +424,8 @@ export class PartitionController {
       this.statusSeen.delete(key);
       return;
     }
+    // A replicated volume has no drive: its serving node builds it from its copies instead.
+    if (isReplicatedVolume(p)) return this.reconcileNexus(key, p);
     const observed = {
       partition: p,
       nodeName: this.o.nodeName,
@@ -432,27 +453,9 @@ export class PartitionController {
           reason: d.why.reason,
         });
         return;
-      case "add-finalizer": {
-        try {
-          await this.partClient.jsonPatch(
-            p.metadata.name,
-            p.metadata.namespace,
-            addFinalizerOps(p, PARTITION_FINALIZER),
-          );
-        } catch (err) {
-          if (!(err instanceof StorageError && err.kind === "invalid")) throw err;
-          // A failed test op: the cache is behind, most often still missing this very finalizer
-          // (our own patch's watch event not in yet, while an older event requeued the key).
-          const latest = await this.partClient.get(p.metadata.name, p.metadata.namespace);
-          const done =
-            latest !== undefined &&
-            latest.metadata.uid === p.metadata.uid &&
-            (latest.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
-          if (!done) throw new StorageError("conflict", err.message, { cause: err });
-        }
-        await this.step("finalizer", key);
+      case "add-finalizer":
+        await this.addFinalizer(p, key);
         return;
-      }
       case "wait":
         await this.report(p, "Pending", d.why);
         throw new StorageError("unavailable", d.why.message);
@@ -469,6 +472,160 @@ export class PartitionController {
         this.restarts.dropped(key);
         await this.deprovision(key, p, d.target, log);
         return;
+    }
+  }
+
+  /** Adds PARTITION_FINALIZER to the live object (a JSON patch testing the finalizers only). */
+  private async addFinalizer(p: NVMePartition, key: string): Promise<void> {
+    try {
+      await this.partClient.jsonPatch(
+        p.metadata.name,
+        p.metadata.namespace,
+        addFinalizerOps(p, PARTITION_FINALIZER),
+      );
+    } catch (err) {
+      if (!(err instanceof StorageError && err.kind === "invalid")) throw err;
+      // A failed test op: the cache is behind, most often still missing this very finalizer
+      // (our own patch's watch event not in yet, while an older event requeued the key).
+      const latest = await this.partClient.get(p.metadata.name, p.metadata.namespace);
+      const done =
+        latest !== undefined &&
+        latest.metadata.uid === p.metadata.uid &&
+        (latest.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+      if (!done) throw new StorageError("conflict", err.message, { cause: err });
+    }
+    await this.step("finalizer", key);
+  }
+
+  /**
+   * One pass over replicated volume `p` (agent/nexus/decide.ts): on its serving node, the copies
+   * the manager holds current are read from the API server, attached over NVMe-oF, mirrored by a
+   * raid1 and exported under the volume's own NQN exactly as a drive's partition is (same
+   * export, ACL and status code), so CSI serves it unchanged; deletion reverses it.
+   */
+  private async reconcileNexus(
+    key: string,
+    p: NVMePartition,
+  ): Promise<{ requeueAfterMs?: number } | undefined> {
+    const log = this.o.logger.with({ partition: key, nexus: true });
+    const backend = this.o.backends.spdk;
+    const nexus = this.nexus;
+    const serving = nexus !== undefined && backend !== undefined;
+    let copies: Map<string, NVMePartition | null> | undefined;
+    const mine = p.spec.nodeName === this.o.nodeName;
+    const holds = (p.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+    if (mine && serving && holds && !p.metadata.deletionTimestamp) {
+      // Copies live on other nodes too, outside this node's cache: read each from the server.
+      const current = currentCopies(p);
+      const found = await Promise.all(
+        current.map((c) => this.partClient.get(c.name, p.metadata.namespace as string)),
+      );
+      copies = new Map(current.map((c, i) => [c.name, found[i] ?? null]));
+    }
+    const d = decideNexus({
+      volume: p,
+      nodeName: this.o.nodeName,
+      spdk: serving,
+      attachments: this.attachmentsFor(p).map((a) => a.metadata.name),
+      ...(copies ? { copies } : {}),
+    });
+    switch (d.action) {
+      case "ignore":
+      case "done":
+        return;
+      case "add-finalizer":
+        await this.addFinalizer(p, key);
+        return;
+      case "refuse":
+        await this.report(p, "Failed", d.why);
+        await this.o.events?.record(p, "Warning", d.why.reason, "Provision", d.why.message);
+        throw new TerminalError(new StorageError("precondition", d.why.message));
+      case "wait": {
+        // A served volume keeps serving from the raid it has: only its Ready condition says why
+        // this pass could not check it. The copies' changes reach the volume through the
+        // manager's status.replicas; the requeue is the backstop.
+        const state = p.status?.state === "Exported" ? "Exported" : "Provisioning";
+        await this.setStatus(
+          p,
+          (s) => {
+            s.state = state;
+          },
+          { type: "Ready", status: "False", reason: d.why.reason, message: d.why.message },
+        );
+        log.debug("replicated volume waits", { reason: d.why.reason, message: d.why.message });
+        return { requeueAfterMs: 5_000 };
+      }
+      case "block-deletion":
+        await this.report(p, "Deleting", d.why);
+        return { requeueAfterMs: 30_000 };
+      case "teardown": {
+        const b = backend as TargetBackend;
+        await b.removeExport(d.teardown.nqn);
+        await this.step("unexport", key);
+        const detached = await (nexus as NexusAssembler).teardown(d.teardown);
+        await this.step("nexus-teardown", key);
+        this.restarts.dropped(key);
+        await this.dropFinalizer(p);
+        await this.step("finalizer-removed", key);
+        log.info("replicated volume taken down", { nqn: d.teardown.nqn, detached });
+        return;
+      }
+      case "assemble": {
+        const plan = d.plan;
+        const names = plan.members.map((m) => m.name).join(", ");
+        if (p.status?.state !== "Exported") {
+          await this.report(
+            p,
+            "Provisioning",
+            { reason: "Provisioning", message: `building raid1 ${plan.raidBdev} over ${names}` },
+            "Unknown",
+          );
+        }
+        let raid: Awaited<ReturnType<NexusAssembler["ensureRaid"]>>;
+        try {
+          raid = await (nexus as NexusAssembler).ensureRaid(plan);
+        } catch (err) {
+          if (!(err instanceof StorageError && (err.kind === "unavailable" || err.kind === "precondition")))
+            throw err;
+          const state = p.status?.state === "Exported" ? "Exported" : "Provisioning";
+          await this.setStatus(
+            p,
+            (s) => {
+              s.state = state;
+            },
+            {
+              type: "Ready",
+              status: "False",
+              reason: NEXUS_REASONS.notReady,
+              message: err.message.slice(0, 1024),
+            },
+          );
+          // Nothing on this node announces the fix (a copy's ACL admitting this host, its
+          // target back): look again soon rather than after a backoff grown to minutes.
+          log.info("replicated volume not assembled yet", { error: err.message });
+          return { requeueAfterMs: err.kind === "unavailable" ? 2_000 : 30_000 };
+        }
+        if (raid.repaired.length > 0)
+          log.info("nexus assembled", { raid: plan.raidBdev, steps: raid.repaired });
+        await this.step("nexus-raid", key);
+        const t: Target = {
+          backend: "spdk",
+          volumeManager: "spdk-lvol",
+          nqn: plan.nqn,
+          qos: plan.qos,
+          volume: {
+            externalId: plan.externalId,
+            sizeBytes: plan.sizeBytes,
+            device: { name: "", serial: "", pciAddress: "" },
+          },
+        };
+        const volume: Volume = {
+          externalId: plan.externalId,
+          backendPath: plan.raidBdev,
+          sizeBytes: raid.sizeBytes,
+        };
+        return this.exportVolume(key, p, t, backend as TargetBackend, volume, log, `raid1 over ${names}`);
+      }
     }
   }
 
@@ -536,6 +693,24 @@ export class PartitionController {
     await this.step("layout", key);
     const volume = await vm.ensureVolume({ ...t.volume, device });
     await this.step("volume", key);
+    return this.exportVolume(key, p, t, backend, volume, log);
+  }
+
+  /**
+   * Exports `volume` as partition `p` (subsystem, namespace, listeners, rate limits, host ACL from
+   * its attachment record) and writes status Exported: the second half of provisioning, shared
+   * by a drive's partitions and replicated volumes (whose volume is the nexus raid). `note` is
+   * appended to the Ready message.
+   */
+  private async exportVolume(
+    key: string,
+    p: NVMePartition,
+    t: Target,
+    backend: TargetBackend,
+    volume: Volume,
+    log: Logger,
+    note?: string,
+  ): Promise<{ requeueAfterMs?: number } | undefined> {
     const transport = p.spec.targetOptions?.transport ?? "rdma";
     const portal = await this.o.portal(transport);
     if (!portal) {
@@ -561,6 +736,7 @@ export class PartitionController {
         port,
         ...(more.length > 0 ? { moreAddresses: more } : {}),
         serialNumber: serialNumberFor(t.volume.externalId),
+        ...(t.namespaceUuid ? { namespaceUuid: t.namespaceUuid } : {}),
         ...(p.spec.targetOptions?.tls ? { tls: true } : {}),
       });
     } catch (err) {
@@ -640,7 +816,8 @@ export class PartitionController {
         reason: "Exported",
         message:
           `${t.nqn} on ${listening.map((l) => `${transport}://${l.address}:${l.port}`).join(", ")}` +
-          (missing.length > 0 ? `; not listening on ${missing.map((a) => `${a}:${port}`).join(", ")}` : ""),
+          (missing.length > 0 ? `; not listening on ${missing.map((a) => `${a}:${port}`).join(", ")}` : "") +
+          (note ? `; ${note}` : ""),
       },
     );
     if (missing.length > 0 && !sameList(p.status?.portals, listening)) {

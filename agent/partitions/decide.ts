@@ -10,6 +10,7 @@ import {
   type VolumeManagerName,
   type VolumeSpec,
 } from "../backends/types.ts";
+import { replicaNamespaceUuidFor } from "../nexus/identity.ts";
 import { externalIdFor, nqnFor, snapshotExternalIdFor } from "./identity.ts";
 
 export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
@@ -50,6 +51,8 @@ export interface Target {
   nqn: string;
   /** The rate limits the volume must have: spec.qos with every absent limit 0 (unlimited). */
   qos: QosLimits;
+  /** Namespace 1's UUID when it is not the volume's own: a copy of a replicated volume. */
+  namespaceUuid?: string;
 }
 
 /** spec.qos as the complete desired state: an absent limit (or an absent spec.qos) is unlimited. */
@@ -118,6 +121,7 @@ function target(p: NVMePartition, device: NVMeDevice | undefined): Target {
     volumeManager: resolveVolumeManager(backend, p.spec.volumeManager),
     nqn: nqnFor(externalId),
     qos: qosLimitsOf(p),
+    ...(p.spec.replicaOf ? { namespaceUuid: replicaNamespaceUuidFor(uid) } : {}),
     volume: {
       externalId,
       sizeBytes: roundUp(p.spec.sizeBytes),

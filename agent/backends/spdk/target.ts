@@ -372,7 +372,13 @@ export class SpdkTarget implements TargetBackend {
       }
       // Exactly one namespace, nsid 1, backed by this volume's bdev.
       const ns = s.namespaces ?? [];
-      const right = ns.find((n) => n.nsid === 1 && n.bdev_name === spec.volume.backendPath);
+      const uuid = spec.namespaceUuid?.toLowerCase();
+      const right = ns.find(
+        (n) =>
+          n.nsid === 1 &&
+          n.bdev_name === spec.volume.backendPath &&
+          (uuid === undefined || n.uuid?.toLowerCase() === uuid),
+      );
       for (const n of ns) {
         if (n !== right) {
           await this.m.nvmfSubsystemRemoveNs(spec.nqn, n.nsid).catch((err) => {
@@ -383,7 +389,7 @@ export class SpdkTarget implements TargetBackend {
       if (!right) {
         await this.m.nvmfSubsystemAddNs({
           nqn: spec.nqn,
-          namespace: { bdev_name: spec.volume.backendPath, nsid: 1 },
+          namespace: { bdev_name: spec.volume.backendPath, nsid: 1, ...(uuid ? { uuid } : {}) },
         });
         repaired.push("namespace");
       }

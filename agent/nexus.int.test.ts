@@ -1,0 +1,359 @@
+// A replicated volume end to end through two agents, against the real kube-apiserver and two
+// emulated nvmf_tgt processes joined by loopback TCP: each node exports one copy (an ordinary
+// partition with spec.replicaOf), the serving node attaches both over NVMe-oF as its nexus host,
+// mirrors them with a raid1 and exports that under the volume's NQN. A test initiator writes
+// through the volume's export; both copies, each read through its own export, hold the bytes.
+// Deleting the volume takes the export, the raid and the controllers away again.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { randomUUID } from "node:crypto";
+import { kinds, type NVMeDevice, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
+import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import {
+  placeOnReportedDrive,
+  type SimStorageNode,
+  startSimStorageNode,
+} from "../lab/harness/storage-node.ts";
+import { connectController, createTcpFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { updateStatus } from "../lib/kube/status.ts";
+import { createLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
+import { attachmentNameFor, nexusBdevFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
+import { parseAgentConfig } from "./config.ts";
+import { type RunningAgent, runAgent } from "./main.ts";
+import { NEXUS_ATTACH_TIMEOUTS } from "./nexus/assembler.ts";
+import { nexusControllerNameFor, nexusRaidUuidFor } from "./nexus/identity.ts";
+import { externalIdFor, nqnFor } from "./partitions/identity.ts";
+
+const GiB = 1024 ** 3;
+const MiB = 1024 ** 2;
+const A = "127.0.51.1";
+const B = "127.0.51.2";
+// A port of its own, so that no other test's listener on loopback is in the way.
+const PORT = 41000 + Math.floor(Math.random() * 4000);
+const NODE_A = "nx-a";
+const NODE_B = "nx-b";
+const CONSUMER_ID = randomUUID();
+const CONSUMER = `nqn.2014-08.org.nvmexpress:uuid:${CONSUMER_ID}`;
+
+let tc: TestCluster;
+let ns: string;
+const fabric = createTcpFabric();
+const nodes: SimStorageNode[] = [];
+const agents: RunningAgent[] = [];
+const clients: SpdkClient[] = [];
+/**
+ * Steps of the volume's passes on node A after which the pass is cut off once (an error thrown
+ * from the step hook), so that the next pass has to carry on from what the cut one left.
+ */
+const INTERRUPT = new Set(["nexus-raid", "export", "unexport", "nexus-teardown"]);
+const interrupted = new Set<string>();
+
+beforeAll(async () => {
+  tc = await testCluster();
+  ns = await tc.namespace("nexus");
+  for (const [nodeName, address, serial] of [
+    [NODE_A, A, "SIMNXA01"],
+    [NODE_B, B, "SIMNXB01"],
+  ] as const) {
+    const node = await startSimStorageNode({
+      nodeName,
+      drives: [{ serial, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB }],
+      fabric,
+      hostAddresses: [address],
+    });
+    nodes.push(node);
+    const cfg = parseAgentConfig(
+      node.agentEnv(tc.kubeconfigPath, ns, {
+        DISTORT_PORTAL_ADDRESS: address,
+        DISTORT_PORTAL_PORT: String(PORT),
+      }),
+    );
+    const hooks = {
+      afterStep(step: string, key: string) {
+        if (nodeName !== NODE_A || !key.endsWith("/vol") || !INTERRUPT.has(step) || interrupted.has(step))
+          return;
+        interrupted.add(step);
+        throw new Error(`injected interruption after ${step}`);
+      },
+    };
+    agents.push(
+      await runAgent(
+        cfg,
+        createLogger({
+          level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
+          fields: { node: nodeName },
+        }),
+        hooks,
+      ),
+    );
+  }
+}, 300_000);
+
+afterAll(async () => {
+  for (const c of clients) await c.close();
+  for (const a of agents) await a.stop();
+  for (const n of nodes) await n.close();
+  await tc?.stop();
+});
+
+function methodsOf(node: SimStorageNode): SpdkMethods {
+  const c = new SpdkClient({ socketPath: node.spdkSocket, logger: createLogger({ level: "error" }) });
+  clients.push(c);
+  return new SpdkMethods(c);
+}
+
+test("a volume with two copies on two nodes is served by a raid1 over both, reached over the fabric; deleting it takes the nexus away", async () => {
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const [nodeA] = nodes as [SimStorageNode];
+  const spdkA = methodsOf(nodeA);
+
+  // The volume, as CSI creates it; then its two copies, as the manager places them.
+  const vol = await parts.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name: "vol", namespace: ns },
+    spec: {
+      sizeBytes: 64 * MiB,
+      replicas: 2,
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition);
+  const volUid = vol.metadata.uid as string;
+  const replicaOf = (p: NVMePartition) => {
+    p.spec.replicaOf = { name: "vol", uid: volUid };
+  };
+  const devices: NVMeDevice[] = [];
+  for (const [serial, name] of [
+    ["SIMNXA01", "vol-r0"],
+    ["SIMNXB01", "vol-r1"],
+  ] as const) {
+    devices.push(await placeOnReportedDrive(tc.conn, ns, serial, [name], 64 * MiB, replicaOf));
+  }
+  const copies = await eventually(
+    async () => {
+      const l = await Promise.all(["vol-r0", "vol-r1"].map((n) => parts.get(n, ns)));
+      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
+    },
+    30_000,
+    "both copies Exported",
+  );
+  expect(copies.map((c) => c.status?.portalIP)).toEqual([A, B]);
+
+  // The manager's part: one attachment per copy admitting the serving node's nexus host, the
+  // copies declared current at generation 1, and the serving node chosen.
+  const nexusHost = nexusHostNqnFor(NODE_A);
+  for (const c of copies) {
+    await vas.create({
+      apiVersion: "storage.distort.io/v1alpha1",
+      kind: "NVMeVolumeAttachment",
+      metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
+      spec: {
+        partitionName: c.metadata.name,
+        partitionUID: c.metadata.uid as string,
+        nodeId: `${NODE_A}/${nexusHost}`,
+        hostNQN: nexusHost,
+        attachmentId: `nexus-${c.metadata.name}`,
+      },
+    } as NVMeVolumeAttachment);
+  }
+  // Served by node A from now on, but nothing is until the manager declares the copies current.
+  await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
+  const pending = await eventually(
+    async () => {
+      const p = await parts.get("vol", ns);
+      const r = p?.status?.conditions?.find((c) => c.type === "Ready");
+      return r?.reason === "ReplicasPending" ? p : undefined;
+    },
+    20_000,
+    "Ready=False ReplicasPending",
+  );
+  expect(pending.metadata.finalizers).toContain("storage.distort.io/partition-cleanup");
+  expect(nodeA.emulator.state().nvmeControllers.filter((c) => c.name.startsWith("nxr_"))).toEqual([]);
+  await updateStatus(parts, "vol", ns, (latest) => ({
+    ...(latest.status ?? { conditions: [] }),
+    state: latest.status?.state ?? ("Placed" as const),
+    dataGeneration: 1,
+    replicas: copies.map((c, i) => ({
+      name: c.metadata.name,
+      uid: c.metadata.uid as string,
+      nodeName: c.spec.nodeName as string,
+      deviceSerial: devices[i]?.spec.serial as string,
+      state: "Online" as const,
+      generation: 1,
+    })),
+  }));
+
+  const externalId = externalIdFor(volUid);
+  const nqn = nqnFor(externalId);
+  const raidBdev = nexusBdevFor(externalId);
+  const served = await eventually(
+    async () => {
+      const p = await parts.get("vol", ns);
+      return p?.status?.state === "Exported" ? p : undefined;
+    },
+    30_000,
+    "volume Exported",
+  );
+  // Exactly what a drive's partition reports, so CSI serves it unchanged.
+  expect(served.status).toMatchObject({
+    nqn,
+    externalId,
+    backendPath: raidBdev,
+    portalIP: A,
+    portalPort: PORT,
+    transport: "tcp",
+    portals: [{ address: A, port: PORT }],
+  });
+  expect(served.metadata.finalizers).toContain("storage.distort.io/partition-cleanup");
+  const ready = served.status?.conditions?.find((c) => c.type === "Ready");
+  expect(ready).toMatchObject({ status: "True", reason: "Exported" });
+  expect(ready?.message).toContain("raid1 over vol-r0, vol-r1");
+
+  // Node A's target: a raid1 with a superblock over two NVMe-oF controllers, one per copy, both
+  // attached as the nexus host, the local copy through the fabric like the remote one.
+  // Passes cut off after the raid was built and after the export: the next ones went on from there.
+  expect([...interrupted].sort()).toEqual(["export", "nexus-raid"]);
+  const [raid] = (await spdkA.bdevRaidGetBdevs("all")).filter((r) => r.name === raidBdev);
+  expect(raid).toMatchObject({ state: "online", raid_level: "raid1", superblock: true, num_base_bdevs: 2 });
+  expect(raid?.uuid).toBe(nexusRaidUuidFor(volUid));
+  const ctrlNames = copies.map((c) => nexusControllerNameFor(c.metadata.uid as string));
+  expect(raid?.base_bdevs_list.map((b) => b.name).sort()).toEqual(ctrlNames.map((n) => `${n}n1`).sort());
+  const ctrls = await spdkA.bdevNvmeGetControllers();
+  for (const [i, name] of ctrlNames.entries()) {
+    const c = ctrls.find((x) => x.name === name);
+    expect(c?.ctrlrs[0]?.trid).toMatchObject({
+      trtype: "TCP",
+      traddr: copies[i]?.status?.portalIP,
+      trsvcid: String(PORT),
+      subnqn: copies[i]?.status?.nqn,
+    });
+    expect(c?.ctrlrs[0]?.host?.nqn).toBe(nexusHost);
+  }
+  // The copies' own subsystems admit the nexus host and nobody else.
+  for (const [i, node] of nodes.entries()) {
+    const sub = node.emulator.state().subsystems.find((s) => s.nqn === copies[i]?.status?.nqn);
+    expect(sub?.hosts).toEqual([nexusHost]);
+    expect(sub?.controllers.map((c) => c.hostnqn)).toEqual([nexusHost]);
+  }
+  const raidInfo = nodeA.emulator.state().bdevs.find((b) => b.name === raidBdev);
+  const blockSize = raidInfo?.blockSize ?? 0;
+  // The copies are 64 MiB; raid1's superblock keeps the first MiB of each, so the volume holds 63.
+  expect(served.status?.allocatedBytes).toBe((raidInfo?.numBlocks ?? 0) * blockSize);
+  expect(served.status?.allocatedBytes).toBe(63 * MiB);
+  expect(NEXUS_ATTACH_TIMEOUTS.fast_io_fail_timeout_sec).toBeGreaterThan(0);
+
+  // A consumer admitted through the volume's own attachment, as ControllerPublish makes it.
+  const vaName = attachmentNameFor("vol", volUid);
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: vaName, namespace: ns },
+    spec: {
+      partitionName: "vol",
+      partitionUID: volUid,
+      nodeId: `consumer-1/${CONSUMER}`,
+      hostNQN: CONSUMER,
+      attachmentId: "att-1",
+    },
+  } as NVMeVolumeAttachment);
+  await eventually(
+    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-1",
+    20_000,
+    "consumer AccessReady",
+  );
+
+  // Write a known pattern through the volume's export.
+  const pattern = Buffer.alloc(1 * MiB);
+  for (let i = 0; i < pattern.length; i++) pattern[i] = (i * 7 + 13) % 251;
+  const at = 4 * MiB;
+  const consumer: FabricController = await connectController(fabric, {
+    trtype: "TCP",
+    traddr: A,
+    trsvcid: String(PORT),
+    subnqn: nqn,
+    hostnqn: CONSUMER,
+    hostid: CONSUMER_ID,
+  });
+  try {
+    await consumer.write(1, at, pattern);
+    await consumer.flush(1);
+    expect((await consumer.read(1, at, pattern.length)).equals(pattern)).toBe(true);
+  } finally {
+    consumer.close();
+  }
+
+  // Each copy, read through its own export as the host it admits: the bytes are in both, past
+  // the raid's superblock area (data_offset blocks).
+  for (const [i, c] of copies.entries()) {
+    const slot = raid?.base_bdevs_list.find((b) => b.name === `${ctrlNames[i]}n1`);
+    const offset = (slot?.data_offset ?? -1) * blockSize;
+    expect(offset).toBe(1 * MiB);
+    const reader = await connectController(fabric, {
+      trtype: "TCP",
+      traddr: c.status?.portalIP as string,
+      trsvcid: String(PORT),
+      subnqn: c.status?.nqn as string,
+      hostnqn: nexusHost,
+      hostid: randomUUID(),
+    });
+    try {
+      const got = await reader.read(1, offset + at, pattern.length);
+      expect(got.equals(pattern)).toBe(true);
+    } finally {
+      reader.close();
+    }
+  }
+
+  // Node A's target is killed (its own copy's export, the controllers and the raid all gone)
+  // and comes back empty: the agent's next passes export the copy again, reach both copies
+  // again, keep the raid examine re-assembles from their superblocks, and serve the same bytes.
+  await nodeA.emulator.crash();
+  await nodeA.emulator.restart();
+  await eventually(
+    async () => {
+      const st = nodeA.emulator.state();
+      return (
+        st.bdevs.some((b) => b.name === raidBdev) &&
+        st.subsystems.some((s) => s.nqn === nqn && s.hosts.includes(CONSUMER))
+      );
+    },
+    60_000,
+    "volume served again after the target restart",
+  );
+  const [back] = (await spdkA.bdevRaidGetBdevs("all")).filter((r) => r.name === raidBdev);
+  expect(back).toMatchObject({ state: "online", num_base_bdevs: 2, num_base_bdevs_discovered: 2 });
+  expect(back?.uuid).toBe(nexusRaidUuidFor(volUid));
+  const again = await connectController(fabric, {
+    trtype: "TCP",
+    traddr: A,
+    trsvcid: String(PORT),
+    subnqn: nqn,
+    hostnqn: CONSUMER,
+    hostid: CONSUMER_ID,
+  });
+  try {
+    expect((await again.read(1, at, pattern.length)).equals(pattern)).toBe(true);
+  } finally {
+    again.close();
+  }
+
+  // Deletion: the consumer unpublishes, the volume is deleted, and node A's nexus goes away.
+  await vas.delete(vaName, ns);
+  await eventually(async () => (await vas.get(vaName, ns)) === undefined, 20_000, "consumer attachment gone");
+  await parts.delete("vol", ns);
+  await eventually(async () => (await parts.get("vol", ns)) === undefined, 30_000, "volume gone");
+  expect([...interrupted].sort()).toEqual(["export", "nexus-raid", "nexus-teardown", "unexport"]);
+  const after = nodeA.emulator.state();
+  expect(after.subsystems.some((s) => s.nqn === nqn)).toBe(false);
+  expect(after.bdevs.some((b) => b.name === raidBdev)).toBe(false);
+  expect(after.nvmeControllers.filter((c) => c.name.startsWith("nxr_"))).toEqual([]);
+  // The copies themselves are the manager's to delete; they are still exported.
+  for (const [i, node] of nodes.entries()) {
+    expect(node.emulator.state().subsystems.some((s) => s.nqn === copies[i]?.status?.nqn)).toBe(true);
+  }
+}, 120_000);

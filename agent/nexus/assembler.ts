@@ -1,0 +1,272 @@
+// The SPDK side of serving a replicated volume: attaches each current copy's export over NVMe-oF
+// (bdev_nvme_attach_controller, as this node's nexus host), builds or keeps the raid1 bdev over
+// them, and on deletion takes both apart. Every step looks before it acts, so it can be repeated
+// after a crash at any point; a raid that examine re-assembled from its superblocks is kept.
+//
+// Every copy is reached through the fabric, the one on this node's own drive included: revoking
+// the nexus host on a copy's subsystem then cuts this node off that copy wherever it lives, which
+// is the one fencing mechanism failover relies on.
+import { StorageError } from "../../lib/errors.ts";
+import type { Logger } from "../../lib/log.ts";
+import type { SpdkMethods } from "../../lib/spdk/methods.ts";
+import type { RaidBdev } from "../../lib/spdk/schemas.ts";
+import type { CopyEndpoint, NexusPlan, NexusTeardown } from "./decide.ts";
+import { controllerOfMemberBdev, nexusMemberBdevFor, replicaNamespaceUuidFor } from "./identity.ts";
+
+const ZERO_UUID = "00000000-0000-0000-0000-000000000000";
+
+/** The SPDK calls the nexus makes (SpdkMethods, through the agent's read cache). */
+export type NexusSpdk = Pick<
+  SpdkMethods,
+  | "bdevNvmeGetControllers"
+  | "bdevNvmeAttachController"
+  | "bdevNvmeDetachController"
+  | "bdevGetBdevs"
+  | "bdevRaidGetBdevs"
+  | "bdevRaidCreate"
+  | "bdevRaidDelete"
+  | "bdevRaidRemoveBaseBdev"
+>;
+
+/**
+ * How a copy's controller behaves when its connection is lost. bdev_nvme queues the I/O of a
+ * controller that is reconnecting and fails it only after fast_io_fail_timeout_sec; a raid1 write
+ * completes when every member answered, and a member that fails one is taken out of the raid for
+ * good (it missed a write: only a rebuild brings it back). So:
+ * - reconnect_delay_sec 1: a copy whose target restarted (its agent replays every export within
+ *   about 3 s) is reached again within a second of listening again.
+ * - fast_io_fail_timeout_sec 10: I/O to a lost copy is held, not failed, for 10 s, which covers a
+ *   target restart with room to spare, so a short outage costs a pause, not a rebuild; and it is
+ *   well under the 30 s a Linux consumer waits for a command before resetting its controller, so
+ *   a copy that stays lost is failed out and the volume goes on with the others instead of the
+ *   consumer timing out.
+ * - ctrlr_loss_timeout_sec 30: the controller keeps trying for 30 s in all, then is deleted (its
+ *   member is out of the raid by then); the next pass attaches it afresh if the copy is still
+ *   current.
+ * SPDK requires reconnect_delay <= fast_io_fail <= ctrlr_loss.
+ */
+export const NEXUS_ATTACH_TIMEOUTS = {
+  reconnect_delay_sec: 1,
+  fast_io_fail_timeout_sec: 10,
+  ctrlr_loss_timeout_sec: 30,
+} as const;
+
+function isKind(err: unknown, ...kinds: string[]): boolean {
+  return err instanceof StorageError && kinds.includes(err.kind);
+}
+
+/** What ensureRaid found or made. */
+export interface RaidResult {
+  raid: RaidBdev;
+  /** Bytes the raid bdev holds (what the volume's export serves). */
+  sizeBytes: number;
+  /** What this pass had to do: "controller:<copy>", "raid", "removed-member:<bdev>"... */
+  repaired: string[];
+}
+
+export class NexusAssembler {
+  constructor(
+    private readonly spdk: NexusSpdk,
+    private readonly logger: Logger,
+  ) {}
+
+  /**
+   * Makes the raid of `plan` exist over its members: attaches every member not attached yet (or
+   * attached at another address), creates the raid when there is none, keeps one that exists
+   * (re-assembled by examine after a restart, or made by an earlier pass), and takes out of it any
+   * member that is not in the plan (a copy no longer current). Rejects "unavailable" while the
+   * raid is still assembling, "precondition" when a controller reaches another subsystem than
+   * expected (it is detached again).
+   */
+  async ensureRaid(plan: NexusPlan): Promise<RaidResult> {
+    const repaired: string[] = [];
+    const members: string[] = [];
+    const ctrls = await this.spdk.bdevNvmeGetControllers();
+    for (const m of plan.members) {
+      const existing = ctrls.find((c) => c.name === m.controller);
+      members.push(await this.ensureController(m, plan.hostNqn, existing, repaired));
+    }
+    let raid = await this.findRaid(plan.raidBdev);
+    if (!raid) {
+      try {
+        await this.spdk.bdevRaidCreate({
+          name: plan.raidBdev,
+          raid_level: "raid1",
+          base_bdevs: members,
+          superblock: true,
+          uuid: plan.raidUuid,
+        });
+        repaired.push("raid");
+      } catch (err) {
+        // Made meanwhile (examine assembling it from a member's superblock): read it below.
+        if (!isKind(err, "already-exists")) throw err;
+      }
+      raid = await this.findRaid(plan.raidBdev);
+      if (!raid) throw new StorageError("unavailable", `raid ${plan.raidBdev} vanished right after creation`);
+    }
+    if (raid.uuid.toLowerCase() !== plan.raidUuid.toLowerCase()) {
+      throw new StorageError(
+        "precondition",
+        `bdev ${plan.raidBdev} has uuid ${raid.uuid}, not ${plan.raidUuid}: it is not this volume's raid, and it is left alone`,
+      );
+    }
+    if (raid.state !== "online") {
+      // Examine re-assembles a raid from its members' superblocks; a slot it still waits for
+      // that is none of the planned copies (their namespace UUIDs are derived) never arrives,
+      // since only current copies are attached.
+      const planned = new Set(plan.members.map((m) => replicaNamespaceUuidFor(m.uid)));
+      const awaited = raid.base_bdevs_list.filter((b) => !b.is_configured && b.uuid !== ZERO_UUID);
+      const foreign = awaited.filter((b) => !planned.has(b.uuid.toLowerCase()));
+      if (foreign.length > 0) {
+        throw new StorageError(
+          "precondition",
+          `raid ${plan.raidBdev} is assembling from its superblocks and waits for member(s) ${foreign.map((b) => b.uuid).join(", ")}, which are not current copies: it is not served (starting it without them is not built yet)`,
+        );
+      }
+      throw new StorageError(
+        "unavailable",
+        `raid ${plan.raidBdev} is ${raid.state} (${raid.num_base_bdevs_discovered}/${raid.num_base_bdevs} members present)`,
+      );
+    }
+    // A member that is not in the plan is a copy that is not current any more: no read may reach
+    // it. Taken out only while a planned member remains (removing the last deletes the raid).
+    const configured = raid.base_bdevs_list.filter((b) => b.is_configured && b.name !== null);
+    const keep = configured.filter((b) => members.includes(b.name as string));
+    if (keep.length === 0) {
+      throw new StorageError(
+        "precondition",
+        `raid ${plan.raidBdev} holds none of the current copies (${members.join(", ")}): it is not served`,
+      );
+    }
+    for (const b of configured) {
+      if (members.includes(b.name as string)) continue;
+      await this.spdk.bdevRaidRemoveBaseBdev(b.name as string).catch((err) => {
+        if (!isKind(err, "not-found")) throw err;
+      });
+      repaired.push(`removed-member:${b.name}`);
+      this.logger.warn("a raid member that is not a current copy was taken out", {
+        raid: plan.raidBdev,
+        member: b.name,
+      });
+    }
+    if (repaired.some((r) => r.startsWith("removed-member:"))) {
+      raid = (await this.findRaid(plan.raidBdev)) ?? raid;
+    }
+    const [bdev] = await this.spdk.bdevGetBdevs({ name: plan.raidBdev });
+    if (!bdev) throw new StorageError("unavailable", `raid bdev ${plan.raidBdev} is not registered`);
+    return { raid, sizeBytes: bdev.num_blocks * bdev.block_size, repaired };
+  }
+
+  /**
+   * Attaches copy `m` as controller m.controller unless it already is, at the same address, as
+   * this host; resolves with its namespace bdev after checking that the controller reached the
+   * copy's own subsystem (serial number).
+   */
+  private async ensureController(
+    m: CopyEndpoint,
+    hostNqn: string,
+    existing: Awaited<ReturnType<NexusSpdk["bdevNvmeGetControllers"]>>[number] | undefined,
+    repaired: string[],
+  ): Promise<string> {
+    const bdevName = nexusMemberBdevFor(m.controller);
+    const samePath = existing?.ctrlrs.some(
+      (c) =>
+        c.trid.trtype.toUpperCase() === m.trtype &&
+        c.trid.traddr === m.traddr &&
+        c.trid.trsvcid === m.trsvcid &&
+        c.trid.subnqn === m.subnqn &&
+        (c.host?.nqn === undefined || c.host.nqn === hostNqn),
+    );
+    if (existing && !samePath) {
+      // The copy is exported elsewhere now (its node's portal changed): reach it where it is.
+      await this.detach(m.controller);
+      repaired.push(`moved:${m.name}`);
+    }
+    if (!existing || !samePath) {
+      try {
+        await this.spdk.bdevNvmeAttachController({
+          name: m.controller,
+          trtype: m.trtype,
+          adrfam: m.adrfam,
+          traddr: m.traddr,
+          trsvcid: m.trsvcid,
+          subnqn: m.subnqn,
+          hostnqn: hostNqn,
+          ...NEXUS_ATTACH_TIMEOUTS,
+        });
+        repaired.push(`controller:${m.name}`);
+      } catch (err) {
+        if (isKind(err, "already-exists")) {
+          // Attached by an overlapping pass: checked below like any other.
+        } else if (isKind(err, "precondition")) {
+          throw new StorageError(
+            "unavailable",
+            `copy ${m.name} refused this node's host ${hostNqn} at ${m.traddr}:${m.trsvcid} (its attachment for this node is not admitted yet)`,
+            { cause: err },
+          );
+        } else {
+          throw err;
+        }
+      }
+    }
+    const bdev = await this.spdk
+      .bdevGetBdevs({ name: bdevName })
+      .then((l) => l[0])
+      .catch((err) => {
+        if (isKind(err, "not-found")) return undefined;
+        throw err;
+      });
+    if (!bdev) {
+      throw new StorageError(
+        "unavailable",
+        `copy ${m.name} is attached as ${m.controller} but has no namespace bdev ${bdevName} (its namespace UUID may be held by another bdev here)`,
+      );
+    }
+    const serial = bdev.driver_specific?.nvme?.[0]?.ctrlr_data?.serial_number?.trim();
+    if (serial !== undefined && serial !== m.serialNumber) {
+      await this.detach(m.controller);
+      throw new StorageError(
+        "precondition",
+        `controller ${m.controller} for copy ${m.name} reached serial ${serial}, expected ${m.serialNumber}: detached again`,
+      );
+    }
+    return bdevName;
+  }
+
+  private async findRaid(name: string): Promise<RaidBdev | undefined> {
+    return (await this.spdk.bdevRaidGetBdevs("all")).find((r) => r.name === name);
+  }
+
+  private async detach(controller: string): Promise<void> {
+    await this.spdk.bdevNvmeDetachController(controller).catch((err) => {
+      if (!isKind(err, "not-found")) throw err;
+    });
+  }
+
+  /**
+   * Deletes the raid (if any) and detaches every controller the teardown names and every
+   * controller the raid still held; absent things count as gone. The export is removed before
+   * (by the caller), so nothing reaches the raid while it goes.
+   */
+  async teardown(t: NexusTeardown): Promise<string[]> {
+    const raid = await this.findRaid(t.raidBdev);
+    const controllers = new Set(t.controllers);
+    for (const b of raid?.base_bdevs_list ?? []) {
+      const c = b.name ? controllerOfMemberBdev(b.name) : undefined;
+      if (c) controllers.add(c);
+    }
+    if (raid) {
+      await this.spdk.bdevRaidDelete(t.raidBdev).catch((err) => {
+        if (!isKind(err, "not-found")) throw err;
+      });
+    }
+    const have = new Set((await this.spdk.bdevNvmeGetControllers()).map((c) => c.name));
+    const detached: string[] = [];
+    for (const c of [...controllers].sort()) {
+      if (!have.has(c)) continue;
+      await this.detach(c);
+      detached.push(c);
+    }
+    return detached;
+  }
+}
