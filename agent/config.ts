@@ -110,6 +110,8 @@ const EnvSchema = v.object({
     ),
   ),
   DISTORT_PORTAL_PORT: v.optional(wholeNumber(1, 65535), "4420"),
+  /** How long a copy of a replicated volume served here may stay unreachable before it is dropped. */
+  DISTORT_NEXUS_DEGRADE_AFTER_MS: v.optional(wholeNumber(1000, 600_000), "10000"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
   /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */
@@ -164,6 +166,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     /** Networks the portal addresses are found in at start-up; undefined: see portalAddresses. */
     portalNetworks: c.DISTORT_PORTAL_NETWORKS,
     portalPort: c.DISTORT_PORTAL_PORT,
+    nexusDegradeAfterMs: c.DISTORT_NEXUS_DEGRADE_AFTER_MS,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,
     metricsPeriodMs: c.DISTORT_METRICS_PERIOD_MS,

@@ -207,6 +207,7 @@ export async function runAgent(
     afterStep: crash,
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
     ...(nexusSpdk ? { nexusSpdk } : {}),
+    nexusDegradeAfterMs: cfg.nexusDegradeAfterMs,
   });
   const attachmentController = new AttachmentController({
     conn,

@@ -22,7 +22,6 @@ import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { attachmentNameFor, nexusBdevFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
 import { parseAgentConfig } from "./config.ts";
 import { type RunningAgent, runAgent } from "./main.ts";
-import { NEXUS_ATTACH_TIMEOUTS } from "./nexus/assembler.ts";
 import { nexusControllerNameFor, nexusRaidUuidFor } from "./nexus/identity.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
 
@@ -49,6 +48,9 @@ const clients: SpdkClient[] = [];
  */
 const INTERRUPT = new Set(["nexus-raid", "export", "unexport", "nexus-teardown"]);
 const interrupted = new Set<string>();
+/** Node A's degrade step waits on this while set (the test holds the API write back). */
+let degradeGate: Promise<void> | undefined;
+let degradeReached = false;
 
 beforeAll(async () => {
   tc = await testCluster();
@@ -68,10 +70,16 @@ beforeAll(async () => {
       node.agentEnv(tc.kubeconfigPath, ns, {
         DISTORT_PORTAL_ADDRESS: address,
         DISTORT_PORTAL_PORT: String(PORT),
+        DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
       }),
     );
     const hooks = {
-      afterStep(step: string, key: string) {
+      async afterStep(step: string, key: string) {
+        if (nodeName === NODE_A && step === "nexus-degrade") {
+          degradeReached = true;
+          await degradeGate;
+          return;
+        }
         if (nodeName !== NODE_A || !key.endsWith("/vol") || !INTERRUPT.has(step) || interrupted.has(step))
           return;
         interrupted.add(step);
@@ -245,7 +253,6 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
   // The copies are 64 MiB; raid1's superblock keeps the first MiB of each, so the volume holds 63.
   expect(served.status?.allocatedBytes).toBe((raidInfo?.numBlocks ?? 0) * blockSize);
   expect(served.status?.allocatedBytes).toBe(63 * MiB);
-  expect(NEXUS_ATTACH_TIMEOUTS.fast_io_fail_timeout_sec).toBeGreaterThan(0);
 
   // A consumer admitted through the volume's own attachment, as ControllerPublish makes it.
   const vaName = attachmentNameFor("vol", volUid);
@@ -341,6 +348,66 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
   } finally {
     again.close();
   }
+
+  // Node B's target dies while the consumer writes. Its copy's controller reconnects and holds
+  // the raid's write, so the consumer gets no acknowledgement; past the bound (2 s here) node A's
+  // agent first records vol-r1 Faulted at data generation 2 (held back by the test for a while:
+  // the write stays unacknowledged all that time), and only then drops it, so the write completes
+  // on vol-r0 alone. A copy the API still holds current never misses an acknowledged write.
+  const nodeB = nodes[1] as SimStorageNode;
+  let release = () => {};
+  degradeGate = new Promise<void>((r) => {
+    release = r;
+  });
+  await nodeB.emulator.crash();
+  const writer = await connectController(fabric, {
+    trtype: "TCP",
+    traddr: A,
+    trsvcid: String(PORT),
+    subnqn: nqn,
+    hostnqn: CONSUMER,
+    hostid: CONSUMER_ID,
+  });
+  const later = Buffer.alloc(256 * 1024, 0x5a);
+  const laterAt = at + 2 * MiB;
+  let acked = false;
+  const write = writer.write(1, laterAt, later).then(() => {
+    acked = true;
+  });
+  await eventually(async () => degradeReached, 30_000, "node A's agent at the degrade step");
+  await Bun.sleep(1500);
+  expect(acked).toBe(false);
+  expect((await parts.get("vol", ns))?.status?.dataGeneration).toBe(1);
+  release();
+  await Promise.race([
+    write,
+    Bun.sleep(30_000).then(() => Promise.reject(new Error("write never completed"))),
+  ]);
+  const degraded = await parts.get("vol", ns);
+  expect(degraded?.status?.dataGeneration).toBe(2);
+  expect(degraded?.status?.replicas?.find((e) => e.name === "vol-r1")).toMatchObject({
+    state: "Faulted",
+    generation: 1,
+  });
+  expect(degraded?.status?.replicas?.find((e) => e.name === "vol-r0")).toMatchObject({
+    state: "Online",
+    generation: 2,
+  });
+  expect((await writer.read(1, laterAt, later.length)).equals(later)).toBe(true);
+  writer.close();
+  // Node B comes back; its agent exports its copy again, which the volume never uses again.
+  degradeGate = undefined;
+  await nodeB.emulator.restart();
+  await eventually(
+    async () => nodeB.emulator.state().subsystems.some((s) => s.nqn === copies[1]?.status?.nqn),
+    60_000,
+    "copy vol-r1 exported again",
+  );
+  expect(
+    nodeA.emulator
+      .state()
+      .nvmeControllers.some((c) => c.name === nexusControllerNameFor(copies[1]?.metadata.uid as string)),
+  ).toBe(false);
 
   // Deletion: the consumer unpublishes, the volume is deleted, and node A's nexus goes away.
   await vas.delete(vaName, ns);

@@ -29,27 +29,24 @@ export type NexusSpdk = Pick<
 >;
 
 /**
- * How a copy's controller behaves when its connection is lost. bdev_nvme queues the I/O of a
- * controller that is reconnecting and fails it only after fast_io_fail_timeout_sec; a raid1 write
- * completes when every member answered, and a member that fails one is taken out of the raid for
- * good (it missed a write: only a rebuild brings it back). So:
- * - reconnect_delay_sec 1: a copy whose target restarted (its agent replays every export within
- *   about 3 s) is reached again within a second of listening again.
- * - fast_io_fail_timeout_sec 10: I/O to a lost copy is held, not failed, for 10 s, which covers a
- *   target restart with room to spare, so a short outage costs a pause, not a rebuild; and it is
- *   well under the 30 s a Linux consumer waits for a command before resetting its controller, so
- *   a copy that stays lost is failed out and the volume goes on with the others instead of the
- *   consumer timing out.
- * - ctrlr_loss_timeout_sec 30: the controller keeps trying for 30 s in all, then is deleted (its
- *   member is out of the raid by then); the next pass attaches it afresh if the copy is still
- *   current.
- * SPDK requires reconnect_delay <= fast_io_fail <= ctrlr_loss.
+ * How a copy's controller behaves when its connection is lost. bdev_nvme holds the I/O of a
+ * controller that is reconnecting (it fails it only after fast_io_fail_timeout_sec, when set), and
+ * a raid1 write completes only once every member answered. So with no fast_io_fail and no
+ * controller loss timeout, a write to a raid with a lost copy is held, not acknowledged, until
+ * this node decides: either the copy comes back (reconnecting every second, so a target restart
+ * costs a pause) or the agent first records in the API that the copy stopped receiving writes
+ * (it leaves the current set at a raised data generation) and only then detaches its controller,
+ * which fails the held I/O on that member and lets the raid complete it on the others. A write is
+ * therefore never acknowledged by fewer copies than the API holds current: the copy a failover
+ * or a restart may pick is never one that missed it.
  */
 export const NEXUS_ATTACH_TIMEOUTS = {
   reconnect_delay_sec: 1,
-  fast_io_fail_timeout_sec: 10,
-  ctrlr_loss_timeout_sec: 30,
+  ctrlr_loss_timeout_sec: -1,
 } as const;
+
+/** Controller state SPDK prints for a path that carries I/O (bdev_nvme_get_controllers). */
+export const CONTROLLER_ENABLED = "enabled";
 
 function isKind(err: unknown, ...kinds: string[]): boolean {
   return err instanceof StorageError && kinds.includes(err.kind);
@@ -231,6 +228,27 @@ export class NexusAssembler {
       );
     }
     return bdevName;
+  }
+
+  /**
+   * The plan's members whose controller carries no I/O now (any state but enabled, or gone): by
+   * copy name, with the state SPDK prints.
+   */
+  async unreachableMembers(plan: NexusPlan): Promise<Map<string, string>> {
+    const ctrls = await this.spdk.bdevNvmeGetControllers();
+    const out = new Map<string, string>();
+    for (const m of plan.members) {
+      const c = ctrls.find((x) => x.name === m.controller);
+      if (!c) continue; // not attached yet: ensureRaid attaches it
+      const up = c.ctrlrs.some((x) => (x.state ?? CONTROLLER_ENABLED) === CONTROLLER_ENABLED);
+      if (!up) out.set(m.name, c.ctrlrs.map((x) => x.state ?? "?").join(",") || "no path");
+    }
+    return out;
+  }
+
+  /** Detaches the controller of copy `m` (fails its held I/O; the raid completes it without it). */
+  async dropMember(m: CopyEndpoint): Promise<void> {
+    await this.detach(m.controller);
   }
 
   private async findRaid(name: string): Promise<RaidBdev | undefined> {

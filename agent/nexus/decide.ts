@@ -203,7 +203,9 @@ export function decideNexus(o: NexusObserved): NexusDecision {
       },
     };
   }
-  if (current.length < 2) {
+  // A volume that serves keeps serving on what is left (its raid runs degraded); a new one, or one
+  // whose raid is gone, starts only from two current copies.
+  if (current.length < 2 && (v.status?.state !== "Exported" || current.length === 0)) {
     return {
       action: "wait",
       why: {

@@ -39,7 +39,13 @@ import {
 } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
 import { NexusAssembler, type NexusSpdk } from "../nexus/assembler.ts";
-import { currentCopies, decideNexus, isReplicatedVolume, NEXUS_REASONS } from "../nexus/decide.ts";
+import {
+  currentCopies,
+  decideNexus,
+  isReplicatedVolume,
+  NEXUS_REASONS,
+  type NexusPlan,
+} from "../nexus/decide.ts";
 import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import { aclLocks } from "./acl-lock.ts";
 import {
@@ -76,7 +82,7 @@ export const PROVISION_STEPS = [
 ] as const;
 export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-removed"] as const;
 /** Steps of a replicated volume's serving node beyond the shared ones (export, acl, status...). */
-export const NEXUS_STEPS = ["nexus-raid", "nexus-teardown"] as const;
+export const NEXUS_STEPS = ["nexus-raid", "nexus-degrade", "nexus-teardown"] as const;
 export type Step =
   | (typeof PROVISION_STEPS)[number]
   | (typeof DEPROVISION_STEPS)[number]
@@ -143,7 +149,15 @@ export interface PartitionControllerOptions {
    * node is refused (ReplicasNeedSpdk).
    */
   nexusSpdk?: NexusSpdk;
+  /**
+   * How long a copy of a volume this node serves may stay unreachable (its I/O held) before the
+   * agent records it Faulted at a raised data generation and drops it from the raid. Default 10 s.
+   */
+  nexusDegradeAfterMs?: number;
 }
+
+/** Default of ControllerOptions.nexusDegradeAfterMs. */
+export const NEXUS_DEGRADE_AFTER_MS = 10_000;
 
 /**
  * Host NQNs a partition's target ACL must hold: that of its live attachment record (the one the
@@ -581,6 +595,15 @@ export class PartitionController {
             "Unknown",
           );
         }
+        // A copy that stopped answering holds every write (see NEXUS_ATTACH_TIMEOUTS). Past the
+        // bound, the API learns first that it leaves the current set; only then is it dropped,
+        // which lets the held writes complete on the others.
+        const unreachable =
+          p.status?.state === "Exported"
+            ? await (nexus as NexusAssembler).unreachableMembers(plan)
+            : new Map();
+        const degraded = await this.degradeNexus(key, p, plan, unreachable, log);
+        if (degraded) return degraded;
         let raid: Awaited<ReturnType<NexusAssembler["ensureRaid"]>>;
         try {
           raid = await (nexus as NexusAssembler).ensureRaid(plan);
@@ -624,9 +647,89 @@ export class PartitionController {
           backendPath: plan.raidBdev,
           sizeBytes: raid.sizeBytes,
         };
-        return this.exportVolume(key, p, t, backend as TargetBackend, volume, log, `raid1 over ${names}`);
+        const exported = await this.exportVolume(
+          key,
+          p,
+          t,
+          backend as TargetBackend,
+          volume,
+          log,
+          `raid1 over ${names}`,
+        );
+        // While a copy is unreachable, look again every second: its bound runs on the clock.
+        return unreachable.size > 0 ? { requeueAfterMs: 1000 } : exported;
       }
     }
+  }
+
+  /** Copy key -> when this agent first found it unreachable from the volume it serves. */
+  private readonly memberDown = new Map<string, number>();
+
+  /**
+   * Records copies of `p` unreachable past the bound as Faulted at a raised data generation (a
+   * status write guarded by the generation it read), then detaches them. Returns the requeue
+   * when it acted; undefined when nothing is overdue (or every copy is: nothing to go on with).
+   */
+  private async degradeNexus(
+    key: string,
+    p: NVMePartition,
+    plan: NexusPlan,
+    unreachable: ReadonlyMap<string, string>,
+    log: Logger,
+  ): Promise<{ requeueAfterMs: number } | undefined> {
+    const uid = p.metadata.uid as string;
+    const now = this.o.clock.now();
+    for (const m of plan.members) if (!unreachable.has(m.name)) this.memberDown.delete(`${uid}/${m.name}`);
+    const bound = this.o.nexusDegradeAfterMs ?? NEXUS_DEGRADE_AFTER_MS;
+    const overdue: string[] = [];
+    for (const name of unreachable.keys()) {
+      const k = `${uid}/${name}`;
+      const since = this.memberDown.get(k) ?? now;
+      this.memberDown.set(k, since);
+      if (now - since >= bound) overdue.push(name);
+    }
+    if (overdue.length === 0) return undefined;
+    if (overdue.length >= plan.members.length) {
+      log.warn("every copy of a served volume is unreachable: its I/O stays held", {
+        copies: [...unreachable].map(([n, st]) => `${n}: ${st}`),
+      });
+      return undefined;
+    }
+    const g = p.status?.dataGeneration as number;
+    const lost = new Set(overdue);
+    const at = new Date(now).toISOString();
+    await this.step("nexus-degrade", key);
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+      const s = latest.status;
+      if (latest.metadata.uid !== uid || !s || s.dataGeneration !== g) return undefined;
+      const entries = s.replicas ?? [];
+      const isCurrent = (e: (typeof entries)[number]) =>
+        e.generation === g && (e.state === "Online" || e.state === "Degraded");
+      if (!overdue.every((n) => entries.some((e) => e.name === n && isCurrent(e)))) return undefined;
+      return {
+        ...s,
+        dataGeneration: g + 1,
+        replicas: entries.map((e) => {
+          if (lost.has(e.name))
+            return {
+              ...e,
+              state: "Faulted" as const,
+              message: `unreachable from serving node ${this.o.nodeName} (${unreachable.get(e.name)}) since ${at}; writes go on without it`,
+            };
+          return isCurrent(e) ? { ...e, generation: g + 1 } : e;
+        }),
+      };
+    });
+    if (stored?.status?.dataGeneration !== g + 1) return { requeueAfterMs: 500 };
+    for (const m of plan.members) {
+      if (!lost.has(m.name)) continue;
+      await (this.nexus as NexusAssembler).dropMember(m);
+      this.memberDown.delete(`${uid}/${m.name}`);
+    }
+    const note = `copies ${overdue.join(", ")} unreachable for ${Math.round(bound / 1000)} s: recorded Faulted at data generation ${g + 1}, then dropped from the raid; writes go on on the others`;
+    log.warn("replicated volume degraded", { copies: overdue, generation: g + 1 });
+    await this.o.events?.record(p, "Warning", "CopyFaulted", "Serve", note);
+    return { requeueAfterMs: 500 };
   }
 
   private async lockDevice(p: NVMePartition, backend: BackendName): Promise<void> {

@@ -108,8 +108,12 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
     if (out.status) {
       const patch = out.status;
       const now = new Date(ctx.clock.now());
+      // The decision rests on the copies' states and generations it read. The serving node may
+      // have lowered a copy meanwhile (a raised data generation): then this write is dropped, and
+      // the watch brings the volume back to decide on what it says now.
+      const basis = generationsOf(volume);
       await writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, volume, (latest) =>
-        latest.metadata.uid !== uid
+        latest.metadata.uid !== uid || generationsOf(latest) !== basis
           ? undefined
           : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, patch, now),
       );
@@ -177,6 +181,19 @@ async function admit(
   } catch (err) {
     if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
   }
+}
+
+/** What a replica decision depends on that others write: the data generation and each copy's state. */
+function generationsOf(v: NVMePartition): string {
+  const s = v.status;
+  return JSON.stringify([
+    s?.dataGeneration ?? null,
+    (s?.replicas ?? []).map((e) => [
+      e.name,
+      e.state === "Faulted" || e.state === "Stale" ? e.state : "",
+      e.generation,
+    ]),
+  ]);
 }
 
 /** The volume's next failover step, from the copies' admissions read afresh. */

@@ -60,7 +60,7 @@ describe("decideReplicas", () => {
     expect(out.finalizer).toBe(true);
     expect(out.create.map((c) => c.name)).toEqual(["vol-r0", "vol-r1", "vol-r2"]);
     expect(out.create[0]?.spec).toEqual({
-      sizeBytes: 2 * GiB,
+      sizeBytes: 2 * GiB + 1024 * 1024,
       backend: "spdk",
       volumeManager: "partition",
       targetOptions: { transport: "tcp", portalPort: 4420 },

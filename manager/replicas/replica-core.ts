@@ -26,6 +26,9 @@ import type {
 import { nodeHealth } from "../node-health.ts";
 import type { ConditionInput } from "../status-patch.ts";
 
+/** What SPDK's raid1 with a superblock keeps at the start of each member (data_offset). */
+export const RAID_SUPERBLOCK_BYTES = 1024 * 1024;
+
 /** Finalizer the manager keeps on a replicated volume until every replica partition is gone. */
 export const REPLICAS_FINALIZER = "storage.distort.io/replicas";
 /** Label on every replica partition: the UID of the volume it holds a copy of. */
@@ -59,7 +62,9 @@ export function replicaSpec(volume: NVMePartition): NVMePartitionSpec {
   const s = volume.spec;
   const to = s.targetOptions;
   return {
-    sizeBytes: s.sizeBytes,
+    // Each copy also holds the raid1 superblock area (1 MiB at its start), so the volume serves
+    // the size it asked for.
+    sizeBytes: s.sizeBytes + RAID_SUPERBLOCK_BYTES,
     backend: s.backend,
     volumeManager: s.volumeManager,
     // The copies are reached by the serving node over the storage fabric, on the volume's

@@ -90,7 +90,7 @@ test("three copies on three nodes, each in its drive's ledger; Online at generat
       uid,
     });
     expect(r.spec).toMatchObject({
-      sizeBytes: 3 * GiB,
+      sizeBytes: 3 * GiB + 1024 * 1024,
       volumeManager: "spdk-lvol",
       targetOptions: { transport: "tcp" },
     });
