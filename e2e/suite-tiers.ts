@@ -17,6 +17,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/bad-input.e2e.test.ts",
   "e2e/host-auth.e2e.test.ts",
   "e2e/dhchap.e2e.test.ts",
+  "e2e/tls-psk.e2e.test.ts",
   "e2e/io-path.e2e.test.ts",
   "e2e/single-writer.e2e.test.ts",
   "e2e/faults.e2e.test.ts",

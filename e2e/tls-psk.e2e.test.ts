@@ -1,9 +1,10 @@
-// NVMe/TCP TLS with a PSK per host on the process lab (SPDK backend; the lab's nvmf_tgt poses as
-// v26.01): the right host with its PSK writes and reads through a Pod; the same NQN from another
-// node with a wrong PSK or none is refused by the TLS listener; the PSK is in no process's argv or
-// environment, log file, Event or object but its own Secret; unpublish drops it.
+// NVMe/TCP TLS with a PSK per host on the real cluster (SPDK backend; the agent-lab image's nvmf_tgt
+// emulator poses as v26.01, its --sim-spdk-version default): the right host with its PSK writes and
+// reads through a Pod; the same NQN from another node, through that node's NVMe host driver, with
+// a wrong PSK or none is refused by the TLS listener; the PSK is in no process's argv or
+// environment (every container's included), log file (every node's, Pod logs included), Event or
+// object but its own Secret; unpublish drops it.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { join } from "node:path";
 import { HostControlInitiator } from "../lab/sim/fabric/host-control.ts";
 import { DHCHAP_NODE_STAGE_SECRET_TEMPLATE, dhchapSecretName, hostPskFrom } from "../lib/nvme/dhchap-keys.ts";
 import { generateInterchangePsk } from "../lib/nvme/tls-psk.ts";
@@ -88,7 +89,7 @@ test("TLS: the right host with its PSK does I/O; a wrong PSK and none are refuse
       hostNqn: hostA,
       ctrlLossTmo: 1,
     };
-    const hostB = new HostControlInitiator(join(lab.dir, "nodes", b.name, "run", "nvme-host.sock"), 60_000);
+    const hostB = new HostControlInitiator(b.hostSocket, 60_000);
     for (const [what, tls] of [
       ["no PSK", undefined],
       ["a wrong PSK", { psk: generateInterchangePsk() }],
