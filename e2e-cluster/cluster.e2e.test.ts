@@ -1,4 +1,4 @@
-// DISTORT on the real-cluster lab: three real kubelet nodes, installed only by `helm install`.
+// DISTORT on the real-cluster lab: real kubelet nodes, installed only by `helm install`.
 // Every DISTORT process is a container under a kubelet; the installed release is the chart plus
 // the lab values; a Pod on one node writes and a Pod on another reads the same bytes through the
 // fabric; a kubelet restart reconstructs a staged volume without staging it again; kill -9 of the
@@ -73,13 +73,16 @@ test("every DISTORT process is a container under a real kubelet", async () => {
   const outside = procs.filter((p) => !p.cgroup.includes("kubepods"));
   expect(outside.map((p) => `${p.pid} ${p.cmd}`)).toEqual([]);
   const count = (re: RegExp) => procs.filter((p) => re.test(p.cmd)).length;
-  // Two managers, a CSI node per node, an agent and an emulated target per SPDK storage node, the
-  // kernel agent variant (distort-agent-kernel-lab) on the kernel-backend node.
+  // Two managers, a CSI node per node but the DPU, an agent and an emulated target per SPDK
+  // storage node, the kernel agent variant (distort-agent-kernel-lab) on the kernel-backend node,
+  // the DPU plugin on the DPU node (whose SNAP stand-in runs as snap-emulator: not DISTORT's).
+  const dpus = lab.specs.filter((s) => s.dpu).length;
   expect(count(/distort-manager/)).toBe(2);
   expect(count(/distort-agent(\s|$)/)).toBe(lab.specs.filter((s) => s.storage).length);
   expect(count(/distort-agent-kernel-lab(\s|$)/)).toBe(lab.specs.filter((s) => s.kernel).length);
   expect(count(/nvmf_tgt/)).toBe(lab.specs.filter((s) => s.storage).length);
-  expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(lab.nodes.length);
+  expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(lab.nodes.length - dpus);
+  expect(count(/distort-dpu(\s|$)/)).toBe(dpus);
   // One CSI controller replica in the lab values (a killed one comes back as the leader at once).
   expect(count(/distort-csi\b.*--mode=controller/)).toBe(1);
   const pods = await core.listPodForAllNamespaces();

@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { containerProcess } from "../lab/cluster/containers.ts";
+import { dpuSockets } from "../lab/cluster/dpu-node.ts";
 import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
 import { crashNode, restoreNode } from "../lab/cluster/node-faults.ts";
 import { REAL_LAB_VALUES, type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
@@ -59,6 +60,8 @@ const ROLE_COMMAND: Record<string, RegExp> = {
   agent: /distort-agent(-kernel-lab)?(\s|$)/,
   nvmf_tgt: /(^|\/)nvmf_tgt(\s|$)/,
   "csi-node": /distort-csi(-lab)?\s.*--mode=node/,
+  // The DPF vendor plugin on a DPU node.
+  dpu: /distort-dpu(\s|$)/,
 };
 const MANAGER = /distort-manager(\s|$)/;
 const CSI_CONTROLLER = /distort-csi\s.*--mode=controller/;
@@ -82,8 +85,9 @@ export interface ClusterBackend {
 
 /**
  * Reads the cluster's current Pods and builds the suites' view. Names: `agent/<node>`,
- * `nvmf_tgt/<node>`, `nvmet/<node>` (a kernel node's simulated nvmet, a node-level process), `csi-node/<node>`, `kubelet/<node>`, `containerd/<node>` (node daemons), each
- * manager replica by its Pod name, `csi-controller`. Paths are host paths: a node's kubelet root is
+ * `nvmf_tgt/<node>`, `nvmet/<node>` (a kernel node's simulated nvmet, a node-level process),
+ * `csi-node/<node>` (`dpu/<node>` on the DPU node: its plugin), `kubelet/<node>`,
+ * `containerd/<node>` (node daemons), each manager replica by its Pod name, `csi-controller`. Paths are host paths: a node's kubelet root is
  * /proc/<holder>/root/var/lib/kubelet (the node's mount namespace, where its volumes are mounted),
  * its target's RPC socket `<dir>/nodes/<node>/run/distort/spdk.sock`.
  */
@@ -125,6 +129,32 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
     ]),
   );
   const storage = lab.specs.filter((s) => s.storage);
+  const dpuSpec = lab.specs.find((s) => s.dpu);
+  const isDpu = (name: string) => lab.specs.some((s) => s.name === name && s.dpu);
+  // The DPU's plugin and SNAP sockets, by short links (the node's paths are deep for a unix socket).
+  const dpu = dpuSpec
+    ? (() => {
+        const n = node(dpuSpec.name);
+        const sockets = dpuSockets(n);
+        const link = (what: string, target: string) => {
+          const p = join(lab.dir, `${what}-${n.name}.sock`);
+          rmSync(p, { force: true });
+          symlinkSync(target, p);
+          return p;
+        };
+        return {
+          name: n.name,
+          hostNqn: readFileSync(
+            join(hostPathOf(n.paths.root, NODE_PATHS.nvmeConfigDir), "hostnqn"),
+            "utf8",
+          ).trim(),
+          pluginSocket: link("dpu", sockets.pluginSocket),
+          snapSocket: link("snap", sockets.snapSocket),
+          // SNAP's host-facing listeners go on the DPU's node IP, where this process reaches them.
+          address: n.ip,
+        };
+      })()
+    : undefined;
   const consumers = CONSUMER_ORDER.filter((n) => lab.nodes.some((x) => x.name === n));
   const info: LabInfo = {
     dir: lab.dir,
@@ -163,6 +193,7 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
     csiControllerSocket,
     // The fabric is TCP between node IPs: no fabric directory.
     fabricDir: "",
+    ...(dpu ? { dpu } : {}),
   };
   const workloadImage = lab.images.images.workload?.ref;
   if (!workloadImage) throw new Error("the lab built no workload image");
@@ -185,7 +216,11 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
       ...managers.keys(),
       "csi-controller",
       ...storage.flatMap((s) => [`agent/${s.name}`, `nvmf_tgt/${s.name}`]),
-      ...lab.nodes.flatMap((n) => [`csi-node/${n.name}`, `kubelet/${n.name}`, `containerd/${n.name}`]),
+      ...lab.nodes.flatMap((n) => [
+        isDpu(n.name) ? `dpu/${n.name}` : `csi-node/${n.name}`,
+        `kubelet/${n.name}`,
+        `containerd/${n.name}`,
+      ]),
     ],
     crashNode: (name) => crashNode(lab.conn, node(name)),
     restoreNode: (name) => restoreNode(lab.conn, node(name)),

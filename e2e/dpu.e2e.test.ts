@@ -1,6 +1,8 @@
 // The DPU path as DPF drives it: a PVC provisioned by the real external-provisioner, published to
 // the DPU's node through the CSI controller (NVIDIA's attacher's call), attached into SNAP by the
 // vendor plugin (the SNAP node driver's calls), bytes through SNAP, then detached and unpublished.
+// On the real cluster the plugin is the chart's dpu DaemonSet on node-d under its kubelet, SNAP the
+// lab's stand-in beside it (lab/cluster/dpu-node.ts), and the fabric TCP between node IPs.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash, randomBytes, randomUUID } from "node:crypto";
 import { status as GrpcStatus } from "@grpc/grpc-js";
@@ -18,7 +20,12 @@ import {
   StoragePluginService,
 } from "../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
 import { quantityBytes, type VolumeCapabilityInit } from "../lab/kubelet/volume-spec.ts";
-import { connectController, createFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
+import {
+  connectController,
+  createFabric,
+  createTcpFabric,
+  type FabricController,
+} from "../lab/sim/spdk/fabric.ts";
 import { patternBytes } from "../lab/workload.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { LEGACY_HOST_NQN_ANNOTATION } from "../lib/kube/node-directory.ts";
@@ -26,7 +33,8 @@ import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
-import { deletePod, type E2eLab, e2eLab, until, waitWorkload, workloadPod } from "./support.ts";
+import { deletePod, type E2eLab, e2eLab, until, waitWorkload } from "./support.ts";
+import { blockWorkloadPod } from "./user-steps.ts";
 
 const MiB = 1024 * 1024;
 /** What the test writes through SNAP and a consumer Pod reads back. */
@@ -108,16 +116,6 @@ async function blockVolume(name: string): Promise<k8s.V1PersistentVolume> {
   if (!pv.spec?.csi?.volumeHandle) throw new Error(`PV ${pvName} has no CSI volume handle`);
   touched.add(pv.spec.csi.volumeHandle);
   return pv;
-}
-
-/** A workload Pod using `claim` as a raw device (a Block PVC is a volumeDevice, not a mount). */
-function blockPod(name: string, node: string, claim: string, args: string[]): k8s.V1Pod {
-  const pod = workloadPod(name, node, claim, args);
-  const c = pod.spec?.containers[0];
-  if (!c) throw new Error("workloadPod has no container");
-  delete c.volumeMounts;
-  c.volumeDevices = [{ name: "data", devicePath: "/dev/distort-data" }];
-  return pod;
 }
 
 let singleNodeMultiWriter: boolean | undefined;
@@ -216,7 +214,8 @@ const ourController = async (volumeId: string) =>
 /**
  * SNAP showing `bdev` to the host: real SNAP creates an emulated NVMe controller on the PCIe bus;
  * the SNAP emulator has no PCIe side, so its NVMe-oF target stands in, exporting the bdev on the
- * simulated fabric where the test plays the host. Either way SNAP claims the bdev.
+ * lab's fabric (on the cluster: TCP on the DPU's node IP) where the test plays the host. Either
+ * way SNAP claims the bdev.
  */
 async function exposeToHost(bdev: string): Promise<{ nqn: string; ctrl: FabricController }> {
   const nqn = `nqn.2026-02.io.distort.e2e:snap-host-${randomBytes(4).toString("hex")}`;
@@ -224,12 +223,13 @@ async function exposeToHost(bdev: string): Promise<{ nqn: string; ctrl: FabricCo
   const listener = {
     trtype: "TCP" as const,
     adrfam: "ipv4" as const,
-    traddr: "192.0.2.1",
+    traddr: dpu.address,
     trsvcid: String(20000 + (randomBytes(2).readUInt16BE() % 20000)),
   };
   hostSubsystems.add(nqn);
   await exportOnTarget(snap, { nqn, bdevName: bdev, listeners: [listener], hosts: [{ nqn: hostNqn }] });
-  const ctrl = await connectController(createFabric(lab.fabricDir), {
+  const fabric = lab.fabricDir ? createFabric(lab.fabricDir) : createTcpFabric();
+  const ctrl = await connectController(fabric, {
     ...listener,
     subnqn: nqn,
     hostnqn: hostNqn,
@@ -363,7 +363,11 @@ test("a CSI volume reaches SNAP through the DPU plugin as the DPU's host NQN; it
   const worker = lab.consumers[0]?.name as string;
   await lab.core.createNamespacedPod({
     namespace: ns,
-    body: blockPod("reader", worker, "via-dpu", ["verify", `--bytes=${DATA_BYTES}`, `--seed=${seed}`]),
+    body: blockWorkloadPod("reader", worker, "via-dpu", [
+      "verify",
+      `--bytes=${DATA_BYTES}`,
+      `--seed=${seed}`,
+    ]),
   });
   const read = await waitWorkload(lab, ns, "reader");
   expect(read).toMatchObject({ ok: true, bytes: DATA_BYTES });
@@ -379,7 +383,10 @@ test("a volume published to a worker is refused to the DPU (single writer) until
   const holder = lab.consumers[1]?.name ?? (lab.consumers[0]?.name as string);
 
   // A Pod on a worker holds the volume: the real attacher published it there.
-  await lab.core.createNamespacedPod({ namespace: ns, body: blockPod("holder", holder, "held", ["hold"]) });
+  await lab.core.createNamespacedPod({
+    namespace: ns,
+    body: blockWorkloadPod("holder", holder, "held", ["hold"]),
+  });
   const va = await until(`the volume attached to ${holder} and the Pod running`, async () => {
     const pod = await lab.core.readNamespacedPod({ name: "holder", namespace: ns });
     if (pod.status?.phase === "Failed") throw new Error(`holder failed: ${pod.status.message}`);

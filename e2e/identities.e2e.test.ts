@@ -218,7 +218,7 @@ test("each DISTORT container and CSI sidecar authenticates with its own chart Se
     seen.push(SIDECARS.includes(r.container) ? r.container : r.component);
   }
   // Every kind was there to check: two managers, an agent per storage node, the controller with its
-  // four sidecars, a csi-node plugin per node.
+  // four sidecars, a csi-node plugin per consumer node.
   const count = (k: string) => seen.filter((x) => x === k).length;
   expect(count("manager")).toBeGreaterThanOrEqual(2);
   expect(count("agent")).toBeGreaterThanOrEqual(lab.storage.length);
@@ -226,6 +226,8 @@ test("each DISTORT container and CSI sidecar authenticates with its own chart Se
   expect(count("csi-node")).toBeGreaterThanOrEqual(lab.consumers.length);
   // The lab runs nvmf_tgt in a DaemonSet of its own on the SPDK storage nodes.
   expect(count("nvmf-tgt")).toBeGreaterThanOrEqual(1);
+  // The DPU plugin (and its registrar) on the DPU node, where the lab has one.
+  if (lab.dpu) expect(count("dpu")).toBeGreaterThanOrEqual(1);
   for (const s of SIDECARS) expect(count(s), s).toBe(1);
   // Least privilege needs separate identities: no two components share a ServiceAccount.
   expect(new Set(perComponent.values()).size).toBe(perComponent.size);

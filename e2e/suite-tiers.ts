@@ -1,8 +1,8 @@
 // Which lab each e2e suite runs on: the suites moved to the real-cluster lab (scripts/e2e-cluster.ts
 // runs them, in this order, before e2e-cluster/) and the rest, which stay on the process lab
-// (scripts/e2e.ts): dpu needs its emulated DPU node. multipath runs on the cluster, whose nodes
-// have an address on each of two storage networks that the agents find by CIDR
-// (DISTORT_PORTAL_NETWORKS).
+// (scripts/e2e.ts): none now. multipath runs on the cluster, whose nodes have an address on each of
+// two storage networks that the agents find by CIDR (DISTORT_PORTAL_NETWORKS); dpu on its DPU node
+// node-d (the chart's DPU plugin, a SNAP stand-in: lab/cluster/dpu-node.ts).
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -18,6 +18,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/host-auth.e2e.test.ts",
   "e2e/dhchap.e2e.test.ts",
   "e2e/tls-psk.e2e.test.ts",
+  "e2e/dpu.e2e.test.ts",
   "e2e/io-path.e2e.test.ts",
   "e2e/single-writer.e2e.test.ts",
   "e2e/faults.e2e.test.ts",

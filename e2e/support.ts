@@ -40,11 +40,25 @@ export function realWorkloadImage(): boolean {
   return workloadImage !== undefined;
 }
 
+/** A DPU node as the suites reach it. */
+export interface LabDpuInfo {
+  name: string;
+  /** The NQN SNAP connects to targets as (the DPU's hostnqn). */
+  hostNqn: string;
+  /** The plugin's socket, where DPF's SNAP node driver calls it. */
+  pluginSocket: string;
+  /** SNAP's JSON-RPC socket (the lab's SNAP stand-in, an emulated SPDK application). */
+  snapSocket: string;
+  /** The address SNAP's host-facing NVMe-oF listeners take (the DPU's node IP on the cluster). */
+  address: string;
+}
+
 /** What scripts/e2e.ts publishes in <dir>/e2e.json for the suites. */
 export type LabInfo = Pick<
   Lab,
-  "dir" | "namespace" | "managers" | "csiController" | "csiControllerSocket" | "fabricDir" | "dpu"
+  "dir" | "namespace" | "managers" | "csiController" | "csiControllerSocket" | "fabricDir"
 > & {
+  dpu?: LabDpuInfo;
   kubeconfig: string;
   /** The chart release the lab installed (or renders, for the process lab) and its values file (relative to helm/distort). */
   release: string;
@@ -85,7 +99,8 @@ export function labInfo(lab: Lab): LabInfo {
       agent: s.agent,
       serials: s.drives.map((d) => d.serial),
     })),
-    ...(lab.dpu ? { dpu: lab.dpu } : {}),
+    // The simulated fabric takes any address.
+    ...(lab.dpu ? { dpu: { ...lab.dpu, address: "192.0.2.1" } } : {}),
     managers: lab.managers,
     csiController: lab.csiController,
     csiControllerSocket: lab.csiControllerSocket,

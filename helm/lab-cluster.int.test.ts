@@ -8,6 +8,8 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { dirname } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
 import { parseCsiConfig } from "../csi/config.ts";
+import { parseDpuConfig } from "../dpu/config.ts";
+import { DPU_NODE_PATHS, DPU_ROLE_LABEL } from "../lab/cluster/dpu-node.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
 import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
 import { STORAGE_NETWORKS } from "../lab/cluster/node-network.ts";
@@ -114,6 +116,7 @@ describe("lab-cluster.yaml", () => {
         "csi-provisioner",
         "csi-resizer",
         "csi-snapshotter",
+        "dpu",
         "manager",
       ].sort(),
     );
@@ -307,7 +310,38 @@ describe("lab-cluster.yaml", () => {
     expect([cfg.orphanGraceMs, cfg.orphanSweepMs]).toEqual([5000, 2000]);
   });
 
-  test("two managers with lab/lab.ts's timers; no DPU; snapshots and the lab's classes", async () => {
+  test("the DPU plugin on the DPU node only, where the CSI node plugin does not go; its sockets where lab/cluster/dpu-node.ts looks", () => {
+    type Scheduling = PodSpec & {
+      nodeSelector?: Record<string, string>;
+      tolerations?: { key?: string; operator?: string; effect?: string }[];
+    };
+    const set = workload(lab, "DaemonSet", "dpu");
+    const spec = podSpec(set) as Scheduling;
+    expect(spec.nodeSelector).toEqual({ [DPU_ROLE_LABEL]: "" });
+    expect(spec.tolerations).toContainEqual({
+      key: DPU_ROLE_LABEL,
+      operator: "Exists",
+      effect: "NoSchedule",
+    });
+    // The CSI node DaemonSet tolerates nothing, so the DPU's NoSchedule taint keeps it off: the
+    // DPU's registrar registers storage.distort.io there.
+    const node = podSpec(workload(lab, "DaemonSet", "csi-node")) as Scheduling;
+    expect(node.tolerations ?? []).toEqual([]);
+    const dpu = container(spec, "dpu");
+    expect(dpu.image).toBe(`distort.lab/dpu:${TAG}`);
+    const cfg = parseDpuConfig(envOf(dpu));
+    expect(cfg.socketPath).toBe(DPU_NODE_PATHS.pluginSocket);
+    expect(cfg.snapSocketPath).toBe(DPU_NODE_PATHS.snapSocket);
+    // The DPU's host NQN is its node's own file, as the CSI node plugin's is.
+    expect(hostPathOf(spec, "etc-nvme")?.path).toBe(NODE_PATHS.nvmeConfigDir);
+    expect(mountOf(dpu, "etc-nvme")?.mountPath).toBe("/etc/nvme");
+    expect(container(spec, "node-driver-registrar").command).toEqual([
+      "/usr/local/bin/distort-csi",
+      "--mode=registrar",
+    ]);
+  });
+
+  test("two managers with lab/lab.ts's timers; snapshots and the lab's classes", async () => {
     const dep = workload(lab, "Deployment", "manager");
     expect((dep.spec as { replicas: number }).replicas).toBe(2);
     const cfg = parseManagerConfig(
@@ -321,7 +355,6 @@ describe("lab-cluster.yaml", () => {
     });
     expect(cfg.placementBackoff).toEqual({ initialMs: 200, maxMs: 2000 });
     expect(cfg.stalenessMs).toBe(20000);
-    expect(lab.some((o) => o.metadata.labels?.["app.kubernetes.io/component"] === "dpu")).toBe(false);
     expect(lab.filter((o) => o.kind === "VolumeSnapshotClass")).toHaveLength(1);
     const bareLab = (
       await render(helm, { name: "lab", files: ["examples/lab.yaml"], set: [] }, "distort", "distort-system")

@@ -447,6 +447,7 @@ export const ValuesSchema = v.strictObject({
     snapSocketName: v.pipe(v.string(), v.regex(/^[^/]+$/)),
     healthPort: port("/healthz, /readyz and /metrics (hostNetwork)"),
     registrarHealthPort: port("node-driver-registrar /healthz beside the plugin"),
+    nvmeConfigDir: absPath("host directory of the DPU's hostnqn, mounted read-only at /etc/nvme"),
     resources: resources("dpu container"),
   }),
   dpuCluster: v.strictObject({

@@ -15,6 +15,7 @@ import { claimAllDrives, waitCsiNodes } from "../harness/drive-claims.ts";
 import { FABRIC_LABEL } from "../harness/stack.ts";
 import { loopDevices } from "../sweep.ts";
 import { type ControlPlane, startControlPlane } from "./control-plane.ts";
+import { markDpuNode, startSnap } from "./dpu-node.ts";
 import { ensureHelm } from "./helm-tool.ts";
 import { type BuiltImages, buildImages, importAll } from "./images.ts";
 import {
@@ -39,24 +40,32 @@ const ROOT = join(import.meta.dir, "..", "..");
 export const CHART_DIR = join(ROOT, "helm", "distort");
 const GiB = 1024 ** 3;
 /** Images built but not imported into the nodes: nothing in the lab values runs them. */
-const NOT_IMPORTED = new Set(["agent", "dpu"]);
+const NOT_IMPORTED = new Set(["agent"]);
+/** Images only a DPU node runs (the plugin), and those it does not (the CSI node's, the workload's). */
+const DPU_ONLY = new Set(["dpu"]);
 
 /**
  * One node of the lab: its name, whether it is a storage node (agent + emulated target), its
  * drives; `kernel`: a kernel-backend storage node instead (the kernel agent variant, nvmet on
- * simulated configfs, the drives loop devices: lab/cluster/kernel-node.ts), with `storage` false.
+ * simulated configfs, the drives loop devices: lab/cluster/kernel-node.ts), with `storage` false;
+ * `dpu`: a BlueField DPU node instead (the chart's DPU plugin, the SNAP stand-in:
+ * lab/cluster/dpu-node.ts), no consumer, no NVMe host driver, no drives.
  */
 export interface RealLabNodeSpec {
   name: string;
   storage: boolean;
   kernel?: boolean;
+  dpu?: boolean;
   drives: LabDrive[];
 }
 
 /** The storage label's value on a kernel-backend node (the lab values' kernel agent variant selects it). */
 export const KERNEL_STORAGE_LABEL_VALUE = "kernel";
 
-/** Two SPDK storage nodes (node-a, node-b), one kernel-backend storage node (node-k), and node-c; every node is a consumer. */
+/**
+ * Two SPDK storage nodes (node-a, node-b), one kernel-backend storage node (node-k), node-c, and
+ * the DPU node node-d; every node but the DPU is a consumer.
+ */
 export const REAL_LAB_NODES: RealLabNodeSpec[] = [
   {
     name: "node-a",
@@ -81,6 +90,7 @@ export const REAL_LAB_NODES: RealLabNodeSpec[] = [
     kernel: true,
     drives: [{ serial: "LABK0001", pciAddress: "0000:5e:00.0", sizeBytes: 16 * GiB }],
   },
+  { name: "node-d", storage: false, dpu: true, drives: [] },
 ];
 
 export interface RealLabOptions {
@@ -173,13 +183,14 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       { dir, sandboxImage: pause.ref, images: [pause.path], progress: (l) => say(l) },
     );
     say(`nodes Ready: ${nodes.map((n) => `${n.name} ${n.ip}`).join(", ")} (${ms()})`);
+    const isDpu = (name: string) => specs.find((s) => s.name === name)?.dpu === true;
+    const dpuNodes = nodes.filter((n) => isDpu(n.name));
     // Every image is built (so each Containerfile is proven here); the nodes get the ones the lab
-    // values run: not the production agent (SPDK) nor the DPU plugin (no DPU node in this lab).
-    const used = Object.values(images.images).filter((i) => i && !NOT_IMPORTED.has(i.name));
-    await Promise.all(nodes.map((n) => importAll(n.containerdSocket, used)));
+    // values run: not the production agent (SPDK); the DPU plugin only on a DPU node.
+    await Promise.all(nodes.map((n) => importAll(n.containerdSocket, imagesFor(images, isDpu(n.name)))));
     say(`images imported into ${nodes.length} nodes (${ms()})`);
-    for (const n of nodes) hosts.set(n.name, await startNvmeHost(n));
-    say(`NVMe host drivers running on ${nodes.length} nodes (${ms()})`);
+    for (const n of nodes.filter((x) => !isDpu(x.name))) hosts.set(n.name, await startNvmeHost(n));
+    say(`NVMe host drivers running on ${hosts.size} nodes (${ms()})`);
     for (const n of nodes.filter((x) => specs.find((s) => s.name === x.name)?.kernel))
       nvmets.set(n.name, await startKernelTarget(n));
 
@@ -206,7 +217,15 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       // --set would turn an all-digit short commit into a number, which the schema refuses.
       `--set-string=images.tag=${images.tag}`,
     ];
+    // Before anything is scheduled: only the DPU's own DaemonSets may land there.
+    for (const n of dpuNodes) await markDpuNode(conn, n.name);
     await installAddons(conn, images);
+    const agentLab = images.images["agent-lab"];
+    if (dpuNodes.length > 0 && !agentLab)
+      throw new Error("no agent-lab image was built (the SNAP stand-in runs it)");
+    if (agentLab) await startSnap(conn, agentLab.ref, dpuNodes);
+    if (dpuNodes.length > 0)
+      say(`DPU ${dpuNodes.map((n) => n.name).join(", ")}: SNAP stand-in answering (${ms()})`);
     await helm(["install", ...chartArgs(), "--create-namespace", "--wait", "--timeout=6m"]);
     say(`helm install ${REAL_LAB_RELEASE} done (${ms()})`);
     await claimAllDrives(
@@ -243,8 +262,7 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
       },
       async rebuildImages(tag) {
         const again = await buildImages({ tag, progress: (l) => say(`  ${l}`) });
-        const use = Object.values(again.images).filter((i) => i && !NOT_IMPORTED.has(i.name));
-        await Promise.all(nodes.map((n) => importAll(n.containerdSocket, use)));
+        await Promise.all(nodes.map((n) => importAll(n.containerdSocket, imagesFor(again, isDpu(n.name)))));
         return again.tag;
       },
       stop,
@@ -254,6 +272,13 @@ export async function startRealLab(o: RealLabOptions): Promise<RealLab> {
     await stop();
     throw err;
   }
+}
+
+/** The images a node gets: what the lab values run there (the DPU plugin's only on a DPU node). */
+function imagesFor(built: BuiltImages, dpu: boolean) {
+  return Object.values(built.images).filter(
+    (i): i is NonNullable<typeof i> => !!i && !NOT_IMPORTED.has(i.name) && (dpu || !DPU_ONLY.has(i.name)),
+  );
 }
 
 /** The NVMe host driver's state directory inside a node: per node, so loop-device sweeps never cross nodes. */
