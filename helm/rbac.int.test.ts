@@ -168,7 +168,11 @@ const flags = (p: Profile) => ({
     p.name === "examples/lab.yaml" ||
     p.name === "examples/lab-cluster.yaml",
   dpuCluster: p.name.includes("dpu-cluster"),
-  dpu: p.name.includes("dpu-cluster") || p.set.includes("dpu.enabled=true"),
+  // The real-cluster lab runs the DPU plugin on its DPU node.
+  dpu:
+    p.name.includes("dpu-cluster") ||
+    p.name === "examples/lab-cluster.yaml" ||
+    p.set.includes("dpu.enabled=true"),
 });
 
 let helm: string;
