@@ -541,6 +541,9 @@ async function startNode(shared: Shared, spec: NodeSpec, index: number): Promise
       'r="$1"; shift',
       'mount --bind "$r/run" /run',
       'mount --bind "$r/var-lib" /var/lib',
+      // Shared within the node: Bidirectional hostPath mounts below /var/lib (the DPU plugin's
+      // state directory) need it; kubelet makes only its own root directory shared.
+      "mount --make-shared /var/lib",
       'mount --bind "$r/var-log" /var/log',
       'while [ $# -gt 0 ]; do mount --bind "$1" "$2"; shift 2; done',
       "echo ready",
