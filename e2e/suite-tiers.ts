@@ -1,6 +1,7 @@
 // Which lab each e2e suite runs on: the suites moved to the real-cluster lab (scripts/e2e-cluster.ts
 // runs them, in this order, before e2e-cluster/) and the rest, which stay on the process lab
-// (scripts/e2e.ts): none now. multipath runs on the cluster, whose nodes have an address on each of
+// (scripts/e2e.ts): capacity, whose check that kube-scheduler heeds CSIStorageCapacity at its
+// first attempt failed once on the cluster (cause not found yet). multipath runs on the cluster, whose nodes have an address on each of
 // two storage networks that the agents find by CIDR (DISTORT_PORTAL_NETWORKS); dpu on its DPU node
 // node-d (the chart's DPU plugin, a SNAP stand-in: lab/cluster/dpu-node.ts).
 import { readdirSync } from "node:fs";
