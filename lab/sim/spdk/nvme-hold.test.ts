@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { ManualClock } from "../../../lib/clock.ts";
 import { type SpdkEmulator, startSpdkEmulator } from "./emulator.ts";
 import { connectController, createFabric, type SimFabric } from "./fabric.ts";
+import { holdClock, track } from "./hold-clock.ts";
 import { call, rpc } from "./raw-rpc-client.ts";
 
 const NQN = "nqn.2016-06.io.spdk:replica-b";
@@ -75,58 +76,7 @@ async function stateOf(name: string): Promise<string | undefined> {
   return c?.ctrlrs[0]?.state;
 }
 
-/** Lets fabric traffic and timers' continuations run (real time; the clock stays put). */
-const settle = () => Bun.sleep(8);
-
-/** Waits (real time, at most 1 s) for I/O the clock has released to finish on the fabric. */
-async function until(cond: () => boolean): Promise<void> {
-  for (let i = 0; i < 200 && !cond(); i++) await Bun.sleep(5);
-}
-
-/**
- * Advances the manual clock by `ms`, timer by timer. After each timer the clock waits (real
- * time, bounded) for the reconnect attempt it may have started to finish, so simulated seconds
- * never outrun the fabric's real round trips: until no controller reads resetting, or the
- * states stop changing (a refused attempt with reconnect_delay_sec 0 keeps reading resetting).
- */
-async function advance(ms: number): Promise<void> {
-  const end = clock.now() + ms;
-  for (;;) {
-    const due = clock.nextDue();
-    if (due === undefined || due > end) break;
-    clock.advance(due - clock.now());
-    await quiet();
-  }
-  clock.advance(end - clock.now());
-  await settle();
-}
-
-async function quiet(): Promise<void> {
-  let last = "";
-  let same = 0;
-  for (let i = 0; i < 100; i++) {
-    await Bun.sleep(2);
-    const now = JSON.stringify(await call(host.socketPath, "bdev_nvme_get_controllers"));
-    if (!now.includes('"resetting"')) return;
-    same = now === last ? same + 1 : 0;
-    if (same >= 4) return;
-    last = now;
-  }
-}
-
-/** Tracks a promise's outcome without awaiting it. */
-function track<T>(p: Promise<T>) {
-  const out: { done: boolean; error: unknown; value: T | undefined } = {
-    done: false,
-    error: undefined,
-    value: undefined,
-  };
-  p.then(
-    (v) => Object.assign(out, { done: true, value: v }),
-    (e) => Object.assign(out, { done: true, error: e }),
-  );
-  return out;
-}
+const { settle, until, advance } = holdClock(clock, () => host.socketPath);
 
 const removeHost = () => call(target.socketPath, "nvmf_subsystem_remove_host", { nqn: NQN, host: HOST });
 const addHost = () => call(target.socketPath, "nvmf_subsystem_add_host", { nqn: NQN, host: HOST });

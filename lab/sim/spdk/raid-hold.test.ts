@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { ManualClock } from "../../../lib/clock.ts";
 import { type SpdkEmulator, startSpdkEmulator } from "./emulator.ts";
 import { createFabric } from "./fabric.ts";
+import { holdClock, track } from "./hold-clock.ts";
 import { call } from "./raw-rpc-client.ts";
 
 const NQN = "nqn.2016-06.io.spdk:replica-b";
@@ -49,52 +50,7 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-const settle = () => Bun.sleep(8);
-
-/** Waits (real time, at most 1 s) for I/O the clock has released to finish on the fabric. */
-async function until(cond: () => boolean): Promise<void> {
-  for (let i = 0; i < 200 && !cond(); i++) await Bun.sleep(5);
-}
-
-/**
- * Advances the manual clock by `ms`, timer by timer. After each timer the clock waits (real
- * time, bounded) for the reconnect attempt it may have started to finish, so simulated seconds
- * never outrun the fabric's real round trips: until no controller reads resetting, or the
- * states stop changing (a refused attempt with reconnect_delay_sec 0 keeps reading resetting).
- */
-async function advance(ms: number): Promise<void> {
-  const end = clock.now() + ms;
-  for (;;) {
-    const due = clock.nextDue();
-    if (due === undefined || due > end) break;
-    clock.advance(due - clock.now());
-    await quiet();
-  }
-  clock.advance(end - clock.now());
-  await settle();
-}
-
-async function quiet(): Promise<void> {
-  let last = "";
-  let same = 0;
-  for (let i = 0; i < 100; i++) {
-    await Bun.sleep(2);
-    const now = JSON.stringify(await call(host.socketPath, "bdev_nvme_get_controllers"));
-    if (!now.includes('"resetting"')) return;
-    same = now === last ? same + 1 : 0;
-    if (same >= 4) return;
-    last = now;
-  }
-}
-
-function track<T>(p: Promise<T>) {
-  const out: { done: boolean; error: unknown } = { done: false, error: undefined };
-  p.then(
-    () => Object.assign(out, { done: true }),
-    (e) => Object.assign(out, { done: true, error: e }),
-  );
-  return out;
-}
+const { settle, until, advance } = holdClock(clock, () => host.socketPath);
 
 const removeHost = () => call(target.socketPath, "nvmf_subsystem_remove_host", { nqn: NQN, host: HOST });
 const addHost = () => call(target.socketPath, "nvmf_subsystem_add_host", { nqn: NQN, host: HOST });
@@ -159,7 +115,7 @@ test("a write waits for the reconnecting member and completes on both once it is
   await addHost();
   await advance(3000);
   await until(() => w.done);
-  expect(w).toEqual({ done: true, error: undefined });
+  expect(w).toMatchObject({ done: true, error: undefined });
   expect((await host.bdev("ra_l").read(DATA_OFFSET + 4096, 4096)).equals(block("2"))).toBe(true);
   expect((await target.bdev("ra_r").read(DATA_OFFSET + 4096, 4096)).equals(block("2"))).toBe(true);
   expect(await raid("ra")).toMatchObject({ state: "online", num_base_bdevs_discovered: 2 });
@@ -175,7 +131,7 @@ test("once the member's I/O fails (fast_io_fail_timeout_sec) it is failed out an
   expect(w.done).toBe(false);
   await advance(2000);
   await until(() => w.done);
-  expect(w).toEqual({ done: true, error: undefined });
+  expect(w).toMatchObject({ done: true, error: undefined });
   await settle();
   expect(await raid("rb")).toMatchObject({
     state: "online",
@@ -205,7 +161,7 @@ test("the controller declared lost (ctrlr_loss_timeout_sec) takes its bdev out o
   expect(w.done).toBe(false);
   await advance(3000);
   await until(() => w.done);
-  expect(w).toEqual({ done: true, error: undefined });
+  expect(w).toMatchObject({ done: true, error: undefined });
   expect(host.state().bdevs.some((b) => b.name === "rc_cn1")).toBe(false);
   expect(await raid("rc")).toMatchObject({ state: "online", num_base_bdevs_discovered: 1 });
   await addHost();
@@ -226,6 +182,6 @@ test("a read held by the reconnecting member in slot 0 does not hold the next re
   await addHost();
   await advance(3000);
   await until(() => first.done);
-  expect(first).toEqual({ done: true, error: undefined });
+  expect(first).toMatchObject({ done: true, error: undefined });
   await teardown("rd");
 });
