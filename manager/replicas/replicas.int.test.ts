@@ -6,8 +6,10 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { API_VERSION, kinds, type NVMePartition, type NVMeVolumeAttachment } from "../../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../../lab/cluster/test-support.ts";
+import { CacheSet } from "../../lib/kube/cache-set.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
+import { silentLogger } from "../../lib/log.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import { GiB } from "../testdata/fixtures.ts";
 import { type Harness, harness } from "../testdata/harness.ts";
@@ -251,17 +253,16 @@ test("failover: the lost serving node is fenced from every live copy, the genera
     lastHeartbeatTime: new Date(Date.now() - 40_000).toISOString(),
     conditions: latest.status?.conditions ?? [],
   }));
-  // Watch the volume while the failover runs: it must never name a new serving node while the
-  // old generation still stands.
+  // Watch the volume while the failover runs (a watch delivers every stored version of one
+  // object): it must never name a new serving node while the old generation still stands.
   const seen: { node?: string; gen?: number }[] = [];
-  let watching = true;
-  const watcher = (async () => {
-    for (let i = 0; watching && i < 2400; i++) {
-      const v = await h.partitions.get("vol", h.ns);
-      seen.push({ node: v?.spec.nodeName, gen: v?.status?.dataGeneration });
-      await Bun.sleep(25);
-    }
-  })();
+  const caches = new CacheSet(tc.conn, { logger: silentLogger });
+  const watched = caches.cache(kinds.NVMePartition, { namespace: h.ns });
+  const note = (v: NVMePartition) => {
+    if (v.metadata.name === "vol") seen.push({ node: v.spec.nodeName, gen: v.status?.dataGeneration });
+  };
+  watched.on({ add: note, update: (_o, v) => note(v) });
+  await caches.start();
   // The surviving copies' admissions move to one survivor's host; nothing serves until enforced.
   const moved = await eventually(
     async () => {
@@ -302,8 +303,8 @@ test("failover: the lost serving node is fenced from every live copy, the genera
     15_000,
     "failed over",
   );
-  watching = false;
-  await watcher;
+  await eventually(async () => seen.some((o) => o.node === to), 10_000, "the watch saw the new node");
+  await caches.stop();
   expect(after.status?.dataGeneration).toBe(2);
   expect(after.status?.replicas?.find((e) => e.name === lostCopy.metadata.name)).toMatchObject({
     state: "Stale",
