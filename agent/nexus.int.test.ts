@@ -409,6 +409,22 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
       .nvmeControllers.some((c) => c.name === nexusControllerNameFor(copies[1]?.metadata.uid as string)),
   ).toBe(false);
 
+  // The serving node moves to B (as a failover moves it, the manager having fenced A): A takes its
+  // whole nexus down, export first, and records why on the volume.
+  await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+  await eventually(
+    async () => {
+      const s = nodeA.emulator.state();
+      return (
+        !s.subsystems.some((x) => x.nqn === nqn) &&
+        !s.bdevs.some((b) => b.name === raidBdev) &&
+        !s.nvmeControllers.some((c) => c.name.startsWith("nxr_"))
+      );
+    },
+    30_000,
+    "node A's nexus retired after the move",
+  );
+
   // Deletion: the consumer unpublishes, the volume is deleted, and node A's nexus goes away.
   await vas.delete(vaName, ns);
   await eventually(async () => (await vas.get(vaName, ns)) === undefined, 20_000, "consumer attachment gone");

@@ -19,7 +19,7 @@ import type { KubeConnection } from "../../lib/kube/connection.ts";
 import type { ControllerManager } from "../../lib/kube/controller-manager.ts";
 import type { EventRecorder } from "../../lib/kube/events.ts";
 import { WorkQueue } from "../../lib/kube/queue.ts";
-import { type KubeObject, objectKey, ResourceClient } from "../../lib/kube/resource.ts";
+import { type KubeObject, objectKey, ResourceClient, splitKey } from "../../lib/kube/resource.ts";
 import { TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
@@ -45,7 +45,9 @@ import {
   isReplicatedVolume,
   NEXUS_REASONS,
   type NexusPlan,
+  type NexusTeardown,
 } from "../nexus/decide.ts";
+import { nexusControllerNameFor } from "../nexus/identity.ts";
 import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import { aclLocks } from "./acl-lock.ts";
 import {
@@ -436,6 +438,9 @@ export class PartitionController {
     if (!p) {
       this.restarts.dropped(key);
       this.statusSeen.delete(key);
+      // A volume this node served left the cache: its serving node moved (failover), or it is gone.
+      const served = this.nexusServed.get(key);
+      if (served) return this.retireNexus(key, served);
       return;
     }
     // A replicated volume has no drive: its serving node builds it from its copies instead.
@@ -544,7 +549,11 @@ export class PartitionController {
       ...(copies ? { copies } : {}),
     });
     switch (d.action) {
-      case "ignore":
+      case "ignore": {
+        const served = this.nexusServed.get(key);
+        if (served && !mine) return this.retireNexus(key, served);
+        return;
+      }
       case "done":
         return;
       case "add-finalizer":
@@ -579,6 +588,7 @@ export class PartitionController {
         const detached = await (nexus as NexusAssembler).teardown(d.teardown);
         await this.step("nexus-teardown", key);
         this.restarts.dropped(key);
+        this.nexusServed.delete(key);
         await this.dropFinalizer(p);
         await this.step("finalizer-removed", key);
         log.info("replicated volume taken down", { nqn: d.teardown.nqn, detached });
@@ -630,6 +640,17 @@ export class PartitionController {
         }
         if (raid.repaired.length > 0)
           log.info("nexus assembled", { raid: plan.raidBdev, steps: raid.repaired });
+        // Remembered before the export: a serving node that moves away takes all of it down.
+        this.nexusServed.set(key, {
+          nqn: plan.nqn,
+          raidBdev: plan.raidBdev,
+          controllers: [
+            ...new Set([
+              ...plan.members.map((m) => m.controller),
+              ...(p.status?.replicas ?? []).flatMap((r) => (r.uid ? [nexusControllerNameFor(r.uid)] : [])),
+            ]),
+          ].sort(),
+        });
         await this.step("nexus-raid", key);
         const t: Target = {
           backend: "spdk",
@@ -660,6 +681,38 @@ export class PartitionController {
         return unreachable.size > 0 ? { requeueAfterMs: 1000 } : exported;
       }
     }
+  }
+
+  /**
+   * Replicated volumes this agent assembled a nexus for, by key, and what serving them made on
+   * this node's target. Kept in memory only: see retireNexus.
+   */
+  private readonly nexusServed = new Map<string, NexusTeardown>();
+
+  /**
+   * Takes down the nexus of a volume this node served and serves no more: its spec.nodeName moved
+   * to another node (a failover; the manager fenced this node from every copy before it moved
+   * it) or it is gone. The volume's subsystem goes first, so no consumer keeps a path to a raid
+   * that can no longer reach its copies; then the raid and the copies' controllers. Read afresh
+   * from the API server first: a volume that is still (or again) served here is left alone.
+   */
+  private async retireNexus(key: string, t: NexusTeardown): Promise<{ requeueAfterMs?: number } | undefined> {
+    const { namespace, name } = splitKey(key);
+    const now = await this.partClient.get(name, namespace ?? this.o.namespace);
+    if (now && now.spec.nodeName === this.o.nodeName && !now.metadata.deletionTimestamp) return;
+    const backend = this.o.backends.spdk;
+    if (!backend || !this.nexus) return;
+    await backend.removeExport(t.nqn);
+    await this.step("unexport", key);
+    const detached = await this.nexus.teardown(t);
+    await this.step("nexus-teardown", key);
+    this.nexusServed.delete(key);
+    const note = now
+      ? `served by ${now.spec.nodeName ?? "(none yet)"} now: this node's nexus is taken down (export ${t.nqn}, raid ${t.raidBdev}, ${detached.length} controller(s))`
+      : `volume gone: this node's nexus is taken down (export ${t.nqn}, raid ${t.raidBdev})`;
+    this.o.logger.info("nexus retired", { partition: key, nqn: t.nqn, detached });
+    if (now) await this.o.events?.record(now, "Normal", "NexusRetired", "Serve", note);
+    return;
   }
 
   /** Copy key -> when this agent first found it unreachable from the volume it serves. */
