@@ -644,11 +644,11 @@ export class PartitionController {
         this.nexusServed.set(key, {
           nqn: plan.nqn,
           raidBdev: plan.raidBdev,
+          // Every member is a status.replicas entry; teardown adds whatever the raid still lists.
           controllers: [
-            ...new Set([
-              ...plan.members.map((m) => m.controller),
-              ...(p.status?.replicas ?? []).flatMap((r) => (r.uid ? [nexusControllerNameFor(r.uid)] : [])),
-            ]),
+            ...new Set(
+              (p.status?.replicas ?? []).flatMap((r) => (r.uid ? [nexusControllerNameFor(r.uid)] : [])),
+            ),
           ].sort(),
         });
         await this.step("nexus-raid", key);
