@@ -19,7 +19,7 @@ import { updateStatus } from "../lib/kube/status.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
-import { attachmentNameFor, nexusBdevFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
+import { attachmentNameFor, cntlidRangeFor, nexusBdevFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
 import { parseAgentConfig } from "./config.ts";
 import { type RunningAgent, runAgent } from "./main.ts";
 import { nexusControllerNameFor, nexusRaidUuidFor } from "./nexus/identity.ts";
@@ -61,7 +61,11 @@ beforeAll(async () => {
   ] as const) {
     const node = await startSimStorageNode({
       nodeName,
-      drives: [{ serial, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB }],
+      // A second drive for the second test's copies (each test claims its drives).
+      drives: [
+        { serial, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB },
+        { serial: serial.replace(/01$/, "02"), pciAddress: "0000:3d:00.0", sizeBytes: 1 * GiB },
+      ],
       fabric,
       hostAddresses: [address],
     });
@@ -410,13 +414,16 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
   ).toBe(false);
 
   // The serving node moves to B (as a failover moves it, the manager having fenced A): A takes its
-  // whole nexus down, export first, and records why on the volume.
+  // whole nexus down, its export first, which stays as a standby (A holds copy vol-r0): no
+  // namespace, nothing but inaccessible listeners.
   await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
   await eventually(
     async () => {
       const s = nodeA.emulator.state();
+      const sub = s.subsystems.find((x) => x.nqn === nqn);
       return (
-        !s.subsystems.some((x) => x.nqn === nqn) &&
+        sub !== undefined &&
+        sub.namespaces.length === 0 &&
         !s.bdevs.some((b) => b.name === raidBdev) &&
         !s.nvmeControllers.some((c) => c.name.startsWith("nxr_"))
       );
@@ -424,19 +431,221 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
     30_000,
     "node A's nexus retired after the move",
   );
+  const standbyA = await spdkA.nvmfSubsystemGetListeners(nqn);
+  expect(standbyA.flatMap((l) => l.ana_states?.map((g) => g.ana_state) ?? [])).toEqual(["inaccessible"]);
 
   // Deletion: the consumer unpublishes, the volume is deleted, and node A's nexus goes away.
   await vas.delete(vaName, ns);
   await eventually(async () => (await vas.get(vaName, ns)) === undefined, 20_000, "consumer attachment gone");
   await parts.delete("vol", ns);
   await eventually(async () => (await parts.get("vol", ns)) === undefined, 30_000, "volume gone");
-  expect([...interrupted].sort()).toEqual(["export", "nexus-raid", "nexus-teardown", "unexport"]);
+  expect([...interrupted].sort()).toEqual(["export", "nexus-raid", "nexus-teardown"]);
+  // The standbys go with their copies (the manager deletes them after the volume, and their
+  // attachments first).
+  for (const c of copies) await vas.delete(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
+  for (const c of copies) await parts.delete(c.metadata.name, ns);
+  await eventually(
+    async () => nodes.every((n) => !n.emulator.state().subsystems.some((s) => s.nqn === nqn)),
+    30_000,
+    "the volume's standby exports gone with its copies",
+  );
   const after = nodeA.emulator.state();
   expect(after.subsystems.some((s) => s.nqn === nqn)).toBe(false);
   expect(after.bdevs.some((b) => b.name === raidBdev)).toBe(false);
   expect(after.nvmeControllers.filter((c) => c.name.startsWith("nxr_"))).toEqual([]);
-  // The copies themselves are the manager's to delete; they are still exported.
-  for (const [i, node] of nodes.entries()) {
-    expect(node.emulator.state().subsystems.some((s) => s.nqn === copies[i]?.status?.nqn)).toBe(true);
+  await eventually(
+    async () =>
+      nodes.every((n, i) => !n.emulator.state().subsystems.some((s) => s.nqn === copies[i]?.status?.nqn)),
+    30_000,
+    "the copies' exports gone",
+  );
+}, 150_000);
+
+test("a consumer holds a path to every copy node: the standby answers nothing until a failover makes it serve, and I/O goes on there with the same data", async () => {
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const [nodeA, nodeB] = nodes as [SimStorageNode, SimStorageNode];
+  const spdkA = methodsOf(nodeA);
+  const spdkB = methodsOf(nodeB);
+  const vol = await parts.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name: "fo", namespace: ns },
+    spec: {
+      sizeBytes: 32 * MiB,
+      replicas: 2,
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition);
+  const volUid = vol.metadata.uid as string;
+  const devices: NVMeDevice[] = [];
+  for (const [serial, name] of [
+    ["SIMNXA02", "fo-r0"],
+    ["SIMNXB02", "fo-r1"],
+  ] as const) {
+    devices.push(
+      await placeOnReportedDrive(tc.conn, ns, serial, [name], 32 * MiB, (p) => {
+        p.spec.replicaOf = { name: "fo", uid: volUid };
+      }),
+    );
   }
-}, 120_000);
+  const copies = await eventually(
+    async () => {
+      const l = await Promise.all(["fo-r0", "fo-r1"].map((n) => parts.get(n, ns)));
+      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
+    },
+    30_000,
+    "both copies Exported",
+  );
+  const copyAttachment = (c: NVMePartition, node: string) => ({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
+    spec: {
+      partitionName: c.metadata.name,
+      partitionUID: c.metadata.uid as string,
+      nodeId: `${node}/${nexusHostNqnFor(node)}`,
+      hostNQN: nexusHostNqnFor(node),
+      attachmentId: `nexus-${c.metadata.name}-${node}`,
+    },
+  });
+  for (const c of copies) await vas.create(copyAttachment(c, NODE_A) as NVMeVolumeAttachment);
+  await parts.mergePatch("fo", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
+  await updateStatus(parts, "fo", ns, (latest) => ({
+    ...(latest.status ?? { conditions: [] }),
+    state: latest.status?.state ?? ("Placed" as const),
+    dataGeneration: 1,
+    replicas: copies.map((c, i) => ({
+      name: c.metadata.name,
+      uid: c.metadata.uid as string,
+      nodeName: c.spec.nodeName as string,
+      deviceSerial: devices[i]?.spec.serial as string,
+      state: "Online" as const,
+      generation: 1,
+    })),
+  }));
+  const vaName = attachmentNameFor("fo", volUid);
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: vaName, namespace: ns },
+    spec: {
+      partitionName: "fo",
+      partitionUID: volUid,
+      nodeId: `consumer-1/${CONSUMER}`,
+      hostNQN: CONSUMER,
+      attachmentId: "att-fo",
+    },
+  } as NVMeVolumeAttachment);
+  const nqn = nqnFor(externalIdFor(volUid));
+  const raidBdev = nexusBdevFor(externalIdFor(volUid));
+  await eventually(
+    async () => (await parts.get("fo", ns))?.status?.state === "Exported",
+    30_000,
+    "volume Exported on A",
+  );
+  // Node B holds copy fo-r1 and does not serve: it exports the volume's NQN as a standby that
+  // admits the consumer, with no namespace and its listener inaccessible.
+  await eventually(
+    async () => {
+      const sub = nodeB.emulator.state().subsystems.find((s) => s.nqn === nqn);
+      return sub?.hosts.includes(CONSUMER) && sub.listeners.length > 0;
+    },
+    30_000,
+    "standby export on B admitting the consumer",
+  );
+  expect(nodeB.emulator.state().subsystems.find((s) => s.nqn === nqn)?.namespaces).toEqual([]);
+  const anaOf = async (m: SpdkMethods) =>
+    (await m.nvmfSubsystemGetListeners(nqn)).flatMap((l) => l.ana_states?.map((g) => g.ana_state) ?? []);
+  expect(await anaOf(spdkA)).toEqual(["optimized"]);
+  expect(await anaOf(spdkB)).toEqual(["inaccessible"]);
+  // An uninvited host is refused by the standby as by the serving export.
+  await expect(
+    connectController(fabric, {
+      trtype: "TCP",
+      traddr: B,
+      trsvcid: String(PORT),
+      subnqn: nqn,
+      hostnqn: `nqn.2014-08.org.nvmexpress:uuid:${randomUUID()}`,
+      hostid: randomUUID(),
+    }),
+  ).rejects.toThrow();
+
+  // The consumer connects both paths, as NodeStage does with the publish context's portals.
+  const connect = (traddr: string) =>
+    connectController(fabric, {
+      trtype: "TCP",
+      traddr,
+      trsvcid: String(PORT),
+      subnqn: nqn,
+      hostnqn: CONSUMER,
+      hostid: CONSUMER_ID,
+      kato: 2000,
+    });
+  const pathA = await connect(A);
+  const pathB = await connect(B);
+  try {
+    // Each node hands out controller IDs from its own copy's range: no ID repeats across paths.
+    expect(pathA.ctrlr.cntlid).toBeGreaterThanOrEqual(cntlidRangeFor(0).min);
+    expect(pathA.ctrlr.cntlid).toBeLessThanOrEqual(cntlidRangeFor(0).max);
+    expect(pathB.ctrlr.cntlid).toBeGreaterThanOrEqual(cntlidRangeFor(1).min);
+    expect(pathB.ctrlr.cntlid).toBeLessThanOrEqual(cntlidRangeFor(1).max);
+    expect(pathA.namespaces.length).toBe(1);
+    expect(pathB.namespaces).toEqual([]);
+    expect(pathB.anaState).toBe("inaccessible");
+    const nsUuid = pathA.namespaces[0]?.uuid?.toLowerCase();
+    expect(nsUuid).toBe(nexusRaidUuidFor(volUid).toLowerCase());
+    const first = Buffer.alloc(512 * 1024);
+    for (let i = 0; i < first.length; i++) first[i] = (i * 11 + 3) % 253;
+    await pathA.write(1, 2 * MiB, first);
+    await pathA.flush(1);
+    // Nothing reaches the data through the standby.
+    await expect(pathB.read(1, 2 * MiB, 4096)).rejects.toThrow();
+
+    // Failover as the manager does it: the copies' attachments move to B's nexus host (A is
+    // fenced from both), then the serving node moves.
+    for (const c of copies) {
+      const name = attachmentNameFor(c.metadata.name, c.metadata.uid as string);
+      const a = await vas.get(name, ns);
+      await vas.replace({ ...(a as NVMeVolumeAttachment), spec: copyAttachment(c, NODE_B).spec });
+    }
+    await parts.mergePatch("fo", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+    // The path the consumer already holds to B turns optimized and shows the namespace (the
+    // target's ANA and namespace notices); the one to A turns inaccessible and empty.
+    await eventually(
+      async () => pathB.anaState === "optimized" && pathB.namespaces.length === 1,
+      30_000,
+      "the consumer's path to B serving",
+    );
+    // The same namespace (the raid's UUID, equal on every node), so the host sees one device.
+    expect(pathB.namespaces[0]?.uuid?.toLowerCase()).toBe(nsUuid);
+    expect((await pathB.read(1, 2 * MiB, first.length)).equals(first)).toBe(true);
+    const second = Buffer.alloc(256 * 1024, 0xc3);
+    await pathB.write(1, 6 * MiB, second);
+    await pathB.flush(1);
+    expect((await pathB.read(1, 6 * MiB, second.length)).equals(second)).toBe(true);
+    await eventually(
+      async () => pathA.anaState === "inaccessible" && pathA.namespaces.length === 0,
+      30_000,
+      "the consumer's path to A a standby",
+    );
+    expect(nodeA.emulator.state().bdevs.some((b) => b.name === raidBdev)).toBe(false);
+    expect(await anaOf(spdkB)).toEqual(["optimized"]);
+  } finally {
+    pathA.close();
+    pathB.close();
+  }
+
+  await vas.delete(vaName, ns);
+  await parts.delete("fo", ns);
+  await eventually(async () => (await parts.get("fo", ns)) === undefined, 30_000, "volume gone");
+  for (const c of copies) await vas.delete(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
+  for (const c of copies) await parts.delete(c.metadata.name, ns);
+  await eventually(
+    async () => nodes.every((n) => !n.emulator.state().subsystems.some((s) => s.nqn === nqn)),
+    30_000,
+    "no export of the volume left on either node",
+  );
+}, 150_000);

@@ -61,3 +61,26 @@ export function nexusHostNqnFor(nodeName: string): string {
 export function nexusBdevFor(externalId: string): string {
   return `nexus-${externalId}`;
 }
+
+/** The index in a replica partition's name (<volume>-r<index>: the part after the last "-r"), or undefined. */
+export function replicaIndex(name: string): number | undefined {
+  const m = /-r(\d{1,3})$/.exec(name);
+  return m ? Number(m[1]) : undefined;
+}
+
+/** Slots the controller-ID space of a replicated volume's subsystem is split into, one per node. */
+export const CNTLID_SLOTS = 8;
+const CNTLID_MAX = 0xffef;
+const CNTLID_SLOT_SIZE = Math.floor(CNTLID_MAX / CNTLID_SLOTS);
+
+/**
+ * The controller IDs a node hands out on a replicated volume's subsystem (standby or serving):
+ * the slot of the copy it holds (its replica index, modulo CNTLID_SLOTS - 1), or the last slot on
+ * a node that serves without holding a copy. Copies of one volume are on distinct nodes, so the
+ * nodes a host reaches one volume through never repeat a controller ID (a host refuses that).
+ */
+export function cntlidRangeFor(copyIndex: number | undefined): { min: number; max: number } {
+  const slot = copyIndex === undefined ? CNTLID_SLOTS - 1 : copyIndex % (CNTLID_SLOTS - 1);
+  const min = slot * CNTLID_SLOT_SIZE + 1;
+  return { min, max: min + CNTLID_SLOT_SIZE - 1 };
+}

@@ -120,7 +120,28 @@ export interface ExportSpec {
    * StorageError details.reason TLS_UNSUPPORTED and the reason in its message.
    */
   tls?: boolean;
+  /**
+   * The controller IDs this node's subsystem hands out, [min, max] (SPDK's min_cntlid and
+   * max_cntlid; settable only when the subsystem is created). The nodes that may serve one
+   * replicated volume each take a disjoint range, since a host refuses a second controller of a
+   * subsystem whose ID repeats one it already has. Absent: the target's default (1-65519).
+   */
+  cntlidRange?: { min: number; max: number };
+  /**
+   * Keep every listener of the export at ANA optimized even with a single listener (a
+   * replicated volume's serving node: its consumers also hold standby paths to other nodes,
+   * which stay inaccessible). Absent: optimized is only kept once there is more than one
+   * listener. Ignored by nvmet.
+   */
+  keepOptimized?: boolean;
 }
+
+/**
+ * A standby export (spdk only): the subsystem of a replicated volume on a node that holds one of
+ * its copies but does not serve it. Its consumers connect to it ahead of a failover; it lists no
+ * namespace and every listener is ANA inaccessible, so no I/O reaches it until this node serves.
+ */
+export type StandbySpec = Omit<ExportSpec, "volume" | "namespaceUuid" | "keepOptimized">;
 
 /** details.reason of the StorageError a backend refuses a TLS export with (the why in its message). */
 export const TLS_UNSUPPORTED = "TLSUnsupported";
@@ -176,6 +197,13 @@ export interface TargetBackend {
    * of the components it had to create or repair (empty when it was already exact).
    */
   ensureExport(spec: ExportSpec): Promise<string[]>;
+  /**
+   * Makes `nqn` a standby export exactly as `spec` says (subsystem, listeners at ANA inaccessible,
+   * then no namespace: a node that served it stops being reachable before its data goes).
+   * Host ACL is left to setHosts. Returns what it created or changed. Absent on a backend
+   * without ANA (nvmet serves no replicated volume).
+   */
+  ensureStandby?(spec: StandbySpec): Promise<string[]>;
   /**
    * Makes the subsystem's host ACL exactly `hostNQNs` (revoking others first) and cuts every
    * other host off: on return no other host can do I/O through an existing controller either

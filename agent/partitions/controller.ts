@@ -24,11 +24,13 @@ import { TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import { formatQuantity } from "../../lib/units.ts";
+import { cntlidRangeFor, externalIdFor, nqnFor, replicaIndex } from "../../lib/volume-identity.ts";
 import { isPartitionRecord } from "../attachments/partition-record.ts";
 import {
   type BackendName,
   type DeviceRef,
   DRIVE_MISSING,
+  type ExportSpec,
   type QosLimits,
   type TargetBackend,
   TLS_UNSUPPORTED,
@@ -84,7 +86,14 @@ export const PROVISION_STEPS = [
 ] as const;
 export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-removed"] as const;
 /** Steps of a replicated volume's serving node beyond the shared ones (export, acl, status...). */
-export const NEXUS_STEPS = ["nexus-raid", "nexus-degrade", "nexus-teardown"] as const;
+export const NEXUS_STEPS = [
+  "nexus-raid",
+  "nexus-degrade",
+  "nexus-teardown",
+  "standby-export",
+  "standby-acl",
+  "standby-unexport",
+] as const;
 export type Step =
   | (typeof PROVISION_STEPS)[number]
   | (typeof DEPROVISION_STEPS)[number]
@@ -219,7 +228,12 @@ export class PartitionController {
       deadlineMs: o.restartSummaryDeadlineMs,
       onSummary: (s) => void this.reportRestart(s),
     });
-    const enqueue = (p: NVMePartition) => this.queue.add(objectKey(p.metadata));
+    const enqueue = (p: NVMePartition) => {
+      this.queue.add(objectKey(p.metadata));
+      // A copy's changes also reach the standby export of its volume (a key outside the cache).
+      const v = volumeKeyOfCopy(p);
+      if (v) this.queue.add(v);
+    };
     this.partitions.onChange(enqueue);
     // A drive or an attachment change can unblock (or block) the partitions that use it.
     const bySerial = (d: NVMeDevice) => {
@@ -235,7 +249,11 @@ export class PartitionController {
       delete: bySerial,
     });
     const byUid = (a: NVMeVolumeAttachment) => {
-      for (const p of this.partitions.list()) if (p.metadata.uid === a.spec.partitionUID) enqueue(p);
+      for (const p of this.partitions.list()) {
+        if (p.metadata.uid === a.spec.partitionUID) enqueue(p);
+        // A consumer of a replicated volume is admitted on every copy node's standby export too.
+        else if (p.spec.replicaOf?.uid === a.spec.partitionUID) this.queue.add(volumeKeyOfCopy(p) as string);
+      }
     };
     this.attachments.onChange(byUid);
     o.manager.add({
@@ -439,8 +457,11 @@ export class PartitionController {
       this.restarts.dropped(key);
       this.statusSeen.delete(key);
       // A volume this node served left the cache: its serving node moved (failover), or it is gone.
+      const copy = this.localCopyOf(key);
       const served = this.nexusServed.get(key);
-      if (served) return this.retireNexus(key, served);
+      if (served) return this.retireNexus(key, served, copy);
+      // A replicated volume served elsewhere that this node holds a copy of: a standby export.
+      if (copy) return this.reconcileStandby(key, copy);
       return;
     }
     // A replicated volume has no drive: its serving node builds it from its copies instead.
@@ -551,7 +572,7 @@ export class PartitionController {
     switch (d.action) {
       case "ignore": {
         const served = this.nexusServed.get(key);
-        if (served && !mine) return this.retireNexus(key, served);
+        if (served && !mine) return this.retireNexus(key, served, this.localCopyOf(key));
         return;
       }
       case "done":
@@ -676,11 +697,94 @@ export class PartitionController {
           volume,
           log,
           `raid1 over ${names}`,
+          {
+            cntlidRange: cntlidRangeFor(replicaIndex(this.localCopyOf(key)?.metadata.name ?? "")),
+            keepOptimized: true,
+          },
         );
         // While a copy is unreachable, look again every second: its bound runs on the clock.
         return unreachable.size > 0 ? { requeueAfterMs: 1000 } : exported;
       }
     }
+  }
+
+  /** The live copy (replica partition) of volume key `key` this node holds, if any. */
+  private localCopyOf(key: string): NVMePartition | undefined {
+    return this.partitions
+      .list()
+      .find(
+        (c) =>
+          volumeKeyOfCopy(c) === key && !c.metadata.deletionTimestamp && c.spec.nodeName === this.o.nodeName,
+      );
+  }
+
+  /**
+   * One pass over the standby export of replicated volume `key` on this node, which holds its
+   * copy `copy` and does not serve it: the volume's subsystem with no namespace and every
+   * listener inaccessible, admitting the volume's consumers, so they hold a path here before a
+   * failover makes this node the one that serves. A volume gone (or recreated) takes it down.
+   */
+  private async reconcileStandby(
+    key: string,
+    copy: NVMePartition,
+  ): Promise<{ requeueAfterMs?: number } | undefined> {
+    const backend = this.o.backends.spdk;
+    const of = copy.spec.replicaOf;
+    if (!backend?.ensureStandby || !of) return;
+    const { namespace, name } = splitKey(key);
+    const volume = await this.partClient.get(name, namespace ?? this.o.namespace);
+    if (!volume || volume.metadata.uid !== of.uid || volume.metadata.deletionTimestamp) {
+      await this.removeStandby(key, of.uid);
+      return;
+    }
+    // Served here: the volume's own pass (its cache event is on the way) owns the export.
+    if (volume.spec.nodeName === this.o.nodeName) return;
+    await this.standbyExport(key, copy, volume, backend);
+    return;
+  }
+
+  private async standbyExport(
+    key: string,
+    copy: NVMePartition,
+    volume: NVMePartition,
+    backend: TargetBackend,
+  ): Promise<void> {
+    if (!backend.ensureStandby) return;
+    const externalId = externalIdFor(volume.metadata.uid as string);
+    const nqn = nqnFor(externalId);
+    const transport = volume.spec.targetOptions?.transport ?? "rdma";
+    const portal = await this.o.portal(transport);
+    if (!portal)
+      throw new StorageError("unavailable", `node ${this.o.nodeName} has no usable ${transport} endpoint`);
+    const more = (this.o.morePortalAddresses ?? []).filter((a) => a !== portal.address);
+    const repaired = await backend.ensureStandby({
+      nqn,
+      transport,
+      address: portal.address,
+      port: volume.spec.targetOptions?.portalPort ?? portal.port,
+      ...(more.length > 0 ? { moreAddresses: more } : {}),
+      serialNumber: serialNumberFor(externalId),
+      cntlidRange: cntlidRangeFor(replicaIndex(copy.metadata.name)),
+      ...(volume.spec.targetOptions?.tls ? { tls: true } : {}),
+    });
+    await this.step("standby-export", key);
+    await aclLocks.run(nqn, async () => {
+      const hosts = desiredHosts(volume, this.attachmentsFor(volume));
+      const acl = await keyedAclFor(volume, hosts, this.o.secrets);
+      await backend.setHosts(nqn, acl.hosts, acl.keys, acl.psks);
+    });
+    await this.step("standby-acl", key);
+    if (repaired.length > 0) this.o.logger.info("standby export", { partition: key, nqn, repaired });
+  }
+
+  /** Removes the standby export of volume `volumeUid` unless this node serves that volume. */
+  private async removeStandby(key: string, volumeUid: string): Promise<void> {
+    const backend = this.o.backends.spdk;
+    if (!backend?.ensureStandby || this.nexusServed.has(key)) return;
+    const served = this.partitions.get(key);
+    if (served && served.metadata.uid === volumeUid) return;
+    await backend.removeExport(nqnFor(externalIdFor(volumeUid)));
+    await this.step("standby-unexport", key);
   }
 
   /**
@@ -696,14 +800,24 @@ export class PartitionController {
    * that can no longer reach its copies; then the raid and the copies' controllers. Read afresh
    * from the API server first: a volume that is still (or again) served here is left alone.
    */
-  private async retireNexus(key: string, t: NexusTeardown): Promise<{ requeueAfterMs?: number } | undefined> {
+  private async retireNexus(
+    key: string,
+    t: NexusTeardown,
+    copy: NVMePartition | undefined,
+  ): Promise<{ requeueAfterMs?: number } | undefined> {
     const { namespace, name } = splitKey(key);
     const now = await this.partClient.get(name, namespace ?? this.o.namespace);
     if (now && now.spec.nodeName === this.o.nodeName && !now.metadata.deletionTimestamp) return;
     const backend = this.o.backends.spdk;
     if (!backend || !this.nexus) return;
-    await backend.removeExport(t.nqn);
-    await this.step("unexport", key);
+    if (copy && now && !now.metadata.deletionTimestamp && backend.ensureStandby) {
+      // This node still holds a copy: its export stays as a standby (listeners inaccessible,
+      // then the raid's namespace out), so its consumers keep a path for a failback.
+      await this.standbyExport(key, copy, now, backend);
+    } else {
+      await backend.removeExport(t.nqn);
+      await this.step("unexport", key);
+    }
     const detached = await this.nexus.teardown(t);
     await this.step("nexus-teardown", key);
     this.nexusServed.delete(key);
@@ -866,6 +980,7 @@ export class PartitionController {
     volume: Volume,
     log: Logger,
     note?: string,
+    served?: Pick<ExportSpec, "cntlidRange" | "keepOptimized">,
   ): Promise<{ requeueAfterMs?: number } | undefined> {
     const transport = p.spec.targetOptions?.transport ?? "rdma";
     const portal = await this.o.portal(transport);
@@ -894,6 +1009,7 @@ export class PartitionController {
         serialNumber: serialNumberFor(t.volume.externalId),
         ...(t.namespaceUuid ? { namespaceUuid: t.namespaceUuid } : {}),
         ...(p.spec.targetOptions?.tls ? { tls: true } : {}),
+        ...served,
       });
     } catch (err) {
       if (!(err instanceof StorageError && err.details.reason === TLS_UNSUPPORTED)) throw err;
@@ -1023,6 +1139,8 @@ export class PartitionController {
     }
     await backend.removeExport(t.nqn);
     await this.step("unexport", key);
+    const volumeKey = volumeKeyOfCopy(p);
+    if (volumeKey && p.spec.replicaOf) await this.removeStandby(volumeKey, p.spec.replicaOf.uid);
     const device = await backend.prepareDevice(t.volume.device);
     await vm.deleteVolume({ ...t.volume, device });
     await this.step("delete-volume", key);
@@ -1044,4 +1162,10 @@ export class PartitionController {
       });
     }
   }
+}
+
+/** The work-queue key of the volume a copy (replica partition) belongs to, or undefined. */
+export function volumeKeyOfCopy(p: NVMePartition): string | undefined {
+  const of = p.spec.replicaOf;
+  return of ? objectKey({ name: of.name, namespace: p.metadata.namespace }) : undefined;
 }

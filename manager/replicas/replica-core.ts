@@ -23,6 +23,7 @@ import type {
   ReplicaState,
   ReplicaStatus,
 } from "../../api/index.ts";
+import { replicaIndex } from "../../lib/volume-identity.ts";
 import { nodeHealth } from "../node-health.ts";
 import type { ConditionInput } from "../status-patch.ts";
 
@@ -51,11 +52,7 @@ export function replicaName(volume: string, index: number): string {
   return `${volume.slice(0, 253 - suffix.length - h.length - 1).replace(/[-.]+$/, "")}-${h}${suffix}`;
 }
 
-/** The index in a replica's name (the part after the last "-r"), or undefined. */
-export function replicaIndex(name: string): number | undefined {
-  const m = /-r(\d{1,3})$/.exec(name);
-  return m ? Number(m[1]) : undefined;
-}
+export { replicaIndex };
 
 /** The spec of a new replica of `volume`: its size, backend, carving and topology, one copy. */
 export function replicaSpec(volume: NVMePartition): NVMePartitionSpec {

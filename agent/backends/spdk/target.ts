@@ -21,6 +21,7 @@ import {
   hostKeyOf,
   type ListenerState,
   type QosLimits,
+  type StandbySpec,
   type TargetBackend,
   TLS_UNSUPPORTED,
   type Transport,
@@ -319,7 +320,7 @@ export class SpdkTarget implements TargetBackend {
    * Refuses a TLS export on a target whose SPDK cannot derive TLS PSKs (tls-support.ts), before
    * anything is created: StorageError precondition, details.reason TLS_UNSUPPORTED.
    */
-  private async requireTls(spec: ExportSpec): Promise<void> {
+  private async requireTls(spec: Pick<ExportSpec, "nqn" | "transport">): Promise<void> {
     if (spec.transport !== "tcp")
       throw new StorageError("invalid", `TLS export ${spec.nqn} needs transport tcp, not ${spec.transport}`);
     const verdict = await this.facts.verified<TlsSupport>(TLS_SUPPORT, async () =>
@@ -329,7 +330,17 @@ export class SpdkTarget implements TargetBackend {
       throw new StorageError("precondition", verdict.why, { details: { reason: TLS_UNSUPPORTED } });
   }
 
-  private async reconcileExport(spec: ExportSpec): Promise<string[]> {
+  ensureStandby(spec: StandbySpec): Promise<string[]> {
+    return this.facts.forgetOnError(() => this.reconcileExport({ ...spec, volume: undefined }));
+  }
+
+  /**
+   * One pass making `spec` true: with a volume, namespace 1 before any listener is set
+   * optimized; without one (a standby), every listener inaccessible before any namespace goes.
+   */
+  private async reconcileExport(
+    spec: Omit<ExportSpec, "volume"> & { volume: ExportSpec["volume"] | undefined },
+  ): Promise<string[]> {
     if (spec.tls) await this.requireTls(spec);
     const repaired: string[] = [];
     if (await this.ensureTransport(spec.transport)) repaired.push("transport");
@@ -344,8 +355,12 @@ export class SpdkTarget implements TargetBackend {
             model_number: this.opts.modelNumber ?? "DISTORT",
             allow_any_host: false,
             max_namespaces: 1,
-            // Only settable at creation (v25.05.1): per-listener ANA states for multipath.
+            // Only settable at creation (v25.05.1): per-listener ANA states for multipath, and
+            // the controller IDs this node hands out.
             ana_reporting: true,
+            ...(spec.cntlidRange
+              ? { min_cntlid: spec.cntlidRange.min, max_cntlid: spec.cntlidRange.max }
+              : {}),
           });
           created = true;
         } catch (err) {
@@ -370,28 +385,28 @@ export class SpdkTarget implements TargetBackend {
         await this.m.nvmfSubsystemAllowAnyHost(spec.nqn, false);
         repaired.push("host-policy");
       }
-      // Exactly one namespace, nsid 1, backed by this volume's bdev.
+      // Exactly one namespace, nsid 1, backed by this volume's bdev; none on a standby, whose
+      // namespaces go only once its listeners are inaccessible (below).
       const ns = s.namespaces ?? [];
-      const uuid = spec.namespaceUuid?.toLowerCase();
-      const right = ns.find(
-        (n) =>
-          n.nsid === 1 &&
-          n.bdev_name === spec.volume.backendPath &&
-          (uuid === undefined || n.uuid?.toLowerCase() === uuid),
-      );
-      for (const n of ns) {
-        if (n !== right) {
-          await this.m.nvmfSubsystemRemoveNs(spec.nqn, n.nsid).catch((err) => {
-            if (!isKind(err, "not-found")) throw err;
-          });
+      const volume = spec.volume;
+      if (volume) {
+        const uuid = spec.namespaceUuid?.toLowerCase();
+        const right = ns.find(
+          (n) =>
+            n.nsid === 1 &&
+            n.bdev_name === volume.backendPath &&
+            (uuid === undefined || n.uuid?.toLowerCase() === uuid),
+        );
+        for (const n of ns) {
+          if (n !== right) await this.removeNamespace(spec.nqn, n.nsid);
         }
-      }
-      if (!right) {
-        await this.m.nvmfSubsystemAddNs({
-          nqn: spec.nqn,
-          namespace: { bdev_name: spec.volume.backendPath, nsid: 1, ...(uuid ? { uuid } : {}) },
-        });
-        repaired.push("namespace");
+        if (!right) {
+          await this.m.nvmfSubsystemAddNs({
+            nqn: spec.nqn,
+            namespace: { bdev_name: volume.backendPath, nsid: 1, ...(uuid ? { uuid } : {}) },
+          });
+          repaired.push("namespace");
+        }
       }
       // Exactly the asked-for listeners; a stale portal is withdrawn.
       const wanted = [...new Set([spec.address, ...(spec.moreAddresses ?? [])])];
@@ -440,8 +455,14 @@ export class SpdkTarget implements TargetBackend {
       // ANA matters once there is more than one path: every portal of this node serves the
       // volume, so each is kept optimized (an ANA state set by hand is put back). A subsystem
       // created without ana_reporting (before it was set at creation) reports none.
-      if (listening.length > 1) {
-        if (await this.keepOptimized(spec, listening)) repaired.push("ana-state");
+      if (!volume) {
+        if (await this.keepAnaState(spec, listening, "inaccessible")) repaired.push("ana-state");
+        for (const n of ns) {
+          await this.removeNamespace(spec.nqn, n.nsid);
+          repaired.push(`removed-namespace:${n.nsid}`);
+        }
+      } else if (listening.length > 1 || spec.keepOptimized) {
+        if (await this.keepAnaState(spec, listening, "optimized")) repaired.push("ana-state");
       }
       this.listened.set(spec.nqn, listening);
     });
@@ -456,7 +477,10 @@ export class SpdkTarget implements TargetBackend {
    * refused to listen there (v25.05.1 answers an address this host does not have, or one in use,
    * with -32602 "Invalid parameters", the reply it gives a duplicate listener).
    */
-  private async addListener(spec: ExportSpec, address: string): Promise<void> {
+  private async addListener(
+    spec: Pick<ExportSpec, "nqn" | "transport" | "port" | "tls">,
+    address: string,
+  ): Promise<void> {
     const want = {
       trtype: TRTYPE[spec.transport],
       adrfam: adrfamOf(address),
@@ -487,18 +511,28 @@ export class SpdkTarget implements TargetBackend {
     }
   }
 
+  private async removeNamespace(nqn: string, nsid: number): Promise<void> {
+    await this.m.nvmfSubsystemRemoveNs(nqn, nsid).catch((err) => {
+      if (!isKind(err, "not-found")) throw err;
+    });
+  }
+
   /**
-   * Reads the listeners' ANA states into `listening` and sets optimized on any of them whose
+   * Reads the listeners' ANA states into `listening` and sets `want` on any of them whose
    * group 1 (namespace 1's, SPDK's default anagrpid) is in another state. True when it set one.
    */
-  private async keepOptimized(spec: ExportSpec, listening: ListenerState[]): Promise<boolean> {
+  private async keepAnaState(
+    spec: Pick<ExportSpec, "nqn" | "transport">,
+    listening: ListenerState[],
+    want: "optimized" | "inaccessible",
+  ): Promise<boolean> {
     let changed = false;
     for (const l of await this.m.nvmfSubsystemGetListeners(spec.nqn)) {
       const mine = listening.find((x) => sameAddress(l.address, spec.transport, x.address, x.port));
       const state = l.ana_states?.find((g) => g.ana_group === 1)?.ana_state;
       if (!mine || state === undefined) continue;
       mine.anaState = state;
-      if (state === "optimized") continue;
+      if (state === want) continue;
       await this.m.nvmfSubsystemListenerSetAnaState({
         nqn: spec.nqn,
         listen_address: {
@@ -507,9 +541,9 @@ export class SpdkTarget implements TargetBackend {
           traddr: mine.address,
           trsvcid: String(mine.port),
         },
-        ana_state: "optimized",
+        ana_state: want,
       });
-      mine.anaState = "optimized";
+      mine.anaState = want;
       changed = true;
     }
     return changed;
