@@ -36,6 +36,12 @@ export const PublishContextKeys = {
   /** The host NQN the target ACL allows; NodeStage connects with exactly this one. */
   hostNQN: "storage.distort.io/hostNQN",
   attachmentId: "storage.distort.io/attachmentId",
+  /**
+   * A replicated volume: every portal serving it or standing by for it (its serving node's,
+   * then each copy node's standby), "ip:port" comma-separated as VolumeContextKeys.portals. The
+   * node connects them all as paths of one subsystem, so a failover needs no restage.
+   */
+  portals: "storage.distort.io/portals",
 } as const;
 
 const numeric = (what: string, min: number, max: number) =>
@@ -47,6 +53,26 @@ const numeric = (what: string, min: number, max: number) =>
     v.maxValue(max, `${what} must be <= ${max}`),
   );
 
+/** A portals value (formatPortals' output), parsed into addresses and ports. */
+const PortalListSchema = v.pipe(
+  v.string(),
+  v.transform((s) => s.split(",").filter((x) => x.trim() !== "")),
+  v.array(
+    v.pipe(
+      v.string(),
+      v.regex(
+        /^(\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):\d{1,5}$/,
+        "portals must be ip:port, comma-separated",
+      ),
+      v.transform((x) => {
+        const at = x.lastIndexOf(":");
+        return { address: x.slice(0, at).replace(/^\[|\]$/g, ""), port: Number(x.slice(at + 1)) };
+      }),
+      v.check((p) => p.port >= 1 && p.port <= 65535, "portals port must be 1..65535"),
+    ),
+  ),
+);
+
 export const VolumeContextSchema = v.object({
   [VolumeContextKeys.nqn]: v.pipe(
     v.string(),
@@ -56,26 +82,7 @@ export const VolumeContextSchema = v.object({
   [VolumeContextKeys.portalIP]: v.pipe(v.string(), v.ip("portalIP is not an IP address")),
   [VolumeContextKeys.portalPort]: numeric("portalPort", 1, 65535),
   [VolumeContextKeys.transport]: v.picklist(["rdma", "tcp"], "transport must be rdma or tcp"),
-  [VolumeContextKeys.portals]: v.optional(
-    v.pipe(
-      v.string(),
-      v.transform((s) => s.split(",").filter((x) => x.trim() !== "")),
-      v.array(
-        v.pipe(
-          v.string(),
-          v.regex(
-            /^(\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):\d{1,5}$/,
-            "portals must be ip:port, comma-separated",
-          ),
-          v.transform((x) => {
-            const at = x.lastIndexOf(":");
-            return { address: x.slice(0, at).replace(/^\[|\]$/g, ""), port: Number(x.slice(at + 1)) };
-          }),
-          v.check((p) => p.port >= 1 && p.port <= 65535, "portals port must be 1..65535"),
-        ),
-      ),
-    ),
-  ),
+  [VolumeContextKeys.portals]: v.optional(PortalListSchema),
   [VolumeContextKeys.namespaceUUID]: v.optional(v.string()),
   [VolumeContextKeys.ctrlLossTmo]: v.optional(numeric("ctrlLossTmo", -1, 86400)),
   [VolumeContextKeys.reconnectDelay]: v.optional(numeric("reconnectDelay", 1, 3600)),
@@ -90,5 +97,6 @@ export const PublishContextSchema = v.object({
     v.regex(/^nqn\.\d{4}-\d{2}\.[^:]+:.+$/, "hostNQN is not an NQN"),
   ),
   [PublishContextKeys.attachmentId]: v.pipe(v.string(), v.minLength(1)),
+  [PublishContextKeys.portals]: v.optional(PortalListSchema),
 });
 export type PublishContext = v.InferOutput<typeof PublishContextSchema>;

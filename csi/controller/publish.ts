@@ -10,7 +10,7 @@ import type {
 } from "../../gen/csi/v1/csi_pb.ts";
 import { parseNodeId } from "../../lib/csi-node-id.ts";
 import { StorageError } from "../../lib/errors.ts";
-import { DRIVER_NAME, PublishContextKeys } from "../../lib/volume-context.ts";
+import { DRIVER_NAME, formatPortals, PublishContextKeys } from "../../lib/volume-context.ts";
 import { aborted, alreadyExists, failedPrecondition, invalidArgument, notFound } from "../errors.ts";
 import {
   type AccessModeName,
@@ -38,6 +38,7 @@ import {
 import { PROVISIONED_BY, PROVISIONED_BY_LABEL } from "./fingerprint.ts";
 import type { ControllerState } from "./state.ts";
 import { attachmentNameFor, readerAttachmentNameFor, type VolumeRef } from "./volume-id.ts";
+import { replicatedPortalsOf } from "./volume-view.ts";
 
 /**
  * ControllerPublishVolume: authorizes the node's host NQN on the volume and answers once the
@@ -141,10 +142,17 @@ export async function publishVolume(
       );
       await c.keys.retainHosts(c.ns, keySecret, [...new Set([...published, hostNQN])]);
     }
+    // A replicated volume: a path to every node that serves it or may after a failover.
+    const now = (await c.partitionOf(ref)) ?? p;
+    const portals = replicatedPortalsOf(
+      now,
+      c.partitions.list().filter((x) => x.spec.replicaOf?.uid === ref.uid),
+    );
     return {
       publishContext: {
         [PublishContextKeys.hostNQN]: a.spec.hostNQN,
         [PublishContextKeys.attachmentId]: a.spec.attachmentId,
+        ...(portals.length > 1 ? { [PublishContextKeys.portals]: formatPortals(portals) } : {}),
       },
     };
   });

@@ -5,7 +5,13 @@ import type { NVMePartition } from "../../api/index.ts";
 import { StorageError } from "../../lib/errors.ts";
 import { VolumeContextKeys, VolumeContextSchema } from "../../lib/volume-context.ts";
 import type { VolumeRecord } from "./fingerprint.ts";
-import { capacityOf, createVerdict, volumeContextOf, volumeHealth } from "./volume-view.ts";
+import {
+  capacityOf,
+  createVerdict,
+  replicatedPortalsOf,
+  volumeContextOf,
+  volumeHealth,
+} from "./volume-view.ts";
 
 const T = "2026-01-01T00:00:00Z";
 const cond = (
@@ -176,4 +182,47 @@ test("volume context lists every listener the agent read back once there are sev
   );
   expect(volumeContextOf(one, undefined)?.[VolumeContextKeys.portals]).toBeUndefined();
   expect(volumeContextOf(exported, undefined)?.[VolumeContextKeys.portals]).toBeUndefined();
+});
+
+test("replicatedPortalsOf: the serving portal first, then each exported copy's node at the volume's port, each once", () => {
+  const exported = {
+    state: "Exported" as const,
+    conditions: [],
+    nqn: "nqn.2026-02.io.distort:volume-x",
+    portalIP: "10.0.0.1",
+    portalPort: 4420,
+  };
+  const vol = { ...part(exported), spec: { ...part(exported).spec, replicas: 2 } };
+  const copy = (
+    name: string,
+    status: NVMePartition["status"],
+    uid = "u1",
+    deleting = false,
+  ): NVMePartition => ({
+    ...part(status, { name, uid: `${name}-uid`, ...(deleting ? { deletionTimestamp: T } : {}) }),
+    spec: { ...part(status).spec, replicaOf: { name: "pvc-1", uid } },
+  });
+  const copies = [
+    copy("pvc-1-r1", {
+      ...exported,
+      portalIP: "10.0.0.2",
+      portalPort: 4420,
+      portals: [
+        { address: "10.0.0.2", port: 4420 },
+        { address: "10.0.1.2", port: 4420 },
+      ],
+    }),
+    copy("pvc-1-r0", { ...exported, portalIP: "10.0.0.1", portalPort: 4420 }),
+    copy("pvc-1-r2", { ...exported, portalIP: "10.0.0.3", portalPort: 4420 }, "other-volume"),
+    copy("pvc-1-r3", { ...exported, portalIP: "10.0.0.4", portalPort: 4420 }, "u1", true),
+    copy("pvc-1-r4", { state: "Provisioning", conditions: [] }),
+  ];
+  expect(replicatedPortalsOf(vol, copies)).toEqual([
+    { address: "10.0.0.1", port: 4420 },
+    { address: "10.0.0.2", port: 4420 },
+    { address: "10.0.1.2", port: 4420 },
+  ]);
+  // One copy, or not served yet: nothing to add.
+  expect(replicatedPortalsOf(part(exported), copies)).toEqual([]);
+  expect(replicatedPortalsOf({ ...vol, status: { state: "Placed", conditions: [] } }, copies)).toEqual([]);
 });

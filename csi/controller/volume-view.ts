@@ -41,6 +41,37 @@ export function volumeContextOf(
   return v.is(VolumeContextSchema, ctx) ? ctx : undefined;
 }
 
+/**
+ * A replicated volume's portals for the publish context: where it is served now, then each of
+ * its copies' nodes (which stand by for it under the same NQN and port), without repeats; none
+ * for a volume of one copy or one not exported yet. `copies`: the partitions naming it in
+ * spec.replicaOf.
+ */
+export function replicatedPortalsOf(
+  volume: NVMePartition,
+  copies: readonly NVMePartition[],
+): { address: string; port: number }[] {
+  if ((volume.spec.replicas ?? 1) <= 1) return [];
+  const s = volume.status;
+  if (s?.state !== "Exported" || !s.portalIP || !s.portalPort) return [];
+  const out = [{ address: s.portalIP, port: s.portalPort }, ...(s.portals ?? [])];
+  const uid = volume.metadata.uid;
+  for (const c of [...copies].sort((a, b) => a.metadata.name.localeCompare(b.metadata.name))) {
+    const cs = c.status;
+    if (c.spec.replicaOf?.uid !== uid || c.metadata.deletionTimestamp || cs?.state !== "Exported") continue;
+    // The standby listens on the copy node's portals at the volume's port.
+    const addresses = cs.portals?.length
+      ? cs.portals.map((x) => x.address)
+      : cs.portalIP
+        ? [cs.portalIP]
+        : [];
+    for (const address of addresses) out.push({ address, port: s.portalPort });
+  }
+  return out
+    .map(({ address, port }) => ({ address, port }))
+    .filter((p, i, all) => all.findIndex((q) => q.address === p.address && q.port === p.port) === i);
+}
+
 /** Bytes the volume holds: what the volume manager allocated, else the rounded request. */
 export function capacityOf(p: NVMePartition): number {
   return p.status?.allocatedBytes ?? roundUp(p.spec.sizeBytes);

@@ -200,6 +200,22 @@ test("contexts: further portals are listed without the primary one; a malformed 
   expect(() => parseStageContexts(ctx({ [V.portals]: "10.0.0.8" }), pub)).toThrow("portals must be ip:port");
 });
 
+test("contexts: a replicated volume's publish portals (serving node, then standbys) join the volume's own, each once", () => {
+  const t = parseStageContexts(ctx({ [V.portals]: "[fd00:100::7]:4421,10.0.0.8:4420" }), {
+    ...pub,
+    [P.portals]: "10.0.0.9:4421,[fd00:100::7]:4421,10.0.0.8:4420,10.0.0.10:4421",
+  });
+  expect(t.connect.address).toBe("fd00:100::7");
+  expect(t.morePortals).toEqual([
+    { address: "10.0.0.8", port: 4420 },
+    { address: "10.0.0.9", port: 4421 },
+    { address: "10.0.0.10", port: 4421 },
+  ]);
+  expect(() => parseStageContexts(ctx(), { ...pub, [P.portals]: "10.0.0.9:0" })).toThrow(
+    "portals port must be 1..65535",
+  );
+});
+
 test.each<[string, Record<string, string>, Record<string, string>, string]>([
   ["port too high", ctx({ [V.portalPort]: "70000" }), pub, "portalPort must be <= 65535"],
   ["reconnect delay 0", ctx({ [V.reconnectDelay]: "0" }), pub, "reconnectDelay must be >= 1"],

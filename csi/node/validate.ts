@@ -197,8 +197,15 @@ export function parseStageContexts(
       reconnectDelay: ctx[VolumeContextKeys.reconnectDelay],
       fastIoFailTmo: ctx[VolumeContextKeys.fastIoFailTmo],
     },
-    morePortals: (ctx[VolumeContextKeys.portals] ?? []).filter(
-      (p) => !(p.address === ctx[VolumeContextKeys.portalIP] && p.port === ctx[VolumeContextKeys.portalPort]),
+    // The volume's own further portals, then a replicated volume's serving and standby nodes
+    // as the publish named them (its volume context keeps the node that served at creation).
+    morePortals: [
+      ...(ctx[VolumeContextKeys.portals] ?? []),
+      ...(pc.output[PublishContextKeys.portals] ?? []),
+    ].filter(
+      (p, i, all) =>
+        !(p.address === ctx[VolumeContextKeys.portalIP] && p.port === ctx[VolumeContextKeys.portalPort]) &&
+        all.findIndex((q) => q.address === p.address && q.port === p.port) === i,
     ),
     namespaceUUID,
     hostNqn: pc.output[PublishContextKeys.hostNQN],
