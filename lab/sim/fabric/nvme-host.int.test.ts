@@ -204,3 +204,48 @@ test("two portals: one namespace device; losing a path keeps I/O on the other", 
   expect(await pathStates()).toEqual(["connecting", "live"]);
   await host.disconnect(NQN);
 });
+
+test("a second target handing out a controller ID a path of the subsystem already has is refused, as the kernel does", async () => {
+  // The first portal, withdrawn by the test before, listens again.
+  await target.rpc
+    .call("nvmf_subsystem_add_listener", {
+      nqn: NQN,
+      listen_address: { trtype: "TCP", adrfam: "IPv4", traddr: "10.1.0.7", trsvcid: "4420" },
+    })
+    .catch(() => {});
+  await host.connect(params({ reconnectDelay: 1, ctrlLossTmo: 30 }));
+  const [mine] = (
+    (await target.rpc.call("nvmf_subsystem_get_controllers", { nqn: NQN })) as {
+      cntlid: number;
+      hostnqn: string;
+    }[]
+  ).filter((c) => c.hostnqn === HOST);
+  if (!mine) throw new Error("no controller of the host on the first target");
+  // The same subsystem on a second target (a replicated volume's other node), on the same fabric.
+  const second = await startTestTarget({ fabric: target.fabric });
+  try {
+    await second.exportFile({ ...spec, traddr: "10.1.0.9", minCntlid: mine.cntlid });
+    await expect(host.connect(params({ address: "10.1.0.9" }))).rejects.toThrow(
+      `duplicate cntlid ${mine.cntlid}`,
+    );
+    expect(await pathStates()).toEqual(["live"]);
+    // The refused controller was closed on the second target.
+    await until(
+      "the refused controller gone",
+      async () =>
+        ((await second.rpc.call("nvmf_subsystem_get_controllers", { nqn: NQN })) as unknown[]).length === 0,
+    );
+    // With a range of its own, the second target's controller joins as another path.
+    const [sub] = (await second.rpc.call("nvmf_get_subsystems", { nqn: NQN })) as {
+      namespaces: { bdev_name: string }[];
+    }[];
+    await second.rpc.call("nvmf_delete_subsystem", { nqn: NQN });
+    await second.rpc.call("bdev_aio_delete", { name: sub?.namespaces[0]?.bdev_name });
+    await second.exportFile({ ...spec, traddr: "10.1.0.9", minCntlid: 4000 });
+    await host.connect(params({ address: "10.1.0.9" }));
+    expect(await pathStates()).toEqual(["live", "live"]);
+  } finally {
+    await host.disconnect(NQN);
+    await second.close();
+  }
+});

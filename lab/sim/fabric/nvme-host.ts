@@ -153,6 +153,7 @@ export class NvmeHost implements NvmeInitiator {
       if (sub?.paths.some((x) => x.traddr === p.address && x.trsvcid === trsvcid && x.state !== "deleting"))
         return;
       const ctrl = await this.#dial(p.nqn, p.hostNqn, p.transport, p.address, trsvcid, p.dhchap, p.tls);
+      if (sub) this.#refuseDuplicateCntlid(sub, undefined, ctrl);
       const created = sub === undefined;
       if (!sub) {
         sub = {
@@ -343,6 +344,22 @@ export class NvmeHost implements NvmeInitiator {
     this.#wake(sub);
   }
 
+  /**
+   * As the kernel's nvme core does: a controller whose ID repeats one another path of the same
+   * subsystem already holds is refused (closed, StorageError "unavailable"), since the host
+   * tells a subsystem's controllers apart by it.
+   */
+  #refuseDuplicateCntlid(sub: Subsys, self: Path | undefined, ctrl: FabricController): void {
+    const id = ctrl.ctrlr.cntlid;
+    const other = sub.paths.find((x) => x !== self && x.ctrl !== undefined && x.ctrl.ctrlr.cntlid === id);
+    if (!other) return;
+    ctrl.close();
+    throw new StorageError(
+      "unavailable",
+      `duplicate cntlid ${id} with ${other.name} in subsystem ${sub.nqn}: the new controller is refused`,
+    );
+  }
+
   #scheduleReconnect(sub: Subsys, path: Path): void {
     if (this.#closed) return;
     path.timers.push(setTimeout(() => void this.#reconnect(sub, path), sub.reconnectDelay * 1000));
@@ -364,6 +381,7 @@ export class NvmeHost implements NvmeInitiator {
         ctrl.close();
         return;
       }
+      this.#refuseDuplicateCntlid(sub, path, ctrl);
       this.#log.info("path reconnected", { nqn: sub.nqn, path: path.name });
       this.#adopt(sub, path, ctrl);
       void this.#lock.run(sub.nqn, () => this.#scan(sub, ctrl.namespaces)).catch(() => {});

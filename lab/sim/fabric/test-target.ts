@@ -23,6 +23,8 @@ export interface ExportSpec {
   readonly transport?: "tcp" | "rdma";
   readonly traddr?: string;
   readonly trsvcid?: string;
+  /** The subsystem's first controller ID (nvmf_create_subsystem min_cntlid); SPDK's default 1. */
+  readonly minCntlid?: number;
 }
 
 export interface TestTargetOptions {
@@ -32,6 +34,8 @@ export interface TestTargetOptions {
   readonly clock?: Clock;
   /** Passed to the emulator: its RPC poll period (default SPDK's); 0 answers on arrival. */
   readonly rpcPollMs?: number;
+  /** Join this fabric (another test target's) instead of making one: both serve one host. */
+  readonly fabric?: UnixSimFabric;
 }
 
 /** The name of the lvstore exportLvol creates on the first drive. */
@@ -64,7 +68,7 @@ const MIB = 1024 * 1024;
 /** Starts the target. Keep the returned directory short: fabric socket paths are limited. */
 export async function startTestTarget(opts: TestTargetOptions = {}): Promise<TestTarget> {
   const dir = mkdtempSync(join(tmpdir(), "fab-"));
-  const fabric = createFabric(join(dir, "f"));
+  const fabric = opts.fabric ?? createFabric(join(dir, "f"));
   const emulator = await startSpdkEmulator({
     socketPath: join(dir, "t.sock"),
     dataDir: join(dir, "d"),
@@ -176,7 +180,11 @@ function exportsOver(
       await rpc.call("nvmf_create_transport", { trtype });
       transports.add(trtype);
     }
-    await rpc.call("nvmf_create_subsystem", { nqn: spec.nqn, serial_number: "DISTORT0001" });
+    await rpc.call("nvmf_create_subsystem", {
+      nqn: spec.nqn,
+      serial_number: "DISTORT0001",
+      ...(spec.minCntlid === undefined ? {} : { min_cntlid: spec.minCntlid }),
+    });
     await addNs();
     await rpc.call("nvmf_subsystem_add_listener", {
       nqn: spec.nqn,
