@@ -6,8 +6,8 @@
 // is measured by polling bdev_raid_get_bdevs; then again onto a fresh copy with
 // process_max_bandwidth_mb_sec set. Yardsticks, same run: this process copying the same bytes
 // from A's export of the raid to B's export of a third lvol, window by window over the same
-// fabric, and dd between two files on one filesystem. Every copy's data region is read back and
-// checksummed against the source's; a mismatch fails the bench.
+// fabric, and dd between two files on one filesystem. The source's and every copy's data region
+// is read back and checksummed against the pattern written; a mismatch fails the bench.
 // Run: bun bench/rebuild.bench.ts [MiB, default 1024]
 import { closeSync, mkdtempSync, openSync, writeFileSync, writeSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
@@ -356,7 +356,7 @@ async function main(): Promise<void> {
 
     const plainRate = mibPerSecond(SIZE, plainMs);
     const ddRate = mibPerSecond(SIZE, ddMs);
-    const label = `${SIZE_MIB >= 1024 ? `${SIZE_MIB / 1024} GiB` : `${SIZE_MIB} MiB`}`;
+    const label = SIZE_MIB >= 1024 ? `${SIZE_MIB / 1024} GiB` : `${SIZE_MIB} MiB`;
     const bad =
       wrong.length > 0 ? `data differs from the pattern written on: ${wrong.join(", ")}` : undefined;
     const measured: Figure[] = [
