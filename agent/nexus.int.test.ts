@@ -41,6 +41,8 @@ let ns: string;
 const fabric = createTcpFabric();
 const nodes: SimStorageNode[] = [];
 const agents: RunningAgent[] = [];
+/** Starts node i's agent again (after agents[i].stop()). */
+const starts: (() => Promise<RunningAgent>)[] = [];
 const clients: SpdkClient[] = [];
 /**
  * Steps of the volume's passes on node A after which the pass is cut off once (an error thrown
@@ -90,16 +92,17 @@ beforeAll(async () => {
         throw new Error(`injected interruption after ${step}`);
       },
     };
-    agents.push(
-      await runAgent(
+    const start = () =>
+      runAgent(
         cfg,
         createLogger({
           level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
           fields: { node: nodeName },
         }),
         hooks,
-      ),
-    );
+      );
+    starts.push(start);
+    agents.push(await start());
   }
 }, 300_000);
 
@@ -413,10 +416,14 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
       .nvmeControllers.some((c) => c.name === nexusControllerNameFor(copies[1]?.metadata.uid as string)),
   ).toBe(false);
 
-  // The serving node moves to B (as a failover moves it, the manager having fenced A): A takes its
-  // whole nexus down, its export first, which stays as a standby (A holds copy vol-r0): no
-  // namespace, nothing but inaccessible listeners.
+  // The serving node moves to B (as a failover moves it, the manager having fenced A) while A's
+  // agent is down: restarted, it finds the raid nobody serves here any more and takes its whole
+  // nexus down, its export first, which stays as a standby (A holds copy vol-r0): no namespace,
+  // nothing but inaccessible listeners.
+  await (agents[0] as RunningAgent).stop();
   await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+  expect(nodeA.emulator.state().bdevs.some((b) => b.name === raidBdev)).toBe(true);
+  agents[0] = await (starts[0] as () => Promise<RunningAgent>)();
   await eventually(
     async () => {
       const s = nodeA.emulator.state();

@@ -24,7 +24,13 @@ import { TerminalError } from "../../lib/kube/runner.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
 import { formatQuantity } from "../../lib/units.ts";
-import { cntlidRangeFor, externalIdFor, nqnFor, replicaIndex } from "../../lib/volume-identity.ts";
+import {
+  cntlidRangeFor,
+  externalIdFor,
+  nexusBdevFor,
+  nqnFor,
+  replicaIndex,
+} from "../../lib/volume-identity.ts";
 import { isPartitionRecord } from "../attachments/partition-record.ts";
 import {
   type BackendName,
@@ -265,6 +271,11 @@ export class PartitionController {
         // The initial list queued every partition already: one listing answers their reads.
         this.prefetch();
         this.scheduleSweep();
+        void this.adoptNexusLeftovers().catch((err: unknown) =>
+          this.o.logger.warn("could not look for nexus raids left from before a restart", {
+            error: (err as Error).message,
+          }),
+        );
         if (!this.restartBeforeSync) return;
         this.restarts.begin(this.restartBeforeSync, this.exportedOn(this.restartBeforeSync));
         this.restartBeforeSync = undefined;
@@ -705,6 +716,57 @@ export class PartitionController {
         // While a copy is unreachable, look again every second: its bound runs on the clock.
         return unreachable.size > 0 ? { requeueAfterMs: 1000 } : exported;
       }
+    }
+  }
+
+  /**
+   * After a restart, the nexus raids on this node's target (`nexus-<externalId>`) whose volume is
+   * not served here any more: each is remembered as served and its volume's key queued, so the
+   * retire runs as the volume's own pass (it reads the volume again, and never races a failback
+   * to this node); a raid whose volume is gone altogether is taken down here with its export.
+   */
+  private async adoptNexusLeftovers(): Promise<void> {
+    const spdk = this.o.nexusSpdk;
+    const backend = this.o.backends.spdk;
+    if (!spdk || !backend || !this.nexus) return;
+    const raids = new Set(
+      (await spdk.bdevRaidGetBdevs("all")).map((r) => r.name).filter((n) => n.startsWith(nexusBdevFor(""))),
+    );
+    if (raids.size === 0) return;
+    const volumes = (await this.partClient.list({ namespace: this.o.namespace })).items.filter(
+      isReplicatedVolume,
+    );
+    for (const v of volumes) {
+      const externalId = externalIdFor(v.metadata.uid as string);
+      const raidBdev = nexusBdevFor(externalId);
+      if (!raids.delete(raidBdev)) continue;
+      const key = objectKey(v.metadata);
+      if (v.spec.nodeName === this.o.nodeName || this.nexusServed.has(key)) continue;
+      this.nexusServed.set(key, {
+        nqn: nqnFor(externalId),
+        raidBdev,
+        controllers: [
+          ...new Set(
+            (v.status?.replicas ?? []).flatMap((r) => (r.uid ? [nexusControllerNameFor(r.uid)] : [])),
+          ),
+        ].sort(),
+      });
+      this.o.logger.info("a nexus left from before the restart is retired", {
+        partition: key,
+        raid: raidBdev,
+      });
+      this.queue.add(key);
+    }
+    // No volume names these any more (deleted, or recreated under a new UID).
+    for (const raidBdev of raids) {
+      const nqn = nqnFor(raidBdev.slice(nexusBdevFor("").length));
+      await backend.removeExport(nqn);
+      const detached = await this.nexus.teardown({ nqn, raidBdev, controllers: [] });
+      this.o.logger.warn("a nexus raid whose volume is gone was taken down", {
+        raid: raidBdev,
+        nqn,
+        detached,
+      });
     }
   }
 
