@@ -67,6 +67,7 @@ beforeAll(async () => {
       drives: [
         { serial, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB },
         { serial: serial.replace(/01$/, "02"), pciAddress: "0000:3d:00.0", sizeBytes: 1 * GiB },
+        { serial: serial.replace(/01$/, "03"), pciAddress: "0000:3e:00.0", sizeBytes: 1 * GiB },
       ],
       fabric,
       hostAddresses: [address],
@@ -656,3 +657,168 @@ test("a consumer holds a path to every copy node: the standby answers nothing un
     "no export of the volume left on either node",
   );
 }, 150_000);
+
+test("the serving node's target dies: fenced and moved, the other node records the lost copy Faulted first, starts the raid degraded over its own copy, and the consumer's writes resume there with the data", async () => {
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const [nodeA, nodeB] = nodes as [SimStorageNode, SimStorageNode];
+  const vol = await parts.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name: "dg", namespace: ns },
+    spec: {
+      sizeBytes: 32 * MiB,
+      replicas: 2,
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition);
+  const volUid = vol.metadata.uid as string;
+  const devices: NVMeDevice[] = [];
+  for (const [serial, name] of [
+    ["SIMNXA03", "dg-r0"],
+    ["SIMNXB03", "dg-r1"],
+  ] as const) {
+    devices.push(
+      await placeOnReportedDrive(tc.conn, ns, serial, [name], 32 * MiB, (p) => {
+        p.spec.replicaOf = { name: "dg", uid: volUid };
+      }),
+    );
+  }
+  const copies = await eventually(
+    async () => {
+      const l = await Promise.all(["dg-r0", "dg-r1"].map((n) => parts.get(n, ns)));
+      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
+    },
+    30_000,
+    "both copies Exported",
+  );
+  const admit = (c: NVMePartition, node: string) => ({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
+    spec: {
+      partitionName: c.metadata.name,
+      partitionUID: c.metadata.uid as string,
+      nodeId: `${node}/${nexusHostNqnFor(node)}`,
+      hostNQN: nexusHostNqnFor(node),
+      attachmentId: `nexus-${c.metadata.name}-${node}`,
+    },
+  });
+  for (const c of copies) await vas.create(admit(c, NODE_A) as NVMeVolumeAttachment);
+  await parts.mergePatch("dg", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
+  await updateStatus(parts, "dg", ns, (latest) => ({
+    ...(latest.status ?? { conditions: [] }),
+    state: latest.status?.state ?? ("Placed" as const),
+    dataGeneration: 1,
+    replicas: copies.map((c, i) => ({
+      name: c.metadata.name,
+      uid: c.metadata.uid as string,
+      nodeName: c.spec.nodeName as string,
+      deviceSerial: devices[i]?.spec.serial as string,
+      state: "Online" as const,
+      generation: 1,
+    })),
+  }));
+  const vaName = attachmentNameFor("dg", volUid);
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: vaName, namespace: ns },
+    spec: {
+      partitionName: "dg",
+      partitionUID: volUid,
+      nodeId: `consumer-1/${CONSUMER}`,
+      hostNQN: CONSUMER,
+      attachmentId: "att-dg",
+    },
+  } as NVMeVolumeAttachment);
+  const nqn = nqnFor(externalIdFor(volUid));
+  await eventually(
+    async () => (await parts.get("dg", ns))?.status?.state === "Exported",
+    30_000,
+    "volume Exported on A",
+  );
+  await eventually(
+    async () =>
+      nodeB.emulator
+        .state()
+        .subsystems.find((s) => s.nqn === nqn)
+        ?.hosts.includes(CONSUMER),
+    30_000,
+    "standby export on B admitting the consumer",
+  );
+  const connect = (traddr: string) =>
+    connectController(fabric, {
+      trtype: "TCP",
+      traddr,
+      trsvcid: String(PORT),
+      subnqn: nqn,
+      hostnqn: CONSUMER,
+      hostid: CONSUMER_ID,
+      kato: 2000,
+    });
+  const pathA = await connect(A);
+  const pathB = await connect(B);
+  try {
+    const first = Buffer.alloc(512 * 1024);
+    for (let i = 0; i < first.length; i++) first[i] = (i * 13 + 5) % 251;
+    await pathA.write(1, 3 * MiB, first);
+    await pathA.flush(1);
+
+    // Node A's target dies with both copies configured in its raid (its own copy dg-r0 with it).
+    await nodeA.emulator.crash();
+    // The manager's failover: fence A on both copies, then move the volume to B.
+    for (const c of copies) {
+      const a = await vas.get(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
+      await vas.replace({ ...(a as NVMeVolumeAttachment), spec: admit(c, NODE_B).spec });
+    }
+    await parts.mergePatch("dg", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+    // B cannot reach dg-r0: past the bound (2 s here) it records dg-r0 Faulted at generation 2
+    // first, then starts the raid over dg-r1 alone (its superblock still waits for dg-r0).
+    await eventually(
+      async () => pathB.anaState === "optimized" && pathB.namespaces.length === 1,
+      60_000,
+      "the consumer's path to B serving",
+    );
+    const moved = await parts.get("dg", ns);
+    expect(moved?.status?.dataGeneration).toBe(2);
+    expect(moved?.status?.replicas?.find((r) => r.name === "dg-r0")).toMatchObject({
+      state: "Faulted",
+      generation: 1,
+    });
+    expect(moved?.status?.replicas?.find((r) => r.name === "dg-r1")).toMatchObject({
+      state: "Online",
+      generation: 2,
+    });
+    const [raid] = (await methodsOf(nodeB).bdevRaidGetBdevs("all")).filter(
+      (r) => r.name === nexusBdevFor(externalIdFor(volUid)),
+    );
+    expect(raid).toMatchObject({ state: "online", num_base_bdevs_discovered: 1 });
+    expect(raid?.uuid).toBe(nexusRaidUuidFor(volUid));
+    // No stand-in left behind.
+    expect(nodeB.emulator.state().bdevs.some((b) => b.name.endsWith("-standin"))).toBe(false);
+    // The bytes acknowledged before the crash, and new writes, through the path B serves.
+    expect((await pathB.read(1, 3 * MiB, first.length)).equals(first)).toBe(true);
+    const second = Buffer.alloc(128 * 1024, 0x3c);
+    await pathB.write(1, 9 * MiB, second);
+    await pathB.flush(1);
+    expect((await pathB.read(1, 9 * MiB, second.length)).equals(second)).toBe(true);
+  } finally {
+    pathA.close();
+    pathB.close();
+  }
+  // Node A's target comes back; the volume stays on B, its raid never takes dg-r0 back.
+  await nodeA.emulator.restart();
+  await vas.delete(vaName, ns);
+  await parts.delete("dg", ns);
+  await eventually(async () => (await parts.get("dg", ns)) === undefined, 30_000, "volume gone");
+  for (const c of copies) await vas.delete(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
+  for (const c of copies) await parts.delete(c.metadata.name, ns);
+  await eventually(
+    async () => nodes.every((n) => !n.emulator.state().subsystems.some((s) => s.nqn === nqn)),
+    60_000,
+    "no export of the volume left on either node",
+  );
+}, 180_000);

@@ -26,7 +26,17 @@ export type NexusSpdk = Pick<
   | "bdevRaidCreate"
   | "bdevRaidDelete"
   | "bdevRaidRemoveBaseBdev"
+  | "bdevNullCreate"
+  | "bdevNullDelete"
 >;
+
+/** details.unreachable of ensureRaid's "unavailable": copy name -> why it could not be attached. */
+export const UNREACHABLE_COPIES = "unreachable";
+
+/** The null bdev that holds a raid1's second slot for a moment while it starts degraded. */
+export function standInBdevFor(raidBdev: string): string {
+  return `${raidBdev}-standin`;
+}
 
 /**
  * How a copy's controller behaves when its connection is lost. bdev_nvme holds the I/O of a
@@ -79,11 +89,32 @@ export class NexusAssembler {
     const repaired: string[] = [];
     const members: string[] = [];
     const ctrls = await this.spdk.bdevNvmeGetControllers();
+    // Every copy is tried; the ones that cannot be reached are named together, so the caller can
+    // time each (and, past its bound, record it out of the current set first).
+    const unreachable: Record<string, string> = {};
     for (const m of plan.members) {
       const existing = ctrls.find((c) => c.name === m.controller);
-      members.push(await this.ensureController(m, plan.hostNqn, existing, repaired));
+      try {
+        members.push(await this.ensureController(m, plan.hostNqn, existing, repaired));
+      } catch (err) {
+        if (!isKind(err, "unavailable")) throw err;
+        unreachable[m.name] = (err as Error).message;
+      }
+    }
+    if (Object.keys(unreachable).length > 0) {
+      throw new StorageError(
+        "unavailable",
+        `copies not reachable from this node yet: ${Object.entries(unreachable)
+          .map(([n, why]) => `${n} (${why})`)
+          .join("; ")}`,
+        { details: { [UNREACHABLE_COPIES]: unreachable } },
+      );
     }
     let raid = await this.findRaid(plan.raidBdev);
+    if (!raid && members.length < 2) {
+      // One current copy and no raid yet: raid1 takes two members at creation.
+      raid = await this.startDegraded(plan, members, undefined, repaired);
+    }
     if (!raid) {
       try {
         await this.spdk.bdevRaidCreate({
@@ -114,16 +145,33 @@ export class NexusAssembler {
       const planned = new Set(plan.members.map((m) => replicaNamespaceUuidFor(m.uid)));
       const awaited = raid.base_bdevs_list.filter((b) => !b.is_configured && b.uuid !== ZERO_UUID);
       const foreign = awaited.filter((b) => !planned.has(b.uuid.toLowerCase()));
-      if (foreign.length > 0) {
+      const present = raid.base_bdevs_list
+        .filter((b) => b.is_configured && b.name !== null)
+        .map((b) => b.name);
+      if (
+        foreign.length > 0 &&
+        foreign.length === awaited.length &&
+        members.every((m) => present.includes(m))
+      ) {
+        // It waits only for members that are not current copies (a serving node that died with
+        // every slot configured left that in the superblocks): started again over the current
+        // copies alone, the others being out of the current set in the API already.
+        this.logger.warn("raid waits for copies that are not current: it starts degraded", {
+          raid: plan.raidBdev,
+          waiting: foreign.map((b) => b.uuid),
+        });
+        raid = await this.startDegraded(plan, members, raid, repaired);
+      } else if (foreign.length > 0) {
         throw new StorageError(
           "precondition",
-          `raid ${plan.raidBdev} is assembling from its superblocks and waits for member(s) ${foreign.map((b) => b.uuid).join(", ")}, which are not current copies: it is not served (starting it without them is not built yet)`,
+          `raid ${plan.raidBdev} is assembling from its superblocks and waits for member(s) ${foreign.map((b) => b.uuid).join(", ")}, which are not current copies, while current copies are missing from it: it is not served`,
+        );
+      } else {
+        throw new StorageError(
+          "unavailable",
+          `raid ${plan.raidBdev} is ${raid.state} (${raid.num_base_bdevs_discovered}/${raid.num_base_bdevs} members present)`,
         );
       }
-      throw new StorageError(
-        "unavailable",
-        `raid ${plan.raidBdev} is ${raid.state} (${raid.num_base_bdevs_discovered}/${raid.num_base_bdevs} members present)`,
-      );
     }
     // A member that is not in the plan is a copy that is not current any more: no read may reach
     // it. Taken out only while a planned member remains (removing the last deletes the raid).
@@ -141,6 +189,11 @@ export class NexusAssembler {
         if (!isKind(err, "not-found")) throw err;
       });
       repaired.push(`removed-member:${b.name}`);
+      if (b.name === standInBdevFor(plan.raidBdev)) {
+        await this.spdk.bdevNullDelete(b.name).catch((err) => {
+          if (!isKind(err, "not-found")) throw err;
+        });
+      }
       this.logger.warn("a raid member that is not a current copy was taken out", {
         raid: plan.raidBdev,
         member: b.name,
@@ -231,19 +284,71 @@ export class NexusAssembler {
   }
 
   /**
-   * The plan's members whose controller carries no I/O now (any state but enabled, or gone): by
-   * copy name, with the state SPDK prints.
+   * Makes raid `plan.raidBdev` online over `members` alone (one or more current copies, fewer
+   * than raid1 takes, or fewer than the superblocks wait for): a raid still assembling is deleted
+   * (its members are released, their superblocks stay), a raid1 is created over the members and
+   * a null bdev of the same size, and the null bdev is taken out again at once, which leaves the
+   * raid online and degraded with fresh superblocks naming the members only. Nothing reads the
+   * raid meanwhile: it is exported only after this returns. Repeatable after a crash at any step
+   * (a stand-in left in a raid is a member outside the plan, and is taken out like one).
    */
-  async unreachableMembers(plan: NexusPlan): Promise<Map<string, string>> {
+  private async startDegraded(
+    plan: NexusPlan,
+    members: string[],
+    assembling: RaidBdev | undefined,
+    repaired: string[],
+  ): Promise<RaidBdev> {
+    const [first] = await this.spdk.bdevGetBdevs({ name: members[0] as string });
+    if (!first) throw new StorageError("unavailable", `copy bdev ${members[0]} vanished`);
+    if (assembling) {
+      await this.spdk.bdevRaidDelete(plan.raidBdev).catch((err) => {
+        if (!isKind(err, "not-found")) throw err;
+      });
+    }
+    const standIn = standInBdevFor(plan.raidBdev);
+    await this.spdk
+      .bdevNullCreate({ name: standIn, num_blocks: first.num_blocks, block_size: first.block_size })
+      .catch((err) => {
+        if (!isKind(err, "already-exists")) throw err;
+      });
+    try {
+      await this.spdk.bdevRaidCreate({
+        name: plan.raidBdev,
+        raid_level: "raid1",
+        base_bdevs: [...members, standIn],
+        superblock: true,
+        uuid: plan.raidUuid,
+      });
+      await this.spdk.bdevRaidRemoveBaseBdev(standIn);
+    } finally {
+      await this.spdk.bdevNullDelete(standIn).catch((err) => {
+        if (!isKind(err, "not-found")) throw err;
+      });
+    }
+    repaired.push("raid-degraded");
+    const raid = await this.findRaid(plan.raidBdev);
+    if (raid?.state !== "online")
+      throw new StorageError("unavailable", `raid ${plan.raidBdev} did not come online degraded`);
+    return raid;
+  }
+
+  /**
+   * The plan's members whose controller carries no I/O now (any state but enabled): by copy
+   * name, with the state SPDK prints (`down`), and every member whose controller was looked at
+   * (`checked`; one not attached is not).
+   */
+  async unreachableMembers(plan: NexusPlan): Promise<{ down: Map<string, string>; checked: Set<string> }> {
     const ctrls = await this.spdk.bdevNvmeGetControllers();
-    const out = new Map<string, string>();
+    const down = new Map<string, string>();
+    const checked = new Set<string>();
     for (const m of plan.members) {
       const c = ctrls.find((x) => x.name === m.controller);
-      if (!c) continue; // not attached yet: ensureRaid attaches it
+      if (!c) continue; // not attached yet: ensureRaid attaches it (and times it if it cannot)
+      checked.add(m.name);
       const up = c.ctrlrs.some((x) => (x.state ?? CONTROLLER_ENABLED) === CONTROLLER_ENABLED);
-      if (!up) out.set(m.name, c.ctrlrs.map((x) => x.state ?? "?").join(",") || "no path");
+      if (!up) down.set(m.name, c.ctrlrs.map((x) => x.state ?? "?").join(",") || "no path");
     }
-    return out;
+    return { down, checked };
   }
 
   /** Detaches the controller of copy `m` (fails its held I/O; the raid completes it without it). */

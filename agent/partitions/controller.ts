@@ -46,7 +46,7 @@ import {
   type VolumeManagerName,
 } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
-import { NexusAssembler, type NexusSpdk } from "../nexus/assembler.ts";
+import { NexusAssembler, type NexusSpdk, UNREACHABLE_COPIES } from "../nexus/assembler.ts";
 import {
   currentCopies,
   decideNexus,
@@ -640,11 +640,12 @@ export class PartitionController {
         // A copy that stopped answering holds every write (see NEXUS_ATTACH_TIMEOUTS). Past the
         // bound, the API learns first that it leaves the current set; only then is it dropped,
         // which lets the held writes complete on the others.
-        const unreachable =
+        const look =
           p.status?.state === "Exported"
             ? await (nexus as NexusAssembler).unreachableMembers(plan)
-            : new Map();
-        const degraded = await this.degradeNexus(key, p, plan, unreachable, log);
+            : { down: new Map<string, string>(), checked: new Set<string>() };
+        const unreachable = look.down;
+        const degraded = await this.degradeNexus(key, p, plan, unreachable, log, look.checked);
         if (degraded) return degraded;
         let raid: Awaited<ReturnType<NexusAssembler["ensureRaid"]>>;
         try {
@@ -652,6 +653,16 @@ export class PartitionController {
         } catch (err) {
           if (!(err instanceof StorageError && (err.kind === "unavailable" || err.kind === "precondition")))
             throw err;
+          // Copies that cannot even be attached (their node is down, their ACL refuses this
+          // node): timed like a copy lost while serving, and past the bound recorded out of the
+          // current set first, so the raid can start over the copies that remain.
+          const missing = err.details[UNREACHABLE_COPIES] as Record<string, string> | undefined;
+          if (missing) {
+            const down = new Map(Object.entries(missing));
+            const checked = new Set(plan.members.map((m) => m.name));
+            const degraded = await this.degradeNexus(key, p, plan, down, log, checked);
+            if (degraded) return degraded;
+          }
           const state = p.status?.state === "Exported" ? "Exported" : "Provisioning";
           await this.setStatus(
             p,
@@ -905,10 +916,14 @@ export class PartitionController {
     plan: NexusPlan,
     unreachable: ReadonlyMap<string, string>,
     log: Logger,
+    checked?: ReadonlySet<string>,
   ): Promise<{ requeueAfterMs: number } | undefined> {
     const uid = p.metadata.uid as string;
     const now = this.o.clock.now();
-    for (const m of plan.members) if (!unreachable.has(m.name)) this.memberDown.delete(`${uid}/${m.name}`);
+    // A copy seen reachable starts its clock again; one this look did not check keeps it.
+    for (const m of plan.members)
+      if (!unreachable.has(m.name) && (checked?.has(m.name) ?? true))
+        this.memberDown.delete(`${uid}/${m.name}`);
     const bound = this.o.nexusDegradeAfterMs ?? NEXUS_DEGRADE_AFTER_MS;
     const overdue: string[] = [];
     for (const name of unreachable.keys()) {

@@ -19,6 +19,7 @@ export type LvstoreCreateParams = v.InferInput<typeof P.LvstoreCreateParams>;
 export type LvolCreateParams = v.InferInput<typeof P.LvolCreateParams>;
 export type LvolListParams = v.InferInput<typeof P.LvolListParams>;
 export type AioCreateParams = v.InferInput<typeof P.AioCreateParams>;
+export type NullCreateParams = v.InferInput<typeof P.NullCreateParams>;
 export type TransportCreateParams = v.InferInput<typeof P.TransportCreateParams>;
 export type SubsystemCreateParams = v.InferInput<typeof P.SubsystemCreateParams>;
 export type NamespaceAddParams = v.InferInput<typeof P.NamespaceAddParams>;
@@ -294,6 +295,18 @@ export class SpdkMethods {
   async bdevAioDelete(name: string, opts?: CallOptions): Promise<void> {
     const n = checkParams("bdev_aio_delete", P.NameSchema, name);
     await this.#call("bdev_aio_delete", { name: n }, S.TrueResultSchema, opts);
+  }
+
+  /** bdev_null_create; resolves with the bdev name. Name taken: "already-exists" (-17). */
+  async bdevNullCreate(params: NullCreateParams, opts?: CallOptions): Promise<string> {
+    const p = checkParams("bdev_null_create", P.NullCreateParams, params);
+    return this.#call("bdev_null_create", p, S.NameResultSchema, opts);
+  }
+
+  /** bdev_null_delete; gone already: "not-found" (-19). */
+  async bdevNullDelete(name: string, opts?: CallOptions): Promise<void> {
+    const n = checkParams("bdev_null_delete", P.NameSchema, name);
+    await this.#call("bdev_null_delete", { name: n }, S.TrueResultSchema, opts);
   }
 
   // --- NVMe-oF target -------------------------------------------------------------------------

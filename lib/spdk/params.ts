@@ -185,6 +185,14 @@ export const AioCreateParams = v.strictObject({
   uuid: v.optional(Uuid),
 });
 
+/** bdev_null_create: a bdev with no medium (writes dropped, reads zeros). */
+export const NullCreateParams = v.strictObject({
+  name: Name,
+  num_blocks: Positive,
+  block_size: v.pipe(Positive, v.check((n) => n % 512 === 0, "block_size must be a multiple of 512")),
+  uuid: v.optional(Uuid),
+});
+
 /** Common TCP/RDMA transport options; SPDK fills in the rest. */
 export const TransportCreateParams = v.strictObject({
   trtype: Trtype,

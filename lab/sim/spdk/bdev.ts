@@ -8,7 +8,7 @@ import type { QosThrottle } from "./qos.ts";
 import { Errno, ErrnoError } from "./rpc-error.ts";
 
 /** The module that owns a bdev. */
-export type BdevModule = "malloc" | "aio" | "lvol" | "nvme" | "raid";
+export type BdevModule = "malloc" | "aio" | "lvol" | "nvme" | "raid" | "null";
 
 /** SPDK claim types as bdev_get_bdevs prints them. */
 export type ClaimType = "exclusive_write" | "read_many_write_one";
@@ -75,6 +75,7 @@ export const IO_TYPES = {
     copy: true,
   },
   aio: { ...NONE, read: true, write: true, flush: true, reset: true, write_zeroes: true },
+  null: { ...NONE, read: true, write: true, write_zeroes: true, reset: true, abort: true },
   lvol: {
     ...NONE,
     read: true,

@@ -198,6 +198,28 @@ const CHUNK = 1 << 20;
  * Zero-initialised RAM, allocated in 1 MiB chunks on first write (malloc bdevs, and the bytes of
  * lvols on a RAM lvstore). Fixed in size unless resize() is called.
  */
+/** A null bdev's medium: writes are dropped, every read is zeros (bdev_null). */
+export class NullIo implements BlockIo {
+  constructor(readonly sizeBytes: number) {}
+
+  async read(offset: number, length: number): Promise<Buffer> {
+    if (offset < 0 || length < 0 || offset + length > this.sizeBytes)
+      throw new ErrnoError(Errno.EINVAL, "I/O beyond the end of the null bdev");
+    return Buffer.alloc(length);
+  }
+
+  async write(offset: number, data: Uint8Array): Promise<void> {
+    if (offset < 0 || offset + data.length > this.sizeBytes)
+      throw new ErrnoError(Errno.EINVAL, "I/O beyond the end of the null bdev");
+  }
+
+  async deallocate(): Promise<void> {}
+
+  async dataRanges(): Promise<(readonly [number, number])[]> {
+    return [];
+  }
+}
+
 export class MemoryIo implements BlockIo {
   readonly #chunks = new Map<number, Buffer>();
   #size: number;

@@ -5,7 +5,7 @@ import { readFileSync, statSync } from "node:fs";
 import * as v from "valibot";
 import type { App } from "../app.ts";
 import { Bdev, IO_TYPES, SYSTEM_AND_ACCEL_DOMAINS } from "../bdev.ts";
-import { FileExtentIo, MemoryIo } from "../block-io.ts";
+import { FileExtentIo, MemoryIo, NullIo } from "../block-io.ts";
 import { TICK_RATE } from "../core-mask.ts";
 import type { JsonValue } from "../json-stream.ts";
 import { type MethodSpec, RUNTIME } from "../method-table.ts";
@@ -182,6 +182,56 @@ export function bdevMethods(app: App): MethodSpec[] {
           driverSpecific: () => ({}),
         });
         return registry.register(bdev).then(() => name);
+      },
+    },
+    {
+      // bdev_null: no medium at all (writes dropped, reads zeros); v25.05.1 checks the block
+      // size (a multiple of 512) and the count before registering, EEXIST for a taken name.
+      name: "bdev_null_create",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(
+          req,
+          v.strictObject({
+            name: str,
+            num_blocks: u64,
+            block_size: u32,
+            physical_block_size: v.optional(u32),
+            uuid: v.optional(uuidStr),
+            md_size: v.optional(u32),
+            dif_type: v.optional(u32),
+            dif_is_head_of_md: v.optional(bool),
+            dif_pi_format: v.optional(u32),
+          }),
+          DECODE_FAILED_INTERNAL,
+        );
+        if (p.block_size % 512 !== 0 || p.block_size === 0 || p.num_blocks === 0)
+          throw RpcError.errno(Errno.EINVAL);
+        if (registry.taken(p.name) || (p.uuid && registry.taken(p.uuid))) throw RpcError.errno(Errno.EEXIST);
+        const bdev = new Bdev({
+          name: p.name,
+          uuid: p.uuid?.toLowerCase() ?? randomUUID(),
+          module: "null",
+          productName: "Null disk",
+          blockSize: p.block_size,
+          io: new NullIo(p.num_blocks * p.block_size),
+          ioTypes: IO_TYPES.null,
+          memoryDomains: SYSTEM_AND_ACCEL_DOMAINS,
+          driverSpecific: () => ({}),
+        });
+        return registry.register(bdev).then(() => p.name);
+      },
+    },
+    {
+      name: "bdev_null_delete",
+      states: RUNTIME,
+      handler: async (req, ctx) => {
+        const p = decode(req, v.strictObject({ name: str }), DECODE_FAILED_INTERNAL);
+        const bdev = registry.get(p.name);
+        if (bdev?.module !== "null") throw RpcError.errno(Errno.ENODEV);
+        await ctx.defer();
+        await registry.unregister(bdev);
+        return true;
       },
     },
     {
