@@ -30,9 +30,10 @@ describe("parseAgentConfig", () => {
     expect(() => parseAgentConfig({ ...base, DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: "fast" })).toThrow(
       /DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: must be a whole number/,
     );
-    expect(() => parseAgentConfig({ ...base, DISTORT_REBUILDS_PER_NODE: "0" })).toThrow(
-      /DISTORT_REBUILDS_PER_NODE: must be >= 1/,
+    expect(() => parseAgentConfig({ ...base, DISTORT_REBUILDS_PER_NODE: "65" })).toThrow(
+      /DISTORT_REBUILDS_PER_NODE: must be <= 64/,
     );
+    expect(parseAgentConfig({ ...base, DISTORT_REBUILDS_PER_NODE: "0" }).rebuildsPerNode).toBe(0);
   });
 
   test("nvmf_tgt command, core mask and DPDK memory", () => {

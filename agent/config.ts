@@ -117,8 +117,8 @@ const EnvSchema = v.object({
   DISTORT_NEXUS_DEGRADE_AFTER_MS: v.optional(wholeNumber(1000, 600_000), "10000"),
   /** Bandwidth cap of each rebuild onto a copy of a volume served here, in MB/s; 0: none. */
   DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: v.optional(wholeNumber(0, REBUILD_MAX_BANDWIDTH_MB_SEC), "0"),
-  /** Most rebuilds running at once on this node (as the serving node of their volumes). */
-  DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(1, 64), "2"),
+  /** Most rebuilds running at once on this node (as the serving node of their volumes); 0: none start. */
+  DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, 64), "2"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
   /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */

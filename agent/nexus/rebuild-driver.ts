@@ -171,10 +171,29 @@ export class RebuildDriver {
         await this.record(p, step);
         log.warn("rebuild interrupted", { copy: step.copyName, why: step.why });
       } else if (step.kind === "start") {
+        // Reached first: a copy whose node does not answer (its partition still says Exported) is
+        // not admitted, it waits.
+        let bdev: string;
+        try {
+          bdev = await this.o.assembler.attachCopy(step.endpoint, plan.hostNqn);
+        } catch (err) {
+          const why = `waits to rebuild: ${step.endpoint.name} cannot be reached from ${p.spec.nodeName}: ${(err as Error).message}`;
+          await this.o.assembler.detachController(step.endpoint.controller);
+          await this.record(p, {
+            kind: "wait",
+            copyName: step.endpoint.name,
+            copyUid: step.endpoint.uid,
+            why,
+          });
+          log.info("copy to rebuild not reachable yet", {
+            copy: step.endpoint.name,
+            error: (err as Error).message,
+          });
+          continue;
+        }
         const stored = await this.record(p, step);
         if (!stored) continue;
         await this.o.afterStep?.("start", key);
-        const bdev = await this.o.assembler.attachCopy(step.endpoint, plan.hostNqn);
         await this.o.assembler.setRebuildBandwidth(this.o.bandwidthMbSec);
         this.applied = this.o.bandwidthMbSec;
         await this.o.assembler.addMember(plan.raidBdev, bdev);
