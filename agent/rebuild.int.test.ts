@@ -325,11 +325,13 @@ test("a copy that missed writes rejoins only through a rebuild, and then holds e
   const cut = await eventually(
     async () => {
       const e = await entryOf("vol-r1");
-      return e?.state === "Stale" ? e : undefined;
+      // The first state after Rebuilding, whatever it is: it must be Stale, never Online.
+      return e && e.state !== "Rebuilding" ? e : undefined;
     },
     30_000,
-    "vol-r1 Stale after its rebuild was cut off",
+    "vol-r1 out of Rebuilding after its rebuild was cut off",
   );
+  expect(cut.state).toBe("Stale");
   expect(cut.generation).toBe(2);
   expect(cut.message).toMatch(/starts again from zero/);
   // The consumer's writes go on without it (the lost controller was dropped).
