@@ -18,6 +18,24 @@ describe("parseAgentConfig", () => {
     expect(c.nvmfTgtCommand).toEqual([]);
   });
 
+  test("rebuilds: bandwidth cap (0: none) and per-node cap, defaults and bad values refused by name", () => {
+    expect(parseAgentConfig(base)).toMatchObject({ rebuildBandwidthMbSec: 0, rebuildsPerNode: 2 });
+    expect(
+      parseAgentConfig({
+        ...base,
+        DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: "50",
+        DISTORT_REBUILDS_PER_NODE: "1",
+      }),
+    ).toMatchObject({ rebuildBandwidthMbSec: 50, rebuildsPerNode: 1 });
+    expect(() => parseAgentConfig({ ...base, DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: "fast" })).toThrow(
+      /DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: must be a whole number/,
+    );
+    expect(() => parseAgentConfig({ ...base, DISTORT_REBUILDS_PER_NODE: "65" })).toThrow(
+      /DISTORT_REBUILDS_PER_NODE: must be <= 64/,
+    );
+    expect(parseAgentConfig({ ...base, DISTORT_REBUILDS_PER_NODE: "0" }).rebuildsPerNode).toBe(0);
+  });
+
   test("nvmf_tgt command, core mask and DPDK memory", () => {
     const c = parseAgentConfig({
       ...base,

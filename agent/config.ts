@@ -16,6 +16,9 @@ const absPath = v.pipe(v.string(), v.regex(/^\//, "must be an absolute path"));
 /** DPDK memory nvmf_tgt may take (its -s), in MiB: the hugepages the agent Pod is granted. */
 export const SPDK_MEM_SIZE_MB = { min: 256, max: 1_048_576 } as const;
 
+/** Highest rebuild bandwidth cap accepted, in MB/s (bdev_raid_set_options takes a u32). */
+export const REBUILD_MAX_BANDWIDTH_MB_SEC = 1_000_000;
+
 /** "a, b,,c" -> ["a", "b", "c"]: a comma-separated list, blanks dropped. */
 const commaList = v.transform((s: string) =>
   s
@@ -112,6 +115,10 @@ const EnvSchema = v.object({
   DISTORT_PORTAL_PORT: v.optional(wholeNumber(1, 65535), "4420"),
   /** How long a copy of a replicated volume served here may stay unreachable before it is dropped. */
   DISTORT_NEXUS_DEGRADE_AFTER_MS: v.optional(wholeNumber(1000, 600_000), "10000"),
+  /** Bandwidth cap of each rebuild onto a copy of a volume served here, in MB/s; 0: none. */
+  DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: v.optional(wholeNumber(0, REBUILD_MAX_BANDWIDTH_MB_SEC), "0"),
+  /** Most rebuilds running at once on this node (as the serving node of their volumes); 0: none start. */
+  DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, 64), "2"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
   /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */
@@ -167,6 +174,8 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     portalNetworks: c.DISTORT_PORTAL_NETWORKS,
     portalPort: c.DISTORT_PORTAL_PORT,
     nexusDegradeAfterMs: c.DISTORT_NEXUS_DEGRADE_AFTER_MS,
+    rebuildBandwidthMbSec: c.DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC,
+    rebuildsPerNode: c.DISTORT_REBUILDS_PER_NODE,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,
     metricsPeriodMs: c.DISTORT_METRICS_PERIOD_MS,

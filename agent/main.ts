@@ -208,6 +208,11 @@ export async function runAgent(
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
     ...(nexusSpdk ? { nexusSpdk } : {}),
     nexusDegradeAfterMs: cfg.nexusDegradeAfterMs,
+    rebuilds: {
+      maxPerNode: cfg.rebuildsPerNode,
+      bandwidthMbSec: cfg.rebuildBandwidthMbSec,
+      metrics: agentMetrics.rebuild,
+    },
   });
   const attachmentController = new AttachmentController({
     conn,

@@ -78,6 +78,8 @@ beforeAll(async () => {
         DISTORT_PORTAL_ADDRESS: address,
         DISTORT_PORTAL_PORT: String(PORT),
         DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
+        // The copy that comes back stays out (rebuilds are agent/rebuild.int.test.ts's).
+        DISTORT_REBUILDS_PER_NODE: "0",
       }),
     );
     const hooks = {

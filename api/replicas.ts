@@ -51,6 +51,25 @@ export const ReplicaStateSchema = v.pipe(
 );
 export type ReplicaState = v.InferOutput<typeof ReplicaStateSchema>;
 
+/** Progress of the rebuild that is catching a Rebuilding copy up (serving agent). */
+export const RebuildProgressSchema = v.pipe(
+  v.object({
+    percent: v.pipe(
+      v.number(),
+      v.integer(),
+      v.minValue(0),
+      v.maxValue(100),
+      v.description("Share of the volume copied onto the copy so far, in whole percent."),
+    ),
+    bytesDone: int64("Bytes of the volume copied onto the copy so far."),
+    bytesTotal: int64("Bytes the rebuild copies in all (the raid's data size)."),
+  }),
+  v.description(
+    "Set by the serving node while the copy is Rebuilding; a rebuild that is interrupted starts again from zero.",
+  ),
+);
+export type RebuildProgress = v.InferOutput<typeof RebuildProgressSchema>;
+
 export const ReplicaStatusSchema = v.pipe(
   v.object({
     name: name("The replica partition's metadata.name."),
@@ -62,6 +81,7 @@ export const ReplicaStatusSchema = v.pipe(
       "The volume data generation this copy is known to hold in full; equal to status.dataGeneration for a current copy.",
     ),
     message: v.optional(str("Why the replica is in its state.", 1024)),
+    rebuild: v.optional(RebuildProgressSchema),
   }),
   v.description("One copy of a replicated volume."),
 );

@@ -6,6 +6,7 @@ import type { Clock } from "../../lib/clock.ts";
 import { controllerMetrics } from "../../lib/kube/runner.ts";
 import type { Registry, SnapshotFamily } from "../../lib/metrics.ts";
 import { nvmfTgtMetrics } from "../../lib/spdk/supervisor.ts";
+import { type RebuildMetrics, rebuildMetrics } from "../nexus/rebuild-driver.ts";
 import type { SpdkStatsCollector } from "./spdk-stats.ts";
 import { spdkStatsMetrics } from "./spdk-stats.ts";
 
@@ -13,6 +14,8 @@ export interface AgentMetrics {
   spdk: ReturnType<typeof spdkStatsMetrics>;
   /** Seconds each attachment of this node's partitions has waited for AccessReady (only those waiting). */
   attachmentUnready: SnapshotFamily<"namespace" | "partition">;
+  /** Rebuilds onto copies of volumes this node serves. */
+  rebuild: RebuildMetrics;
 }
 
 /**
@@ -25,6 +28,7 @@ export function registerAgentMetrics(registry: Registry): AgentMetrics {
   nvmfTgtMetrics(registry);
   return {
     spdk: spdkStatsMetrics(registry),
+    rebuild: rebuildMetrics(registry),
     attachmentUnready: registry.snapshot({
       kind: "gauge",
       name: "distort_attachment_unready_seconds",

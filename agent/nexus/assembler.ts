@@ -28,6 +28,8 @@ export type NexusSpdk = Pick<
   | "bdevRaidRemoveBaseBdev"
   | "bdevNullCreate"
   | "bdevNullDelete"
+  | "bdevRaidAddBaseBdev"
+  | "bdevRaidSetOptions"
 >;
 
 /** details.unreachable of ensureRaid's "unavailable": copy name -> why it could not be attached. */
@@ -83,9 +85,10 @@ export class NexusAssembler {
    * (re-assembled by examine after a restart, or made by an earlier pass), and takes out of it any
    * member that is not in the plan (a copy no longer current). Rejects "unavailable" while the
    * raid is still assembling, "precondition" when a controller reaches another subsystem than
-   * expected (it is detached again).
+   * expected (it is detached again). Members named in `rebuilding` (bdev names: copies being rebuilt
+   * onto) are left in the raid although the plan does not list them.
    */
-  async ensureRaid(plan: NexusPlan): Promise<RaidResult> {
+  async ensureRaid(plan: NexusPlan, rebuilding: ReadonlySet<string> = new Set()): Promise<RaidResult> {
     const repaired: string[] = [];
     const members: string[] = [];
     const ctrls = await this.spdk.bdevNvmeGetControllers();
@@ -184,7 +187,7 @@ export class NexusAssembler {
       );
     }
     for (const b of configured) {
-      if (members.includes(b.name as string)) continue;
+      if (members.includes(b.name as string) || rebuilding.has(b.name as string)) continue;
       await this.spdk.bdevRaidRemoveBaseBdev(b.name as string).catch((err) => {
         if (!isKind(err, "not-found")) throw err;
       });
@@ -349,6 +352,50 @@ export class NexusAssembler {
       if (!up) down.set(m.name, c.ctrlrs.map((x) => x.state ?? "?").join(",") || "no path");
     }
     return { down, checked };
+  }
+
+  /**
+   * Attaches copy `m` (a copy to rebuild onto) as this node's nexus host unless it already is;
+   * resolves with its namespace bdev. Rejections as ensureRaid's.
+   */
+  async attachCopy(m: CopyEndpoint, hostNqn: string): Promise<string> {
+    const ctrls = await this.spdk.bdevNvmeGetControllers();
+    return this.ensureController(
+      m,
+      hostNqn,
+      ctrls.find((c) => c.name === m.controller),
+      [],
+    );
+  }
+
+  /** bdev_raid_add_base_bdev: `bdev` joins raid `raid` and a rebuild onto it starts. */
+  async addMember(raid: string, bdev: string): Promise<void> {
+    await this.spdk.bdevRaidAddBaseBdev(raid, bdev);
+  }
+
+  /** The raid named `name`, if any. */
+  async raid(name: string): Promise<RaidBdev | undefined> {
+    return this.findRaid(name);
+  }
+
+  /** Names of this node's controllers that carry I/O now. */
+  async controllersUp(): Promise<Set<string>> {
+    const ctrls = await this.spdk.bdevNvmeGetControllers();
+    return new Set(
+      ctrls
+        .filter((c) => c.ctrlrs.some((x) => (x.state ?? CONTROLLER_ENABLED) === CONTROLLER_ENABLED))
+        .map((c) => c.name),
+    );
+  }
+
+  /** bdev_raid_set_options: the bandwidth cap of every raid's background process (0: none). */
+  async setRebuildBandwidth(mbPerSec: number): Promise<void> {
+    await this.spdk.bdevRaidSetOptions({ process_max_bandwidth_mb_sec: mbPerSec });
+  }
+
+  /** Detaches controller `controller` (absent: done). */
+  async detachController(controller: string): Promise<void> {
+    await this.detach(controller);
   }
 
   /** Detaches the controller of copy `m` (fails its held I/O; the raid completes it without it). */

@@ -111,7 +111,15 @@ export const NEXUS_REASONS = {
   notReady: "ReplicasNotReady",
 } as const;
 
-function endpointOf(entry: ReplicaStatus, copy: NVMePartition | null | undefined, volumeUid: string) {
+/**
+ * How the serving node reaches the copy of status entry `entry` (which has a UID), read from its
+ * partition `copy`; or the problem that keeps it from being reached yet.
+ */
+export function endpointOf(
+  entry: ReplicaStatus,
+  copy: NVMePartition | null | undefined,
+  volumeUid: string,
+): { endpoint: CopyEndpoint; problem?: undefined } | { endpoint?: undefined; problem: string } {
   const uid = entry.uid as string;
   if (!copy) return { problem: "not found" };
   if (copy.metadata.uid !== uid) return { problem: `is another incarnation (uid ${copy.metadata.uid})` };

@@ -56,6 +56,7 @@ import {
   type NexusTeardown,
 } from "../nexus/decide.ts";
 import { nexusControllerNameFor } from "../nexus/identity.ts";
+import { DEFAULT_REBUILDS_PER_NODE, RebuildDriver, type RebuildMetrics } from "../nexus/rebuild-driver.ts";
 import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import { aclLocks } from "./acl-lock.ts";
 import {
@@ -99,6 +100,11 @@ export const NEXUS_STEPS = [
   "standby-export",
   "standby-acl",
   "standby-unexport",
+  "rebuild-start",
+  "rebuild-progress",
+  "rebuild-complete",
+  "rebuild-abort",
+  "rebuild-wait",
 ] as const;
 export type Step =
   | (typeof PROVISION_STEPS)[number]
@@ -171,6 +177,8 @@ export interface PartitionControllerOptions {
    * agent records it Faulted at a raised data generation and drops it from the raid. Default 10 s.
    */
   nexusDegradeAfterMs?: number;
+  /** Rebuilds onto copies of volumes this node serves (agent/nexus/rebuild-driver.ts). */
+  rebuilds?: { maxPerNode: number; bandwidthMbSec: number; metrics?: RebuildMetrics };
 }
 
 /** Default of ControllerOptions.nexusDegradeAfterMs. */
@@ -214,6 +222,7 @@ export class PartitionController {
    */
   private readonly statusSeen = new Map<string, { uid: string | undefined; rv: string; asked: string }>();
   private readonly nexus: NexusAssembler | undefined;
+  private readonly rebuilds: RebuildDriver | undefined;
 
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
@@ -229,6 +238,17 @@ export class PartitionController {
       o.nexusSpdk && o.backends.spdk
         ? new NexusAssembler(o.nexusSpdk, o.logger.with({ component: "nexus" }))
         : undefined;
+    this.rebuilds = this.nexus
+      ? new RebuildDriver({
+          assembler: this.nexus,
+          partitions: this.partClient,
+          logger: o.logger.with({ component: "rebuild" }),
+          maxPerNode: o.rebuilds?.maxPerNode ?? DEFAULT_REBUILDS_PER_NODE,
+          bandwidthMbSec: o.rebuilds?.bandwidthMbSec ?? 0,
+          ...(o.rebuilds?.metrics ? { metrics: o.rebuilds.metrics } : {}),
+          afterStep: (step, key) => this.step(`rebuild-${step}`, key),
+        })
+      : undefined;
     this.restarts = new RestartRepairs({
       clock: o.clock,
       deadlineMs: o.restartSummaryDeadlineMs,
@@ -621,6 +641,7 @@ export class PartitionController {
         await this.step("nexus-teardown", key);
         this.restarts.dropped(key);
         this.nexusServed.delete(key);
+        this.rebuilds?.forget(p.metadata.uid as string);
         await this.dropFinalizer(p);
         await this.step("finalizer-removed", key);
         log.info("replicated volume taken down", { nqn: d.teardown.nqn, detached });
@@ -649,7 +670,10 @@ export class PartitionController {
         if (degraded) return degraded;
         let raid: Awaited<ReturnType<NexusAssembler["ensureRaid"]>>;
         try {
-          raid = await (nexus as NexusAssembler).ensureRaid(plan);
+          raid = await (nexus as NexusAssembler).ensureRaid(
+            plan,
+            this.rebuilds?.members(p.metadata.uid as string),
+          );
         } catch (err) {
           if (!(err instanceof StorageError && (err.kind === "unavailable" || err.kind === "precondition")))
             throw err;
@@ -724,8 +748,9 @@ export class PartitionController {
             keepOptimized: true,
           },
         );
+        const rebuilding = await this.rebuilds?.pass(key, p, plan, raid.sizeBytes, log);
         // While a copy is unreachable, look again every second: its bound runs on the clock.
-        return unreachable.size > 0 ? { requeueAfterMs: 1000 } : exported;
+        return unreachable.size > 0 || rebuilding ? { requeueAfterMs: 1000 } : exported;
       }
     }
   }
