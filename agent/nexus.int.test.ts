@@ -472,90 +472,11 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
 }, 150_000);
 
 test("a consumer holds a path to every copy node: the standby answers nothing until a failover makes it serve, and I/O goes on there with the same data", async () => {
-  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
   const [nodeA, nodeB] = nodes as [SimStorageNode, SimStorageNode];
   const spdkA = methodsOf(nodeA);
   const spdkB = methodsOf(nodeB);
-  const vol = await parts.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "fo", namespace: ns },
-    spec: {
-      sizeBytes: 32 * MiB,
-      replicas: 2,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
-  const volUid = vol.metadata.uid as string;
-  const devices: NVMeDevice[] = [];
-  for (const [serial, name] of [
-    ["SIMNXA02", "fo-r0"],
-    ["SIMNXB02", "fo-r1"],
-  ] as const) {
-    devices.push(
-      await placeOnReportedDrive(tc.conn, ns, serial, [name], 32 * MiB, (p) => {
-        p.spec.replicaOf = { name: "fo", uid: volUid };
-      }),
-    );
-  }
-  const copies = await eventually(
-    async () => {
-      const l = await Promise.all(["fo-r0", "fo-r1"].map((n) => parts.get(n, ns)));
-      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
-    },
-    30_000,
-    "both copies Exported",
-  );
-  const copyAttachment = (c: NVMePartition, node: string) => ({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
-    spec: {
-      partitionName: c.metadata.name,
-      partitionUID: c.metadata.uid as string,
-      nodeId: `${node}/${nexusHostNqnFor(node)}`,
-      hostNQN: nexusHostNqnFor(node),
-      attachmentId: `nexus-${c.metadata.name}-${node}`,
-    },
-  });
-  for (const c of copies) await vas.create(copyAttachment(c, NODE_A) as NVMeVolumeAttachment);
-  await parts.mergePatch("fo", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await updateStatus(parts, "fo", ns, (latest) => ({
-    ...(latest.status ?? { conditions: [] }),
-    state: latest.status?.state ?? ("Placed" as const),
-    dataGeneration: 1,
-    replicas: copies.map((c, i) => ({
-      name: c.metadata.name,
-      uid: c.metadata.uid as string,
-      nodeName: c.spec.nodeName as string,
-      deviceSerial: devices[i]?.spec.serial as string,
-      state: "Online" as const,
-      generation: 1,
-    })),
-  }));
-  const vaName = attachmentNameFor("fo", volUid);
-  await vas.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: vaName, namespace: ns },
-    spec: {
-      partitionName: "fo",
-      partitionUID: volUid,
-      nodeId: `consumer-1/${CONSUMER}`,
-      hostNQN: CONSUMER,
-      attachmentId: "att-fo",
-    },
-  } as NVMeVolumeAttachment);
-  const nqn = nqnFor(externalIdFor(volUid));
+  const { volUid, copies, vaName, nqn } = await servedOnA("fo", ["SIMNXA02", "SIMNXB02"]);
   const raidBdev = nexusBdevFor(externalIdFor(volUid));
-  await eventually(
-    async () => (await parts.get("fo", ns))?.status?.state === "Exported",
-    30_000,
-    "volume Exported on A",
-  );
   // Node B holds copy fo-r1 and does not serve: it exports the volume's NQN as a standby that
   // admits the consumer, with no namespace and its listener inaccessible.
   await eventually(
@@ -616,12 +537,7 @@ test("a consumer holds a path to every copy node: the standby answers nothing un
 
     // Failover as the manager does it: the copies' attachments move to B's nexus host (A is
     // fenced from both), then the serving node moves.
-    for (const c of copies) {
-      const name = attachmentNameFor(c.metadata.name, c.metadata.uid as string);
-      const a = await vas.get(name, ns);
-      await vas.replace({ ...(a as NVMeVolumeAttachment), spec: copyAttachment(c, NODE_B).spec });
-    }
-    await parts.mergePatch("fo", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+    await failOverToB("fo", volUid, copies);
     // The path the consumer already holds to B turns optimized and shows the namespace (the
     // target's ANA and namespace notices); the one to A turns inaccessible and empty.
     await eventually(
@@ -648,100 +564,13 @@ test("a consumer holds a path to every copy node: the standby answers nothing un
     pathB.close();
   }
 
-  await vas.delete(vaName, ns);
-  await parts.delete("fo", ns);
-  await eventually(async () => (await parts.get("fo", ns)) === undefined, 30_000, "volume gone");
-  for (const c of copies) await vas.delete(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
-  for (const c of copies) await parts.delete(c.metadata.name, ns);
-  await eventually(
-    async () => nodes.every((n) => !n.emulator.state().subsystems.some((s) => s.nqn === nqn)),
-    30_000,
-    "no export of the volume left on either node",
-  );
+  await removeReplicated("fo", vaName, nqn, copies);
 }, 150_000);
 
 test("the serving node's target dies: fenced and moved, the other node records the lost copy Faulted first, starts the raid degraded over its own copy, and the consumer's writes resume there with the data", async () => {
   const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
   const [nodeA, nodeB] = nodes as [SimStorageNode, SimStorageNode];
-  const vol = await parts.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "dg", namespace: ns },
-    spec: {
-      sizeBytes: 32 * MiB,
-      replicas: 2,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
-  const volUid = vol.metadata.uid as string;
-  const devices: NVMeDevice[] = [];
-  for (const [serial, name] of [
-    ["SIMNXA03", "dg-r0"],
-    ["SIMNXB03", "dg-r1"],
-  ] as const) {
-    devices.push(
-      await placeOnReportedDrive(tc.conn, ns, serial, [name], 32 * MiB, (p) => {
-        p.spec.replicaOf = { name: "dg", uid: volUid };
-      }),
-    );
-  }
-  const copies = await eventually(
-    async () => {
-      const l = await Promise.all(["dg-r0", "dg-r1"].map((n) => parts.get(n, ns)));
-      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
-    },
-    30_000,
-    "both copies Exported",
-  );
-  const admit = (c: NVMePartition, node: string) => ({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
-    spec: {
-      partitionName: c.metadata.name,
-      partitionUID: c.metadata.uid as string,
-      nodeId: `${node}/${nexusHostNqnFor(node)}`,
-      hostNQN: nexusHostNqnFor(node),
-      attachmentId: `nexus-${c.metadata.name}-${node}`,
-    },
-  });
-  for (const c of copies) await vas.create(admit(c, NODE_A) as NVMeVolumeAttachment);
-  await parts.mergePatch("dg", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await updateStatus(parts, "dg", ns, (latest) => ({
-    ...(latest.status ?? { conditions: [] }),
-    state: latest.status?.state ?? ("Placed" as const),
-    dataGeneration: 1,
-    replicas: copies.map((c, i) => ({
-      name: c.metadata.name,
-      uid: c.metadata.uid as string,
-      nodeName: c.spec.nodeName as string,
-      deviceSerial: devices[i]?.spec.serial as string,
-      state: "Online" as const,
-      generation: 1,
-    })),
-  }));
-  const vaName = attachmentNameFor("dg", volUid);
-  await vas.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: vaName, namespace: ns },
-    spec: {
-      partitionName: "dg",
-      partitionUID: volUid,
-      nodeId: `consumer-1/${CONSUMER}`,
-      hostNQN: CONSUMER,
-      attachmentId: "att-dg",
-    },
-  } as NVMeVolumeAttachment);
-  const nqn = nqnFor(externalIdFor(volUid));
-  await eventually(
-    async () => (await parts.get("dg", ns))?.status?.state === "Exported",
-    30_000,
-    "volume Exported on A",
-  );
+  const { volUid, copies, vaName, nqn } = await servedOnA("dg", ["SIMNXA03", "SIMNXB03"]);
   await eventually(
     async () =>
       nodeB.emulator
@@ -772,11 +601,7 @@ test("the serving node's target dies: fenced and moved, the other node records t
     // Node A's target dies with both copies configured in its raid (its own copy dg-r0 with it).
     await nodeA.emulator.crash();
     // The manager's failover: fence A on both copies, then move the volume to B.
-    for (const c of copies) {
-      const a = await vas.get(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
-      await vas.replace({ ...(a as NVMeVolumeAttachment), spec: admit(c, NODE_B).spec });
-    }
-    await parts.mergePatch("dg", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+    await failOverToB("dg", volUid, copies);
     // B cannot reach dg-r0: past the bound (2 s here) it records dg-r0 Faulted at generation 2
     // first, then starts the raid over dg-r1 alone (its superblock still waits for dg-r0).
     await eventually(
@@ -813,9 +638,117 @@ test("the serving node's target dies: fenced and moved, the other node records t
   }
   // Node A's target comes back; the volume stays on B, its raid never takes dg-r0 back.
   await nodeA.emulator.restart();
+  await removeReplicated("dg", vaName, nqn, copies);
+}, 180_000);
+
+/** A copy's attachment record admitting `node`'s nexus host (what the manager keeps per copy). */
+function nexusAdmission(c: NVMePartition, node: string): NVMeVolumeAttachment {
+  return {
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
+    spec: {
+      partitionName: c.metadata.name,
+      partitionUID: c.metadata.uid as string,
+      nodeId: `${node}/${nexusHostNqnFor(node)}`,
+      hostNQN: nexusHostNqnFor(node),
+      attachmentId: `nexus-${c.metadata.name}-${node}`,
+    },
+  } as NVMeVolumeAttachment;
+}
+
+/**
+ * Replicated volume `name` (32 MiB, two copies: <name>-r0 on drive `serials[0]` of node A,
+ * <name>-r1 on `serials[1]` of node B), as the manager sets it up: both copies admitting node A's
+ * nexus host, current at generation 1, served by A; and the consumer admitted. Resolves once A
+ * exports it.
+ */
+async function servedOnA(name: string, serials: readonly [string, string]) {
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const vol = await parts.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name, namespace: ns },
+    spec: {
+      sizeBytes: 32 * MiB,
+      replicas: 2,
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition);
+  const volUid = vol.metadata.uid as string;
+  const devices: NVMeDevice[] = [];
+  for (const [i, serial] of serials.entries()) {
+    devices.push(
+      await placeOnReportedDrive(tc.conn, ns, serial, [`${name}-r${i}`], 32 * MiB, (p) => {
+        p.spec.replicaOf = { name, uid: volUid };
+      }),
+    );
+  }
+  const copies = await eventually(
+    async () => {
+      const l = await Promise.all([0, 1].map((i) => parts.get(`${name}-r${i}`, ns)));
+      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
+    },
+    30_000,
+    "both copies Exported",
+  );
+  for (const c of copies) await vas.create(nexusAdmission(c, NODE_A));
+  await parts.mergePatch(name, ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
+  await updateStatus(parts, name, ns, (latest) => ({
+    ...(latest.status ?? { conditions: [] }),
+    state: latest.status?.state ?? ("Placed" as const),
+    dataGeneration: 1,
+    replicas: copies.map((c, i) => ({
+      name: c.metadata.name,
+      uid: c.metadata.uid as string,
+      nodeName: c.spec.nodeName as string,
+      deviceSerial: devices[i]?.spec.serial as string,
+      state: "Online" as const,
+      generation: 1,
+    })),
+  }));
+  const vaName = attachmentNameFor(name, volUid);
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: vaName, namespace: ns },
+    spec: {
+      partitionName: name,
+      partitionUID: volUid,
+      nodeId: `consumer-1/${CONSUMER}`,
+      hostNQN: CONSUMER,
+      attachmentId: `att-${name}`,
+    },
+  } as NVMeVolumeAttachment);
+  await eventually(
+    async () => (await parts.get(name, ns))?.status?.state === "Exported",
+    30_000,
+    "volume Exported on A",
+  );
+  return { volUid, copies, vaName, nqn: nqnFor(externalIdFor(volUid)) };
+}
+
+/** Fences node A from both copies and moves the volume to B, as a failover does. */
+async function failOverToB(name: string, volUid: string, copies: readonly NVMePartition[]): Promise<void> {
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  for (const c of copies) {
+    const a = await vas.get(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
+    await vas.replace({ ...(a as NVMeVolumeAttachment), spec: nexusAdmission(c, NODE_B).spec });
+  }
+  await parts.mergePatch(name, ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+}
+
+/** Deletes the consumer's attachment, the volume, the copies' attachments and the copies; waits for no export of `nqn` on either node. */
+async function removeReplicated(name: string, vaName: string, nqn: string, copies: readonly NVMePartition[]) {
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
   await vas.delete(vaName, ns);
-  await parts.delete("dg", ns);
-  await eventually(async () => (await parts.get("dg", ns)) === undefined, 30_000, "volume gone");
+  await parts.delete(name, ns);
+  await eventually(async () => (await parts.get(name, ns)) === undefined, 30_000, "volume gone");
   for (const c of copies) await vas.delete(attachmentNameFor(c.metadata.name, c.metadata.uid as string), ns);
   for (const c of copies) await parts.delete(c.metadata.name, ns);
   await eventually(
@@ -823,4 +756,4 @@ test("the serving node's target dies: fenced and moved, the other node records t
     60_000,
     "no export of the volume left on either node",
   );
-}, 180_000);
+}
