@@ -715,7 +715,18 @@ async function startNode(shared: Shared, spec: NodeSpec, index: number): Promise
       async start() {
         if (stopped) throw new Error(`node ${spec.name} was stopped; start a new one`);
         if (!running(procs.containerd)) await startContainerd();
-        if (!running(procs.kubelet)) await startKubelet();
+        // containerd answers `ctr version` before its CRI server has loaded the containers it had
+        // (many, on a storage node killed with its Pods): a kubelet started meanwhile exits with
+        // "server is not initialized yet", so it is started again, a bounded number of times.
+        for (let attempt = 1; !running(procs.kubelet); attempt++) {
+          try {
+            await startKubelet();
+          } catch (err) {
+            if (attempt >= 10 || !String((err as Error).message).includes("server is not initialized yet"))
+              throw err;
+            await Bun.sleep(2000);
+          }
+        }
         if (!running(procs.kubeProxy)) startKubeProxy();
       },
       async restartKubelet() {
