@@ -189,7 +189,10 @@ export const AioCreateParams = v.strictObject({
 export const NullCreateParams = v.strictObject({
   name: Name,
   num_blocks: Positive,
-  block_size: v.pipe(Positive, v.check((n) => n % 512 === 0, "block_size must be a multiple of 512")),
+  block_size: v.pipe(
+    Positive,
+    v.check((n) => n % 512 === 0, "block_size must be a multiple of 512"),
+  ),
   uuid: v.optional(Uuid),
 });
 
