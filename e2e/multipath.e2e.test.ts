@@ -5,14 +5,22 @@
 // verified afterwards from another node.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { randomBytes } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { VolumeContextKeys } from "../lib/volume-context.ts";
 import { hostNqnOf, volumeTarget } from "./storage-target.ts";
-import { createPvc, deletePod, type E2eLab, e2eLab, FinalError, until, workloadPod } from "./support.ts";
+import {
+  createPvc,
+  deletePod,
+  dumpNodeLogs,
+  type E2eLab,
+  e2eLab,
+  FinalError,
+  removeSuiteObjects,
+  until,
+  workloadPod,
+} from "./support.ts";
 import { waitHeld } from "./user-steps.ts";
 
 let lab: E2eLab;
@@ -184,21 +192,11 @@ test("two portals: losing the path in use keeps the Pod's writes going through t
     expect(read).toMatchObject({ ok: true, sha256: written.sha256 });
   } catch (err) {
     // What the consumer's NVMe host and CSI node said about the volume's paths, for the failure.
-    for (const name of [`nvme-host_${a.name}`, `csi-node_${a.name}`]) {
-      const log = join(lab.dir, "logs", `${name}.log`);
-      if (!existsSync(log)) continue;
-      const lines = readFileSync(log, "utf8")
-        .split("\n")
-        .filter((l) => /path|portal|connect|fast_io|error/i.test(l));
-      process.stderr.write(`--- ${name} ---\n${lines.slice(-40).join("\n")}\n`);
-    }
+    dumpNodeLogs(lab, a.name, ["nvme-host", "csi-node"], /path|portal|connect|fast_io|error/i);
     throw err;
   } finally {
     thaw();
     await client?.close();
-    for (const p of ["writer", "reader"]) await deletePod(lab, ns, p, 180_000).catch(() => {});
-    await lab.core.deleteNamespacedPersistentVolumeClaim({ name: "data", namespace: ns }).catch(() => {});
-    await lab.core.deleteNamespace({ name: ns }).catch(() => {});
-    await lab.storageApi.deleteStorageClass({ name: sc }).catch(() => {});
+    await removeSuiteObjects(lab, ns, { pods: ["writer", "reader"], claims: ["data"], storageClass: sc });
   }
 }, 900_000);

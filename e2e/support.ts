@@ -3,7 +3,7 @@
 // DISTORT_E2E_LAB, or one of the file's own), its processes by name for fault injection, and the
 // user-level steps (PVCs, workload Pods, waits) expressed through the real API.
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
@@ -363,6 +363,53 @@ export async function deletePod(lab: E2eLab, ns: string, pod: string, timeoutMs 
     async () => !(await lab.core.readNamespacedPod({ name: pod, namespace: ns }).catch(() => undefined)),
     timeoutMs,
   );
+}
+
+/**
+ * For a failing test: the last `last` lines matching `pattern` of a node's component logs, on
+ * stderr. A component is "nvme-host" (the node's NVMe host driver) or part of a Pod's name
+ * ("csi-node", "agent"): the process lab's `<dir>/logs/<component>_<node>.log`, or on the
+ * cluster the node's own logs and its kubelet's Pod logs (`var-log/pods/<ns>_<pod>_<uid>/...`).
+ */
+export function dumpNodeLogs(
+  lab: Pick<LabInfo, "dir">,
+  node: string,
+  components: readonly string[],
+  pattern: RegExp,
+  last = 40,
+): void {
+  const files = (component: string): string[] => {
+    const processLab = join(lab.dir, "logs", `${component}_${node}.log`);
+    const nodeDir = join(lab.dir, "nodes", node);
+    const out = [processLab, join(nodeDir, "logs", `${component}.log`)].filter((f) => existsSync(f));
+    const pods = join(nodeDir, "var-log", "pods");
+    if (!existsSync(pods)) return out;
+    for (const pod of readdirSync(pods).filter((d) => d.includes(component)))
+      for (const container of readdirSync(join(pods, pod)))
+        for (const f of readdirSync(join(pods, pod, container)).filter((x) => x.endsWith(".log")))
+          out.push(join(pods, pod, container, f));
+    return out;
+  };
+  for (const component of components)
+    for (const f of files(component)) {
+      const lines = readFileSync(f, "utf8")
+        .split("\n")
+        .filter((l) => pattern.test(l));
+      process.stderr.write(`--- ${node} ${component}: ${f} ---\n${lines.slice(-last).join("\n")}\n`);
+    }
+}
+
+/** What a suite made in its namespace, deleted at its end: Pods first, then claims, the namespace, a StorageClass. Errors (already gone) are ignored. */
+export async function removeSuiteObjects(
+  lab: E2eLab,
+  ns: string,
+  o: { pods?: readonly string[]; claims?: readonly string[]; storageClass?: string },
+): Promise<void> {
+  for (const p of o.pods ?? []) await deletePod(lab, ns, p, 180_000).catch(() => {});
+  for (const c of o.claims ?? [])
+    await lab.core.deleteNamespacedPersistentVolumeClaim({ name: c, namespace: ns }).catch(() => {});
+  await lab.core.deleteNamespace({ name: ns }).catch(() => {});
+  if (o.storageClass) await lab.storageApi.deleteStorageClass({ name: o.storageClass }).catch(() => {});
 }
 
 /** The partition behind a bound PVC: [namespace, name] from the volume handle <ns>/<partition>/<uid>. */
