@@ -63,8 +63,9 @@ export interface RealLabNodeSpec {
 export const KERNEL_STORAGE_LABEL_VALUE = "kernel";
 
 /**
- * Two SPDK storage nodes (node-a, node-b), one kernel-backend storage node (node-k), node-c, and
- * the DPU node node-d; every node but the DPU is a consumer.
+ * Three SPDK storage nodes (node-a, node-b, node-c: a replicated volume's three copies on distinct
+ * nodes), one kernel-backend storage node (node-k) and the DPU node node-d; every node but the DPU
+ * is a consumer.
  */
 export const REAL_LAB_NODES: RealLabNodeSpec[] = [
   {
@@ -83,7 +84,14 @@ export const REAL_LAB_NODES: RealLabNodeSpec[] = [
       { serial: "LABB0002", pciAddress: "0000:5f:00.0", sizeBytes: 32 * GiB },
     ],
   },
-  { name: "node-c", storage: false, drives: [] },
+  {
+    name: "node-c",
+    storage: true,
+    drives: [
+      { serial: "LABC0001", pciAddress: "0000:5e:00.0", sizeBytes: 32 * GiB },
+      { serial: "LABC0002", pciAddress: "0000:5f:00.0", sizeBytes: 32 * GiB },
+    ],
+  },
   {
     name: "node-k",
     storage: false,
