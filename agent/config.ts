@@ -120,6 +120,12 @@ const EnvSchema = v.object({
   /** Most rebuilds running at once on this node (as the serving node of their volumes); 0: none start. */
   DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, 64), "2"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
+  /**
+   * How often the node's heartbeat (RDMAStorageNode status.lastHeartbeatTime) is written between
+   * full reports: a replicated volume's serving node counts as lost after failoverAfterSeconds
+   * (5 s at least) without one, so it must come several times within that bound.
+   */
+  DISTORT_HEARTBEAT_PERIOD_MS: v.optional(wholeNumber(200, 2_000), "2000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
   /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */
   DISTORT_METRICS_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "15000"),
@@ -177,6 +183,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     rebuildBandwidthMbSec: c.DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC,
     rebuildsPerNode: c.DISTORT_REBUILDS_PER_NODE,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
+    heartbeatPeriodMs: c.DISTORT_HEARTBEAT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,
     metricsPeriodMs: c.DISTORT_METRICS_PERIOD_MS,
     healthPort: c.DISTORT_HEALTH_PORT,

@@ -322,6 +322,7 @@ export async function runAgent(
   await controllers.start();
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
+  const heartbeats = reporter.runHeartbeats(stopReporter.signal, cfg.heartbeatPeriodMs);
   const spaceMemory: SpaceMemory = new Map();
   const metricsLoop = runNodeMetrics(
     {
@@ -380,6 +381,7 @@ export async function runAgent(
     async stop() {
       stopReporter.abort();
       await reporting.catch(() => {});
+      await heartbeats.catch(() => {});
       await metricsLoop.catch(() => {});
       await controllers.stop();
       // A managed target runs under the agent's parent-death signal, so it ends with the agent

@@ -154,7 +154,21 @@ async function storageNode(
       },
     });
   };
-  return { ns, node, sim, spdk, clock, exports, reporter, nodeDevices, device, record, eventReasons, claim };
+  return {
+    ns,
+    node,
+    sim,
+    spdk,
+    clock,
+    exports,
+    reporter,
+    storageNodes,
+    nodeDevices,
+    device,
+    record,
+    eventReasons,
+    claim,
+  };
 }
 
 const cond = (
@@ -231,6 +245,34 @@ test("claimed capacity is aggregated; export count and heartbeat follow each pas
   });
   // The reporter kept the manager's claim and phase.
   expect((await h.device("S4EWNX0R000000")).status).toMatchObject({ phase: "Claimed", freeBytes: 60 * GiB });
+});
+
+test("a heartbeat between full passes moves lastHeartbeatTime alone; none before the first pass; a later pass never moves it back", async () => {
+  const h = await storageNode();
+  // No status yet: nothing to beat for (the manager sees no heartbeat, fail closed).
+  expect(await h.reporter.heartbeat()).toBe(false);
+  expect(h.reporter.lastHeartbeatMs()).toBeUndefined();
+  await h.reporter.reportOnce();
+  expect(h.reporter.lastHeartbeatMs()).toBe(T0);
+  const first = await h.record();
+  h.clock.advance(2_000);
+  expect(await h.reporter.heartbeat()).toBe(true);
+  const beat = await h.record();
+  expect(beat.status?.lastHeartbeatTime).toBe(new Date(T0 + 2_000).toISOString());
+  expect(h.reporter.lastHeartbeatMs()).toBe(T0 + 2_000);
+  // Everything but the heartbeat is the full pass's.
+  expect({ ...beat.status, lastHeartbeatTime: undefined }).toEqual({
+    ...first.status,
+    lastHeartbeatTime: undefined,
+  });
+  // A heartbeat that landed while a full pass ran is newer than the pass's clock: the pass keeps it.
+  const later = new Date(T0 + 9_000).toISOString();
+  const status = beat.status as NonNullable<RDMAStorageNode["status"]>;
+  await h.storageNodes.replaceStatus({ ...beat, status: { ...status, lastHeartbeatTime: later } });
+  h.clock.advance(1_000);
+  await h.reporter.reportOnce();
+  expect((await h.record()).status?.lastHeartbeatTime).toBe(later);
+  expect(h.reporter.lastHeartbeatMs()).toBe(T0 + 2_000);
 });
 
 test("a drive gone from a complete scan is Unavailable with its claim kept, and comes back Claimed", async () => {

@@ -88,6 +88,7 @@ export interface ReportSummary {
  */
 export class Reporter {
   #inflight: Promise<ReportSummary> | undefined;
+  #lastHeartbeatMs: number | undefined;
 
   constructor(
     private readonly deps: ReporterDeps,
@@ -123,6 +124,45 @@ export class Reporter {
         }
       },
     );
+  }
+
+  /**
+   * Writes the heartbeat alone (status.lastHeartbeatTime of this node's RDMAStorageNode, the rest
+   * of its status as the last full pass left it), between the full passes: a replicated volume's
+   * serving node counts as lost after failoverAfterSeconds without one, far sooner than a full
+   * pass comes by default. Nothing is written before a full pass has created the status. Resolves
+   * true when the write went through (then lastHeartbeatMs() is its time).
+   */
+  async heartbeat(): Promise<boolean> {
+    const { deps, config } = this;
+    const now = deps.clock.now();
+    const written = await updateStatus(deps.storageNodes, config.nodeName, config.namespace, (o) =>
+      o.status?.lastHeartbeatTime !== undefined && o.spec.nodeName === config.nodeName
+        ? { ...o.status, lastHeartbeatTime: new Date(now).toISOString() }
+        : undefined,
+    );
+    const ok = written?.status?.lastHeartbeatTime === new Date(now).toISOString();
+    if (ok) this.#lastHeartbeatMs = Math.max(this.#lastHeartbeatMs ?? 0, now);
+    return ok;
+  }
+
+  /** Clock time of the newest heartbeat the API server took (a full pass's or heartbeat()'s), undefined before the first. */
+  lastHeartbeatMs(): number | undefined {
+    return this.#lastHeartbeatMs;
+  }
+
+  /** Writes heartbeats every `periodMs` until `signal` aborts; a failed write is logged and retried next period. */
+  runHeartbeats(signal: AbortSignal, periodMs: number): Promise<void> {
+    return runPeriodically(this.deps.clock, periodMs, signal, async () => {
+      try {
+        await this.heartbeat();
+      } catch (err) {
+        this.deps.logger.warn("heartbeat not written", {
+          node: this.config.nodeName,
+          err: errorMessage(err),
+        });
+      }
+    });
   }
 
   async #observe(): Promise<
@@ -367,8 +407,15 @@ export class Reporter {
     let before: string | undefined;
     const written = await updateStatus(deps.storageNodes, name, namespace, (o) => {
       before = findCondition(o.status?.conditions ?? [], type)?.status;
-      return nextNodeStatus(o.status, o.metadata.generation, obs, now);
+      const next = nextNodeStatus(o.status, o.metadata.generation, obs, now);
+      // A heartbeat written while this pass ran is newer than its `now`: never go back in time.
+      const prev = o.status?.lastHeartbeatTime;
+      return prev !== undefined && Date.parse(prev) > now.getTime()
+        ? { ...next, lastHeartbeatTime: prev }
+        : next;
     });
+    if (written?.status?.lastHeartbeatTime === now.toISOString())
+      this.#lastHeartbeatMs = Math.max(this.#lastHeartbeatMs ?? 0, now.getTime());
     const after = written ? findCondition(written.status?.conditions ?? [], type) : undefined;
     if (written && after && after.status !== before) {
       await deps.events.record(
