@@ -6,7 +6,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import * as v from "valibot";
 import { MAX_REBUILDS_PER_NODE, REBUILD_MAX_BANDWIDTH_MB_SEC, SPDK_MEM_SIZE_MB } from "../agent/config.ts";
-import { BackendSchema, TransportSchema } from "../api/common.ts";
+import { BackendSchema, intRange, TransportSchema } from "../api/common.ts";
 import {
   MAX_PORTALS,
   MAX_QOS_IOPS,
@@ -22,8 +22,7 @@ export const VALUES_SCHEMA_PATH = join(ROOT, "helm", "distort", "values.schema.j
 
 // ---- building blocks -------------------------------------------------------------------------
 
-const int = (min: number, max = Number.MAX_SAFE_INTEGER) =>
-  v.pipe(v.number(), v.integer(), v.minValue(min), v.maxValue(max));
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) => intRange(min, max);
 /**
  * An integer from `min` to `max` whose refusals name the value and its range. The messages are
  * ValuesSchema's (tests, tooling); helm enforces the JSON Schema rendering, the same bounds, with
