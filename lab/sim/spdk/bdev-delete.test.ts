@@ -24,6 +24,10 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
+/** The whole reply object, as the emulator sent it (jsonrpc, id and result or error). */
+const reply = async (method: string, params: unknown): Promise<unknown> =>
+  rpc(emu.socketPath, method, params);
+
 /** Creates one bdev of each simple module; resolves to their UUIDs by module. */
 async function createOneOfEach(suffix: string): Promise<Record<"null" | "malloc" | "aio", string>> {
   const s = emu.socketPath;
@@ -62,7 +66,7 @@ test("each delete removes its own module's bdev by name, answers true, and -19 o
     ["bdev_malloc_delete", "m1"],
     ["bdev_aio_delete", "a1"],
   ] as const) {
-    expect(await rpc(s, method, { name })).toEqual({ jsonrpc: "2.0", id: 1, result: true });
+    expect(await reply(method, { name })).toEqual({ jsonrpc: "2.0", id: 1, result: true });
     expect((await rpc(s, "bdev_get_bdevs", { name })).error).toEqual(ENODEV);
     expect((await rpc(s, method, { name })).error).toEqual(ENODEV);
   }
@@ -72,7 +76,7 @@ test("a bdev is found by its UUID too", async () => {
   const uuids = await createOneOfEach("2");
   const s = emu.socketPath;
   for (const m of ["null", "malloc", "aio"] as const) {
-    expect(await rpc(s, `bdev_${m}_delete`, { name: uuids[m] })).toEqual({
+    expect(await reply(`bdev_${m}_delete`, { name: uuids[m] })).toEqual({
       jsonrpc: "2.0",
       id: 1,
       result: true,
