@@ -18,6 +18,8 @@ export const SPDK_MEM_SIZE_MB = { min: 256, max: 1_048_576 } as const;
 
 /** Highest rebuild bandwidth cap accepted, in MB/s (bdev_raid_set_options takes a u32). */
 export const REBUILD_MAX_BANDWIDTH_MB_SEC = 1_000_000;
+/** Most rebuilds one node may run at once (DISTORT_REBUILDS_PER_NODE, the chart's agent.rebuild.perNode). */
+export const MAX_REBUILDS_PER_NODE = 64;
 
 /** "a, b,,c" -> ["a", "b", "c"]: a comma-separated list, blanks dropped. */
 const commaList = v.transform((s: string) =>
@@ -118,7 +120,7 @@ const EnvSchema = v.object({
   /** Bandwidth cap of each rebuild onto a copy of a volume served here, in MB/s; 0: none. */
   DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: v.optional(wholeNumber(0, REBUILD_MAX_BANDWIDTH_MB_SEC), "0"),
   /** Most rebuilds running at once on this node (as the serving node of their volumes); 0: none start. */
-  DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, 64), "2"),
+  DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, MAX_REBUILDS_PER_NODE), "2"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   /**
    * How often the node's heartbeat (RDMAStorageNode status.lastHeartbeatTime) is written between

@@ -7,21 +7,21 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import { kinds, type NVMeDevice, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
-import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { eventually, type TestCluster } from "../lab/cluster/test-support.ts";
 import {
-  placeOnReportedDrive,
-  type SimStorageNode,
-  startSimStorageNode,
-} from "../lab/harness/storage-node.ts";
-import { connectController, createTcpFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
+  declareCopiesCurrent,
+  type ReplicatedLab,
+  startReplicatedLab,
+} from "../lab/harness/replicated-lab.ts";
+import { placeOnReportedDrive, type SimStorageNode } from "../lab/harness/storage-node.ts";
+import type { SimFabric } from "../lab/sim/spdk/emulator.ts";
+import { connectController, type FabricController } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
-import { updateStatus } from "../lib/kube/status.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { attachmentNameFor, cntlidRangeFor, nexusBdevFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
-import { parseAgentConfig } from "./config.ts";
-import { type RunningAgent, runAgent } from "./main.ts";
+import type { RunningAgent } from "./main.ts";
 import { nexusControllerNameFor, nexusRaidUuidFor } from "./nexus/identity.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
 
@@ -36,13 +36,12 @@ const NODE_B = "nx-b";
 const CONSUMER_ID = randomUUID();
 const CONSUMER = `nqn.2014-08.org.nvmexpress:uuid:${CONSUMER_ID}`;
 
+let lab: ReplicatedLab | undefined;
 let tc: TestCluster;
 let ns: string;
-const fabric = createTcpFabric();
-const nodes: SimStorageNode[] = [];
-const agents: RunningAgent[] = [];
-/** Starts node i's agent again (after agents[i].stop()). */
-const starts: (() => Promise<RunningAgent>)[] = [];
+let fabric: SimFabric;
+let nodes: SimStorageNode[];
+let agents: RunningAgent[];
 const clients: SpdkClient[] = [];
 /**
  * Steps of the volume's passes on node A after which the pass is cut off once (an error thrown
@@ -54,35 +53,27 @@ const interrupted = new Set<string>();
 let degradeGate: Promise<void> | undefined;
 let degradeReached = false;
 
+/** Drives SIMNX<node>01..03: the first for the first test's copies, one more for each other test's. */
+const drivesOf = (node: "A" | "B") => [
+  { serial: `SIMNX${node}01`, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB },
+  { serial: `SIMNX${node}02`, pciAddress: "0000:3d:00.0", sizeBytes: 1 * GiB },
+  { serial: `SIMNX${node}03`, pciAddress: "0000:3e:00.0", sizeBytes: 1 * GiB },
+];
+
 beforeAll(async () => {
-  tc = await testCluster();
-  ns = await tc.namespace("nexus");
-  for (const [nodeName, address, serial] of [
-    [NODE_A, A, "SIMNXA01"],
-    [NODE_B, B, "SIMNXB01"],
-  ] as const) {
-    const node = await startSimStorageNode({
-      nodeName,
-      // A second drive for the second test's copies (each test claims its drives).
-      drives: [
-        { serial, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB },
-        { serial: serial.replace(/01$/, "02"), pciAddress: "0000:3d:00.0", sizeBytes: 1 * GiB },
-        { serial: serial.replace(/01$/, "03"), pciAddress: "0000:3e:00.0", sizeBytes: 1 * GiB },
-      ],
-      fabric,
-      hostAddresses: [address],
-    });
-    nodes.push(node);
-    const cfg = parseAgentConfig(
-      node.agentEnv(tc.kubeconfigPath, ns, {
-        DISTORT_PORTAL_ADDRESS: address,
-        DISTORT_PORTAL_PORT: String(PORT),
-        DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
-        // The copy that comes back stays out (rebuilds are agent/rebuild.int.test.ts's).
-        DISTORT_REBUILDS_PER_NODE: "0",
-      }),
-    );
-    const hooks = {
+  lab = await startReplicatedLab({
+    namespacePrefix: "nexus",
+    nodes: [
+      { name: NODE_A, address: A, drives: drivesOf("A") },
+      { name: NODE_B, address: B, drives: drivesOf("B") },
+    ],
+    port: PORT,
+    agentEnv: {
+      DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
+      // The copy that comes back stays out (rebuilds are agent/rebuild.int.test.ts's).
+      DISTORT_REBUILDS_PER_NODE: "0",
+    },
+    hooks: (nodeName) => ({
       async afterStep(step: string, key: string) {
         if (nodeName === NODE_A && step === "nexus-degrade") {
           degradeReached = true;
@@ -94,26 +85,14 @@ beforeAll(async () => {
         interrupted.add(step);
         throw new Error(`injected interruption after ${step}`);
       },
-    };
-    const start = () =>
-      runAgent(
-        cfg,
-        createLogger({
-          level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
-          fields: { node: nodeName },
-        }),
-        hooks,
-      );
-    starts.push(start);
-    agents.push(await start());
-  }
+    }),
+  });
+  ({ tc, ns, fabric, nodes, agents } = lab);
 }, 300_000);
 
 afterAll(async () => {
   for (const c of clients) await c.close();
-  for (const a of agents) await a.stop();
-  for (const n of nodes) await n.close();
-  await tc?.stop();
+  await lab?.close();
 });
 
 function methodsOf(node: SimStorageNode): SpdkMethods {
@@ -192,19 +171,7 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
   );
   expect(pending.metadata.finalizers).toContain("storage.distort.io/partition-cleanup");
   expect(nodeA.emulator.state().nvmeControllers.filter((c) => c.name.startsWith("nxr_"))).toEqual([]);
-  await updateStatus(parts, "vol", ns, (latest) => ({
-    ...(latest.status ?? { conditions: [] }),
-    state: latest.status?.state ?? ("Placed" as const),
-    dataGeneration: 1,
-    replicas: copies.map((c, i) => ({
-      name: c.metadata.name,
-      uid: c.metadata.uid as string,
-      nodeName: c.spec.nodeName as string,
-      deviceSerial: devices[i]?.spec.serial as string,
-      state: "Online" as const,
-      generation: 1,
-    })),
-  }));
+  await declareCopiesCurrent(lab as ReplicatedLab, "vol", copies, devices);
 
   const externalId = externalIdFor(volUid);
   const nqn = nqnFor(externalId);
@@ -426,7 +393,7 @@ test("a volume with two copies on two nodes is served by a raid1 over both, reac
   await (agents[0] as RunningAgent).stop();
   await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
   expect(nodeA.emulator.state().bdevs.some((b) => b.name === raidBdev)).toBe(true);
-  agents[0] = await (starts[0] as () => Promise<RunningAgent>)();
+  await (lab as ReplicatedLab).startAgent(0);
   await eventually(
     async () => {
       const s = nodeA.emulator.state();
@@ -505,18 +472,7 @@ test("a consumer holds a path to every copy node: the standby answers nothing un
   ).rejects.toThrow();
 
   // The consumer connects both paths, as NodeStage does with the publish context's portals.
-  const connect = (traddr: string) =>
-    connectController(fabric, {
-      trtype: "TCP",
-      traddr,
-      trsvcid: String(PORT),
-      subnqn: nqn,
-      hostnqn: CONSUMER,
-      hostid: CONSUMER_ID,
-      kato: 2000,
-    });
-  const pathA = await connect(A);
-  const pathB = await connect(B);
+  const [pathA, pathB] = await consumerPaths(nqn);
   try {
     // Each node hands out controller IDs from its own copy's range: no ID repeats across paths.
     expect(pathA.ctrlr.cntlid).toBeGreaterThanOrEqual(cntlidRangeFor(0).min);
@@ -580,18 +536,7 @@ test("the serving node's target dies: fenced and moved, the other node records t
     30_000,
     "standby export on B admitting the consumer",
   );
-  const connect = (traddr: string) =>
-    connectController(fabric, {
-      trtype: "TCP",
-      traddr,
-      trsvcid: String(PORT),
-      subnqn: nqn,
-      hostnqn: CONSUMER,
-      hostid: CONSUMER_ID,
-      kato: 2000,
-    });
-  const pathA = await connect(A);
-  const pathB = await connect(B);
+  const [pathA, pathB] = await consumerPaths(nqn);
   try {
     const first = Buffer.alloc(512 * 1024);
     for (let i = 0; i < first.length; i++) first[i] = (i * 13 + 5) % 251;
@@ -640,6 +585,26 @@ test("the serving node's target dies: fenced and moved, the other node records t
   await nodeA.emulator.restart();
   await removeReplicated("dg", vaName, nqn, copies);
 }, 180_000);
+
+/**
+ * The consumer's two paths to volume `nqn`, as NodeStage connects the publish context's portals:
+ * to A, then to B, each with a 2 s keep-alive. Rejects if either connect fails.
+ */
+async function consumerPaths(nqn: string): Promise<[FabricController, FabricController]> {
+  const connect = (traddr: string) =>
+    connectController(fabric, {
+      trtype: "TCP",
+      traddr,
+      trsvcid: String(PORT),
+      subnqn: nqn,
+      hostnqn: CONSUMER,
+      hostid: CONSUMER_ID,
+      kato: 2000,
+    });
+  const pathA = await connect(A);
+  const pathB = await connect(B);
+  return [pathA, pathB];
+}
 
 /** A copy's attachment record admitting `node`'s nexus host (what the manager keeps per copy). */
 function nexusAdmission(c: NVMePartition, node: string): NVMeVolumeAttachment {
@@ -697,19 +662,7 @@ async function servedOnA(name: string, serials: readonly [string, string]) {
   );
   for (const c of copies) await vas.create(nexusAdmission(c, NODE_A));
   await parts.mergePatch(name, ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await updateStatus(parts, name, ns, (latest) => ({
-    ...(latest.status ?? { conditions: [] }),
-    state: latest.status?.state ?? ("Placed" as const),
-    dataGeneration: 1,
-    replicas: copies.map((c, i) => ({
-      name: c.metadata.name,
-      uid: c.metadata.uid as string,
-      nodeName: c.spec.nodeName as string,
-      deviceSerial: devices[i]?.spec.serial as string,
-      state: "Online" as const,
-      generation: 1,
-    })),
-  }));
+  await declareCopiesCurrent(lab as ReplicatedLab, name, copies, devices);
   const vaName = attachmentNameFor(name, volUid);
   await vas.create({
     apiVersion: "storage.distort.io/v1alpha1",

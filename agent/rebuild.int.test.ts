@@ -14,19 +14,18 @@ import {
   type NVMeVolumeAttachment,
   type ReplicaStatus,
 } from "../api/index.ts";
-import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { eventually, type TestCluster } from "../lab/cluster/test-support.ts";
 import {
-  placeOnReportedDrive,
-  type SimStorageNode,
-  startSimStorageNode,
-} from "../lab/harness/storage-node.ts";
-import { connectController, createTcpFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
+  declareCopiesCurrent,
+  type ReplicatedLab,
+  startReplicatedLab,
+} from "../lab/harness/replicated-lab.ts";
+import { placeOnReportedDrive, type SimStorageNode } from "../lab/harness/storage-node.ts";
+import type { SimFabric } from "../lab/sim/spdk/emulator.ts";
+import { connectController, type FabricController } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
-import { updateStatus } from "../lib/kube/status.ts";
-import { createLogger } from "../lib/log.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
-import { parseAgentConfig } from "./config.ts";
-import { type RunningAgent, runAgent } from "./main.ts";
+import type { RunningAgent } from "./main.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
 
 const MiB = 1024 ** 2;
@@ -41,50 +40,39 @@ const CONSUMER = `nqn.2014-08.org.nvmexpress:uuid:${CONSUMER_ID}`;
 /** The rebuild's bandwidth cap: 63 MiB at 16 MB/s takes about 4 s, long enough to watch. */
 const BANDWIDTH_MB_SEC = 16;
 
+let lab: ReplicatedLab | undefined;
 let tc: TestCluster;
 let ns: string;
-const fabric = createTcpFabric();
-const nodes: SimStorageNode[] = [];
-const agents: RunningAgent[] = [];
+let fabric: SimFabric;
+let nodes: SimStorageNode[];
+let agents: RunningAgent[];
 
 beforeAll(async () => {
-  tc = await testCluster();
-  ns = await tc.namespace("rebuild");
-  for (const [nodeName, address, serial] of [
-    [NODE_A, A, "SIMRBA01"],
-    [NODE_B, B, "SIMRBB01"],
-  ] as const) {
-    const node = await startSimStorageNode({
-      nodeName,
-      drives: [{ serial, pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB }],
-      fabric,
-      hostAddresses: [address],
-    });
-    nodes.push(node);
-    const cfg = parseAgentConfig(
-      node.agentEnv(tc.kubeconfigPath, ns, {
-        DISTORT_PORTAL_ADDRESS: address,
-        DISTORT_PORTAL_PORT: String(PORT),
-        DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
-        DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: String(BANDWIDTH_MB_SEC),
-      }),
-    );
-    agents.push(
-      await runAgent(
-        cfg,
-        createLogger({
-          level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
-          fields: { node: nodeName },
-        }),
-      ),
-    );
-  }
+  lab = await startReplicatedLab({
+    namespacePrefix: "rebuild",
+    nodes: [
+      {
+        name: NODE_A,
+        address: A,
+        drives: [{ serial: "SIMRBA01", pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB }],
+      },
+      {
+        name: NODE_B,
+        address: B,
+        drives: [{ serial: "SIMRBB01", pciAddress: "0000:3c:00.0", sizeBytes: 4 * GiB }],
+      },
+    ],
+    port: PORT,
+    agentEnv: {
+      DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
+      DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: String(BANDWIDTH_MB_SEC),
+    },
+  });
+  ({ tc, ns, fabric, nodes, agents } = lab);
 }, 300_000);
 
 afterAll(async () => {
-  for (const a of agents) await a.stop();
-  for (const n of nodes) await n.close();
-  await tc?.stop();
+  await lab?.close();
 });
 
 function sha(b: Buffer): string {
@@ -153,19 +141,7 @@ test("a copy that missed writes rejoins only through a rebuild, and then holds e
     } as NVMeVolumeAttachment);
   }
   await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await updateStatus(parts, "vol", ns, (latest) => ({
-    ...(latest.status ?? { conditions: [] }),
-    state: latest.status?.state ?? ("Placed" as const),
-    dataGeneration: 1,
-    replicas: copies.map((c, i) => ({
-      name: c.metadata.name,
-      uid: c.metadata.uid as string,
-      nodeName: c.spec.nodeName as string,
-      deviceSerial: devices[i]?.spec.serial as string,
-      state: "Online" as const,
-      generation: 1,
-    })),
-  }));
+  await declareCopiesCurrent(lab as ReplicatedLab, "vol", copies, devices);
   const nqn = nqnFor(externalIdFor(volUid));
   const served = await eventually(
     async () => {

@@ -1,7 +1,7 @@
 // Condition, ClaimRef and the small helpers: the metav1 constraints hold in TS as they do upstream.
 import { describe, expect, test } from "bun:test";
 import * as v from "valibot";
-import { ConditionSchema, conditions, ObjectMetaSchema } from "./common.ts";
+import { ConditionSchema, conditions, intRange, ObjectMetaSchema } from "./common.ts";
 import { issuePaths, type RejectCase, withPaths } from "./testing.ts";
 
 const cond = {
@@ -77,5 +77,15 @@ describe("ObjectMetaSchema", () => {
   test("keeps unknown keys (managedFields, ownerReferences)", () => {
     const meta = v.parse(ObjectMetaSchema, { name: "a", ownerReferences: [{ uid: "u" }] });
     expect(meta).toEqual({ name: "a", ownerReferences: [{ uid: "u" }] });
+  });
+});
+
+describe("intRange()", () => {
+  const percent = intRange(0, 100);
+  test("takes integers from min to max inclusive", () => {
+    for (const n of [0, 1, 99, 100]) expect(v.is(percent, n)).toBe(true);
+  });
+  test("refuses values outside the range, fractions and non-numbers", () => {
+    for (const bad of [-1, 101, 2.5, Number.NaN, "5", null]) expect(v.is(percent, bad)).toBe(false);
   });
 });

@@ -87,15 +87,21 @@ export function name(description: string) {
 }
 
 /**
+ * An integer from `min` to `max` inclusive: the one spelling of a bounded integer, which the CRD
+ * generator turns into `type: integer` with `minimum`/`maximum`. Pipe it further for a description
+ * or a format (`v.pipe(intRange(1, 3), v.description("..."))`).
+ */
+export function intRange(min: number, max: number) {
+  return v.pipe(v.number(), v.integer(), v.minValue(min), v.maxValue(max));
+}
+
+/**
  * Byte counts and other int64 quantities. Capped at 2^53-1 so the apiserver refuses values a TS number
  * cannot hold exactly (8 PiB; larger than any drive this targets).
  */
 export function int64(description: string, min = 0) {
   return v.pipe(
-    v.number(),
-    v.integer(),
-    v.minValue(min),
-    v.maxValue(Number.MAX_SAFE_INTEGER),
+    intRange(min, Number.MAX_SAFE_INTEGER),
     openapi({ format: "int64" }),
     v.description(description),
   );
@@ -124,13 +130,7 @@ export function dateTime(description: string) {
   );
 }
 
-export const PortSchema = v.pipe(
-  v.number(),
-  v.integer(),
-  v.minValue(1),
-  v.maxValue(65535),
-  openapi({ format: "int32" }),
-);
+export const PortSchema = v.pipe(intRange(1, 65535), openapi({ format: "int32" }));
 
 /** IPv4 or IPv6 address (no zone, no prefix). */
 export function ipAddress(fieldPath: string, description: string) {

@@ -10,6 +10,7 @@ import {
   dateTime,
   immutable,
   int64,
+  intRange,
   name,
   ObjectMetaSchema,
   ObservedGenerationSchema,
@@ -50,13 +51,7 @@ export const NVMeDeviceSpecSchema = v.pipe(
     allocatableBytes: positiveBytes(
       "Capacity of namespace ID 1 offered for placement: 1% reserved for backend metadata, rounded down to 4 MiB.",
     ),
-    numaNode: v.pipe(
-      v.number(),
-      v.integer(),
-      v.minValue(-1),
-      v.maxValue(4095),
-      v.description("NUMA node of the PCI device; -1 when unknown."),
-    ),
+    numaNode: v.pipe(intRange(-1, 4095), v.description("NUMA node of the PCI device; -1 when unknown.")),
   }),
   v.description("Hardware facts discovered by the agent."),
 );

@@ -10,6 +10,7 @@ import {
   immutable,
   immutableOnceSet,
   int64,
+  intRange,
   ipAddress,
   name,
   nqn,
@@ -201,15 +202,11 @@ export const QOS_IOPS_UNIT = 1000;
 const mbps = (what: string, spdkName: string) =>
   v.optional(
     v.pipe(
-      v.number(),
-      v.integer(),
-      v.minValue(0),
-      v.maxValue(MAX_QOS_MBPS),
+      intRange(0, MAX_QOS_MBPS),
       v.description(`${what} bandwidth limit in MiB/s (SPDK ${spdkName}); 0 or absent: unlimited.`),
     ),
   );
-const iops = (description: string) =>
-  v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_QOS_IOPS), v.description(description));
+const iops = (description: string) => v.pipe(intRange(0, MAX_QOS_IOPS), v.description(description));
 
 const iopsStep = `spec.qos.rwIosPerSec must be a multiple of ${QOS_IOPS_UNIT} (SPDK's QoS granularity)`;
 

@@ -4,17 +4,14 @@
 // (the device ledger holds it), on distinct storage nodes, and records every copy's place, state
 // and generation in the volume's status.replicas.
 import * as v from "valibot";
-import { int64, name, str } from "./common.ts";
+import { int64, intRange, name, str } from "./common.ts";
 
 /** Most copies a volume may have. */
 export const MAX_REPLICAS = 3;
 
 /** spec.replicas: how many copies of the data, each on a storage node of its own. */
 export const ReplicaCountSchema = v.pipe(
-  v.number(),
-  v.integer(),
-  v.minValue(1),
-  v.maxValue(MAX_REPLICAS),
+  intRange(1, MAX_REPLICAS),
   v.description(
     "Copies of the volume's data, each on a distinct storage node (spdk backend only; 1 or absent: a single copy). Immutable.",
   ),
@@ -55,10 +52,7 @@ export type ReplicaState = v.InferOutput<typeof ReplicaStateSchema>;
 export const RebuildProgressSchema = v.pipe(
   v.object({
     percent: v.pipe(
-      v.number(),
-      v.integer(),
-      v.minValue(0),
-      v.maxValue(100),
+      intRange(0, 100),
       v.description("Share of the volume copied onto the copy so far, in whole percent."),
     ),
     bytesDone: int64("Bytes of the volume copied onto the copy so far."),
@@ -101,10 +95,7 @@ export const DEFAULT_FAILOVER_AFTER_SECONDS = 30;
 
 /** spec.failoverAfterSeconds: how long the serving node may go without a heartbeat before another serves. */
 export const FailoverAfterSchema = v.pipe(
-  v.number(),
-  v.integer(),
-  v.minValue(FAILOVER_AFTER_MIN_SECONDS),
-  v.maxValue(FAILOVER_AFTER_MAX_SECONDS),
+  intRange(FAILOVER_AFTER_MIN_SECONDS, FAILOVER_AFTER_MAX_SECONDS),
   v.description(
     "Replicated volumes: seconds the serving node may go without a heartbeat before the volume is served from another node holding a current copy (after the old one is fenced from every copy). Absent: 30.",
   ),

@@ -197,6 +197,11 @@ describe("helm lint", () => {
     ["manager.workers=0", "/manager/workers"],
     ["csi.defaultVolumeBytes=5000000", "/csi/defaultVolumeBytes"],
     ["manager.logLevl=debug", "logLevl"],
+    ["agent.rebuild.perNode=65", "/agent/rebuild/perNode"],
+    ["agent.rebuild.perNode=-1", "/agent/rebuild/perNode"],
+    ["agent.rebuild.perNode=1.5", "/agent/rebuild/perNode"],
+    ["agent.rebuild.maxBandwidthMBps=-1", "/agent/rebuild/maxBandwidthMBps"],
+    ["agent.rebuild.maxBandwidthMBps=1000001", "/agent/rebuild/maxBandwidthMBps"],
   ])("refuses %s", async (set, where) => {
     const r = await runHelm(helm, ["lint", CHART_DIR, "--set", set]);
     expect(r.code).not.toBe(0);

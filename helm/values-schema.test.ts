@@ -86,6 +86,18 @@ const BINDINGS: Binding[] = [
     exact: true,
   },
   {
+    path: "agent.rebuild.maxBandwidthMBps",
+    binary: (s) => agentAccepts({ DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: s }),
+    candidates: [0, 1, 16, 1_000_000, 1_000_001, -1, 1.5],
+    exact: true,
+  },
+  {
+    path: "agent.rebuild.perNode",
+    binary: (s) => agentAccepts({ DISTORT_REBUILDS_PER_NODE: s }),
+    candidates: [0, 1, 64, 65, -1, 2.5],
+    exact: true,
+  },
+  {
     path: "agent.portal.port",
     binary: (s) => agentAccepts({ DISTORT_PORTAL_PORT: s }),
     candidates: [0, 1, 4420, 65535, 65536],
@@ -290,6 +302,33 @@ describe("values a binary reads agree with its own config parser", () => {
       expect(b.binary(render(get(defaults, b.path)))).toBe(true);
     });
   }
+});
+
+describe("agent.rebuild", () => {
+  const issues = (path: string, value: unknown) =>
+    v.safeParse(ValuesSchema, withValue(path, value)).issues?.map((i) => `${v.getDotPath(i)}: ${i.message}`);
+  test.each([
+    ["agent.rebuild.perNode", 65, "0 to 64"],
+    ["agent.rebuild.perNode", -1, "0 to 64"],
+    ["agent.rebuild.perNode", 2.5, "0 to 64"],
+    ["agent.rebuild.perNode", "2", "0 to 64"],
+    ["agent.rebuild.maxBandwidthMBps", -1, "0 to 1000000"],
+    ["agent.rebuild.maxBandwidthMBps", 1_000_001, "0 to 1000000"],
+    ["agent.rebuild.maxBandwidthMBps", 0.5, "0 to 1000000"],
+  ])("%s: %p is refused, naming the value and its range", (path, value, range) => {
+    expect(issues(path, value)).toEqual([`${path}: ${path} must be a whole number from ${range}`]);
+  });
+  test("helm enforces the same bounds: values.schema.json holds them as integer ranges", () => {
+    const props = valuesJsonSchema().properties as Record<string, { properties: Record<string, unknown> }>;
+    const agent = props.agent as { properties: Record<string, unknown> };
+    expect(agent.properties.rebuild).toMatchObject({
+      properties: {
+        maxBandwidthMBps: { type: "integer", minimum: 0, maximum: 1_000_000 },
+        perNode: { type: "integer", minimum: 0, maximum: 64 },
+      },
+      additionalProperties: false,
+    });
+  });
 });
 
 describe("StorageClass entries agree with the CSI controller's parameter parser", () => {

@@ -5,8 +5,8 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import * as v from "valibot";
-import { SPDK_MEM_SIZE_MB } from "../agent/config.ts";
-import { BackendSchema, TransportSchema } from "../api/common.ts";
+import { MAX_REBUILDS_PER_NODE, REBUILD_MAX_BANDWIDTH_MB_SEC, SPDK_MEM_SIZE_MB } from "../agent/config.ts";
+import { BackendSchema, intRange, TransportSchema } from "../api/common.ts";
 import {
   MAX_PORTALS,
   MAX_QOS_IOPS,
@@ -22,8 +22,22 @@ export const VALUES_SCHEMA_PATH = join(ROOT, "helm", "distort", "values.schema.j
 
 // ---- building blocks -------------------------------------------------------------------------
 
-const int = (min: number, max = Number.MAX_SAFE_INTEGER) =>
-  v.pipe(v.number(), v.integer(), v.minValue(min), v.maxValue(max));
+const int = (min: number, max = Number.MAX_SAFE_INTEGER) => intRange(min, max);
+/**
+ * An integer from `min` to `max` whose refusals name the value and its range. The messages are
+ * ValuesSchema's (tests, tooling); helm enforces the JSON Schema rendering, the same bounds, with
+ * its own wording ("at '/agent/rebuild/perNode': maximum: got 65, want 64").
+ */
+const wholeNumberIn = (path: string, min: number, max: number, what: string) => {
+  const range = `${path} must be a whole number from ${min} to ${max}`;
+  return v.pipe(
+    v.number(range),
+    v.integer(range),
+    v.minValue(min, range),
+    v.maxValue(max, range),
+    v.description(what),
+  );
+};
 const port = (what: string) => v.pipe(int(1, 65535), v.description(what));
 const ms = (min: number, max: number, what: string) => v.pipe(int(min, max), v.description(`${what} (ms)`));
 const text = (what: string) => v.pipe(v.string(), v.description(what));
@@ -275,6 +289,21 @@ const AGENT_ENTRIES = {
   reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
   metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
   verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
+  // agent/config.ts's DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC and DISTORT_REBUILDS_PER_NODE.
+  rebuild: v.strictObject({
+    maxBandwidthMBps: wholeNumberIn(
+      "agent.rebuild.maxBandwidthMBps",
+      0,
+      REBUILD_MAX_BANDWIDTH_MB_SEC,
+      "bandwidth cap of each rebuild onto a copy (MB/s); 0 unbounded",
+    ),
+    perNode: wholeNumberIn(
+      "agent.rebuild.perNode",
+      0,
+      MAX_REBUILDS_PER_NODE,
+      "most rebuilds running at once on the node; 0 starts none",
+    ),
+  }),
   healthPort: port("/healthz, /readyz and /metrics on the node (hostNetwork)"),
   stateDir: absPath("host directory for DH-HMAC-CHAP key files"),
   modulesDir: absPathOrNone("host directory of kernel modules; empty mounts none"),

@@ -10,7 +10,7 @@ import type { NVMePartition, ReplicaStatus } from "../../api/index.ts";
 import { roundUpToUnit } from "../../lib/units.ts";
 import { nexusBdevFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import type { QosLimits, Transport } from "../backends/types.ts";
-import { PARTITION_FINALIZER, qosLimitsOf, type Why } from "../partitions/decide.ts";
+import { blockedByAttachments, hasCleanupFinalizer, qosLimitsOf, type Why } from "../partitions/decide.ts";
 import { externalIdFor, nqnFor, serialNumberFor } from "../partitions/identity.ts";
 import { nexusControllerNameFor, nexusRaidUuidFor } from "./identity.ts";
 
@@ -158,7 +158,7 @@ export function decideNexus(o: NexusObserved): NexusDecision {
   if (v.spec.nodeName !== o.nodeName) return { action: "ignore", why: `served by ${v.spec.nodeName}` };
   const uid = v.metadata.uid;
   if (!uid) return { action: "ignore", why: "no UID yet" };
-  const hasFinalizer = (v.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+  const hasFinalizer = hasCleanupFinalizer(v);
   const externalId = externalIdFor(uid);
   const nqn = nqnFor(externalId);
   const raidBdev = nexusBdevFor(externalId);
@@ -169,15 +169,8 @@ export function decideNexus(o: NexusObserved): NexusDecision {
 
   if (v.metadata.deletionTimestamp) {
     if (!hasFinalizer) return { action: "done" };
-    if (o.attachments.length > 0) {
-      return {
-        action: "block-deletion",
-        why: {
-          reason: "AttachmentsExist",
-          message: `deletion waits for ${o.attachments.length} attachment(s) to be released: ${o.attachments.slice(0, 5).join(", ")}`,
-        },
-      };
-    }
+    const blocked = blockedByAttachments(o.attachments);
+    if (blocked) return blocked;
     if (!o.spdk) return { action: "wait", why: spdkWhy };
     const uids = [...new Set((v.status?.replicas ?? []).flatMap((r) => (r.uid ? [r.uid] : [])))];
     return {

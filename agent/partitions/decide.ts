@@ -15,6 +15,29 @@ import { externalIdFor, nqnFor, snapshotExternalIdFor } from "./identity.ts";
 
 export const PARTITION_FINALIZER = "storage.distort.io/partition-cleanup";
 
+/** Whether `p` carries the cleanup finalizer (PARTITION_FINALIZER). */
+export function hasCleanupFinalizer(p: NVMePartition): boolean {
+  return (p.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+}
+
+/**
+ * The decision for a partition being deleted while attachment records still reference it (by
+ * name; the first five are named), or undefined when none do. Shared by plain partitions and
+ * replicated volumes, whose deletion waits alike.
+ */
+export function blockedByAttachments(
+  attachments: readonly string[],
+): { action: "block-deletion"; why: Why } | undefined {
+  if (attachments.length === 0) return undefined;
+  return {
+    action: "block-deletion",
+    why: {
+      reason: "AttachmentsExist",
+      message: `deletion waits for ${attachments.length} attachment(s) to be released: ${attachments.slice(0, 5).join(", ")}`,
+    },
+  };
+}
+
 export interface Observed {
   partition: NVMePartition;
   /** The node this agent serves. */
@@ -193,19 +216,12 @@ export function decide(o: Observed): Decision {
   if (!p.spec.nodeName) return { action: "ignore", why: "not placed yet" };
   if (p.spec.nodeName !== o.nodeName) return { action: "ignore", why: `assigned to node ${p.spec.nodeName}` };
   if (!p.metadata.uid) return { action: "ignore", why: "no UID yet" };
-  const hasFinalizer = (p.metadata.finalizers ?? []).includes(PARTITION_FINALIZER);
+  const hasFinalizer = hasCleanupFinalizer(p);
 
   if (p.metadata.deletionTimestamp) {
     if (!hasFinalizer) return { action: "done" };
-    if (o.attachments.length > 0) {
-      return {
-        action: "block-deletion",
-        why: {
-          reason: "AttachmentsExist",
-          message: `deletion waits for ${o.attachments.length} attachment(s) to be released: ${o.attachments.slice(0, 5).join(", ")}`,
-        },
-      };
-    }
+    const blocked = blockedByAttachments(o.attachments);
+    if (blocked) return blocked;
     // A partition the manager never placed here has nothing on the target; its status (the
     // identity deprovision would act on) is anyone's to write.
     const foreign = o.device ? placementRefusal(p, o.device) : undefined;

@@ -128,6 +128,23 @@ describe("connect argv", () => {
     expect(connectArgv(params)).toEqual(want);
   });
 
+  test("a keyed connect's config.json port carries every reconnect setting under libnvme's key, as a number", () => {
+    const dhchap = { secret: "DHHC-1:00:placeholder:" };
+    const p: ConnectParams = { ...base, ctrlLossTmo: -1, reconnectDelay: 10, fastIoFailTmo: 5, dhchap };
+    const [host] = JSON.parse(connectConfig(p));
+    expect(host.subsystems[0].ports).toEqual([
+      {
+        transport: "tcp",
+        traddr: "192.168.100.7",
+        trsvcid: "4420",
+        ctrl_loss_tmo: -1,
+        reconnect_delay: 10,
+        fast_io_fail_tmo: 5,
+        dhchap_key: dhchap.secret,
+      },
+    ]);
+  });
+
   test("disconnect and list-subsys", () => {
     expect(disconnectArgv(NQN)).toEqual(["nvme", "disconnect", "-n", NQN]);
     expect([...LIST_SUBSYS_ARGV]).toEqual(["nvme", "list-subsys", "-o", "json"]);

@@ -17,17 +17,28 @@ import {
 } from "./nvme-sysfs.ts";
 
 /**
+ * The reconnect settings a connect may carry, in the order they are given: the `nvme connect`
+ * option and the libnvme config.json port key of each. Note the spelling of --fast_io_fail_tmo:
+ * nvme-cli names that one option with underscores (2.4 and later; 2.3 has no such option) and
+ * rejects --fast-io-fail-tmo, while its neighbours are dashed.
+ */
+const RECONNECT_OPTIONS = [
+  { param: "ctrlLossTmo", flag: "--ctrl-loss-tmo", key: "ctrl_loss_tmo" },
+  { param: "reconnectDelay", flag: "--reconnect-delay", key: "reconnect_delay" },
+  { param: "fastIoFailTmo", flag: "--fast_io_fail_tmo", key: "fast_io_fail_tmo" },
+] as const;
+
+/**
  * argv of `nvme connect` for `p`, exactly as nvme-cli 2.x parses it. The address goes as given:
- * nvme-cli and the kernel take IPv6 literals without brackets. Note the spelling of
- * --fast_io_fail_tmo: nvme-cli names that one option with underscores (2.4 and later; 2.3 has
- * no such option) and rejects --fast-io-fail-tmo, while its neighbours are dashed.
+ * nvme-cli and the kernel take IPv6 literals without brackets.
  */
 export function connectArgv(p: ConnectParams): string[] {
   const argv = ["nvme", "connect", "-t", p.transport, "-a", p.address, "-s", String(p.port), "-n", p.nqn];
   argv.push("-q", p.hostNqn);
-  if (p.ctrlLossTmo !== undefined) argv.push("--ctrl-loss-tmo", String(p.ctrlLossTmo));
-  if (p.reconnectDelay !== undefined) argv.push("--reconnect-delay", String(p.reconnectDelay));
-  if (p.fastIoFailTmo !== undefined) argv.push("--fast_io_fail_tmo", String(p.fastIoFailTmo));
+  for (const o of RECONNECT_OPTIONS) {
+    const value = p[o.param];
+    if (value !== undefined) argv.push(o.flag, String(value));
+  }
   return argv;
 }
 
@@ -44,9 +55,10 @@ export function connectConfig(p: ConnectParams): string {
     traddr: p.address,
     trsvcid: String(p.port),
   };
-  if (p.ctrlLossTmo !== undefined) port.ctrl_loss_tmo = p.ctrlLossTmo;
-  if (p.reconnectDelay !== undefined) port.reconnect_delay = p.reconnectDelay;
-  if (p.fastIoFailTmo !== undefined) port.fast_io_fail_tmo = p.fastIoFailTmo;
+  for (const o of RECONNECT_OPTIONS) {
+    const value = p[o.param];
+    if (value !== undefined) port[o.key] = value;
+  }
   if (p.dhchap) {
     port.dhchap_key = p.dhchap.secret;
     if (p.dhchap.ctrlSecret !== undefined) port.dhchap_ctrl_key = p.dhchap.ctrlSecret;

@@ -36,6 +36,27 @@ function appTicks(app: App): number {
 }
 
 /**
+ * bdev_<module>_delete for the simple modules (null, malloc, aio), which v25.05.1 handles alike:
+ * the bdev named (or aliased) `name` must belong to that module, else -19 ENODEV; the reply
+ * `true` comes once it is unregistered, answered asynchronously (after ctx.defer()).
+ */
+function moduleBdevDelete(app: App, module: "null" | "malloc" | "aio"): MethodSpec {
+  const { registry } = app;
+  return {
+    name: `bdev_${module}_delete`,
+    states: RUNTIME,
+    handler: async (req, ctx) => {
+      const p = decode(req, v.strictObject({ name: str }), DECODE_FAILED_INTERNAL);
+      const bdev = registry.get(p.name);
+      if (bdev?.module !== module) throw RpcError.errno(Errno.ENODEV);
+      await ctx.defer();
+      await registry.unregister(bdev);
+      return true;
+    },
+  };
+}
+
+/**
  * driver_specific of bdev_get_iostat: only modules with dump_device_stat_json print it, and of
  * ours only the NVMe bdev module does (empty unless its error statistics are enabled).
  */
@@ -222,30 +243,8 @@ export function bdevMethods(app: App): MethodSpec[] {
         return registry.register(bdev).then(() => p.name);
       },
     },
-    {
-      name: "bdev_null_delete",
-      states: RUNTIME,
-      handler: async (req, ctx) => {
-        const p = decode(req, v.strictObject({ name: str }), DECODE_FAILED_INTERNAL);
-        const bdev = registry.get(p.name);
-        if (bdev?.module !== "null") throw RpcError.errno(Errno.ENODEV);
-        await ctx.defer();
-        await registry.unregister(bdev);
-        return true;
-      },
-    },
-    {
-      name: "bdev_malloc_delete",
-      states: RUNTIME,
-      handler: async (req, ctx) => {
-        const p = decode(req, v.strictObject({ name: str }), DECODE_FAILED_INTERNAL);
-        const bdev = registry.get(p.name);
-        if (bdev?.module !== "malloc") throw RpcError.errno(Errno.ENODEV);
-        await ctx.defer();
-        await registry.unregister(bdev);
-        return true;
-      },
-    },
+    moduleBdevDelete(app, "null"),
+    moduleBdevDelete(app, "malloc"),
     {
       name: "bdev_aio_create",
       states: RUNTIME,
@@ -302,18 +301,7 @@ export function bdevMethods(app: App): MethodSpec[] {
         return p.name;
       },
     },
-    {
-      name: "bdev_aio_delete",
-      states: RUNTIME,
-      handler: async (req, ctx) => {
-        const p = decode(req, v.strictObject({ name: str }), DECODE_FAILED_INTERNAL);
-        const bdev = registry.get(p.name);
-        if (bdev?.module !== "aio") throw RpcError.errno(Errno.ENODEV);
-        await ctx.defer();
-        await registry.unregister(bdev);
-        return true;
-      },
-    },
+    moduleBdevDelete(app, "aio"),
   ];
 }
 

@@ -1,0 +1,143 @@
+// Storage nodes for replicated-volume integration tests, run inside the test process: a control
+// plane (the suite's or one of its own), one simulated node per entry (sysfs drives and an emulated
+// nvmf_tgt) on a shared loopback TCP fabric, and an agent per node exporting on its own address.
+// Also the manager's step that declares a volume's copies current, which these tests play by hand.
+
+import { parseAgentConfig } from "../../agent/config.ts";
+import { type AgentHooks, type RunningAgent, runAgent } from "../../agent/main.ts";
+import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
+import { kinds } from "../../api/index.ts";
+import { ResourceClient } from "../../lib/kube/resource.ts";
+import { updateStatus } from "../../lib/kube/status.ts";
+import { createLogger } from "../../lib/log.ts";
+import { type TestCluster, testCluster } from "../cluster/test-support.ts";
+import type { SimFabric } from "../sim/spdk/emulator.ts";
+import { createTcpFabric } from "../sim/spdk/fabric.ts";
+import { type SimNodeDrive, type SimStorageNode, startSimStorageNode } from "./storage-node.ts";
+
+/** One storage node of the lab. */
+export interface ReplicatedLabNode {
+  name: string;
+  /** Its one host address: the emulated target listens there, the agent exports there. */
+  address: string;
+  drives: SimNodeDrive[];
+}
+
+export interface ReplicatedLabOptions {
+  /** Prefix of the test namespace (a unique suffix is added). */
+  namespacePrefix: string;
+  nodes: readonly ReplicatedLabNode[];
+  /** The NVMe-oF port every agent exports on (DISTORT_PORTAL_PORT). */
+  port: number;
+  /** More agent environment, the same on every node. */
+  agentEnv?: Record<string, string>;
+  /** Step hooks of one node's agent, asked again each time that agent starts. */
+  hooks?: (nodeName: string) => AgentHooks | undefined;
+}
+
+export interface ReplicatedLab {
+  tc: TestCluster;
+  /** The namespace the agents serve and the tests create their objects in. */
+  ns: string;
+  fabric: SimFabric;
+  /** In the order of the options' nodes. */
+  nodes: SimStorageNode[];
+  /** The running agent of each node, by index; startAgent replaces an entry. */
+  agents: RunningAgent[];
+  /** Starts node i's agent again (after agents[i].stop()) and makes it agents[i]. */
+  startAgent(i: number): Promise<RunningAgent>;
+  /** Stops every agent, then every node, then the control plane if this lab started it. */
+  close(): Promise<void>;
+}
+
+/**
+ * Starts the lab: the control plane and namespace first, then per node its simulated hardware and
+ * its agent, one node after the other. A failure part-way stops what had started and rethrows.
+ */
+export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<ReplicatedLab> {
+  const tc = await testCluster();
+  const fabric = createTcpFabric();
+  const nodes: SimStorageNode[] = [];
+  const agents: RunningAgent[] = [];
+  const starts: (() => Promise<RunningAgent>)[] = [];
+  const close = async () => {
+    for (const a of agents) await a.stop();
+    for (const n of nodes) await n.close();
+    await tc.stop();
+  };
+  try {
+    const ns = await tc.namespace(o.namespacePrefix);
+    for (const spec of o.nodes) {
+      const node = await startSimStorageNode({
+        nodeName: spec.name,
+        drives: spec.drives,
+        fabric,
+        hostAddresses: [spec.address],
+      });
+      nodes.push(node);
+      const cfg = parseAgentConfig(
+        node.agentEnv(tc.kubeconfigPath, ns, {
+          DISTORT_PORTAL_ADDRESS: spec.address,
+          DISTORT_PORTAL_PORT: String(o.port),
+          ...o.agentEnv,
+        }),
+      );
+      const start = () =>
+        runAgent(
+          cfg,
+          createLogger({
+            level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
+            fields: { node: spec.name },
+          }),
+          o.hooks?.(spec.name),
+        );
+      starts.push(start);
+      agents.push(await start());
+    }
+    return {
+      tc,
+      ns,
+      fabric,
+      nodes,
+      agents,
+      async startAgent(i) {
+        const start = starts[i];
+        if (!start) throw new Error(`no node ${i} in this lab`);
+        const agent = await start();
+        agents[i] = agent;
+        return agent;
+      },
+      close,
+    };
+  } catch (err) {
+    await close();
+    throw err;
+  }
+}
+
+/**
+ * The manager's declaration that replicated volume `name`'s copies are all current: data
+ * generation 1, each copy Online at generation 1 on its node and drive (`devices[i]` holds
+ * `copies[i]`). Nothing is served before it.
+ */
+export async function declareCopiesCurrent(
+  lab: ReplicatedLab,
+  name: string,
+  copies: readonly NVMePartition[],
+  devices: readonly NVMeDevice[],
+): Promise<void> {
+  const parts = new ResourceClient(lab.tc.conn, kinds.NVMePartition);
+  await updateStatus(parts, name, lab.ns, (latest) => ({
+    ...(latest.status ?? { conditions: [] }),
+    state: latest.status?.state ?? ("Placed" as const),
+    dataGeneration: 1,
+    replicas: copies.map((c, i) => ({
+      name: c.metadata.name,
+      uid: c.metadata.uid as string,
+      nodeName: c.spec.nodeName as string,
+      deviceSerial: devices[i]?.spec.serial as string,
+      state: "Online" as const,
+      generation: 1,
+    })),
+  }));
+}
