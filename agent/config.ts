@@ -19,6 +19,8 @@ export const SPDK_MEM_SIZE_MB = { min: 256, max: 1_048_576 } as const;
 /** Highest rebuild bandwidth cap accepted, in MB/s (bdev_raid_set_options takes a u32). */
 export const REBUILD_MAX_BANDWIDTH_MB_SEC = 1_000_000;
 /** Most rebuilds one node may run at once (DISTORT_REBUILDS_PER_NODE, the chart's agent.rebuild.perNode). */
+/** Bounds of DISTORT_HEARTBEAT_PERIOD_MS (the chart's agent.heartbeatPeriodMs). */
+export const HEARTBEAT_PERIOD_MS = { min: 200, max: 2_000 } as const;
 export const MAX_REBUILDS_PER_NODE = 64;
 
 /** "a, b,,c" -> ["a", "b", "c"]: a comma-separated list, blanks dropped. */
@@ -127,7 +129,10 @@ const EnvSchema = v.object({
    * full reports: a replicated volume's serving node counts as lost after failoverAfterSeconds
    * (5 s at least) without one, so it must come several times within that bound.
    */
-  DISTORT_HEARTBEAT_PERIOD_MS: v.optional(wholeNumber(200, 2_000), "2000"),
+  DISTORT_HEARTBEAT_PERIOD_MS: v.optional(
+    wholeNumber(HEARTBEAT_PERIOD_MS.min, HEARTBEAT_PERIOD_MS.max),
+    "2000",
+  ),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
   /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */
   DISTORT_METRICS_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "15000"),

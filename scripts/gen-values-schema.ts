@@ -5,7 +5,12 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import * as v from "valibot";
-import { MAX_REBUILDS_PER_NODE, REBUILD_MAX_BANDWIDTH_MB_SEC, SPDK_MEM_SIZE_MB } from "../agent/config.ts";
+import {
+  HEARTBEAT_PERIOD_MS,
+  MAX_REBUILDS_PER_NODE,
+  REBUILD_MAX_BANDWIDTH_MB_SEC,
+  SPDK_MEM_SIZE_MB,
+} from "../agent/config.ts";
 import { BackendSchema, intRange, TransportSchema } from "../api/common.ts";
 import {
   MAX_PORTALS,
@@ -289,6 +294,12 @@ const AGENT_ENTRIES = {
   reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
   metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
   verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
+  heartbeatPeriodMs: wholeNumberIn(
+    "agent.heartbeatPeriodMs",
+    HEARTBEAT_PERIOD_MS.min,
+    HEARTBEAT_PERIOD_MS.max,
+    "heartbeat period between reports (ms); a serving node counts as lost after failoverAfterSeconds without one",
+  ),
   // agent/config.ts's DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC and DISTORT_REBUILDS_PER_NODE.
   rebuild: v.strictObject({
     maxBandwidthMBps: wholeNumberIn(
