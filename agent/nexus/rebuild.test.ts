@@ -390,6 +390,17 @@ describe("decideRebuilds under cluster grants", () => {
       );
     });
 
+  test("a copy whose export went away gives back the slot it holds; without one it only waits", () => {
+    const gone = new Map([["vol-r1", copy("vol-r1", "Provisioning")]]);
+    const held = withSlot(slot({ grantedAt: "2026-02-01T09:00:01.000Z" }));
+    expect(decideRebuilds(observed({ volume: held, grant: GRANT, copies: gone }))).toEqual([
+      expect.objectContaining({ kind: "wait", copyName: "vol-r1", release: true }),
+    ]);
+    const [plain] = decideRebuilds(observed({ volume: withSlot(), grant: GRANT, copies: gone }));
+    expect(plain?.kind).toBe("wait");
+    expect(plain && "release" in plain).toBe(false);
+  });
+
   test("one slot per volume: the second behind copy waits while the first asks", () => {
     const v = volume([
       entry("vol-r0"),

@@ -174,11 +174,14 @@ export function decideRebuilds(o: RebuildObserved): RebuildStep[] {
     const uid = e.uid as string;
     const r = endpointOf(e, o.copies.get(e.name), volumeUid);
     if (!r.endpoint) {
+      // A slot asked for or granted to a copy that cannot start any more goes back to the cluster.
+      const held = o.grant !== undefined && slotOf(v, o.grant.node, uid) !== undefined;
       steps.push({
         kind: "wait",
         copyName: e.name,
         copyUid: uid,
         why: `waits to rebuild: ${e.name} ${r.problem}`,
+        ...(held ? { release: true } : {}),
       });
       continue;
     }
