@@ -36,6 +36,14 @@ describe("parseAgentConfig", () => {
     expect(parseAgentConfig({ ...base, DISTORT_REBUILDS_PER_NODE: "0" }).rebuildsPerNode).toBe(0);
   });
 
+  test("rebuilds wait for the manager's cluster grant unless turned off", () => {
+    expect(parseAgentConfig(base).rebuildNeedsGrant).toBe(true);
+    expect(parseAgentConfig({ ...base, DISTORT_REBUILD_NEEDS_GRANT: "false" }).rebuildNeedsGrant).toBe(false);
+    expect(() => parseAgentConfig({ ...base, DISTORT_REBUILD_NEEDS_GRANT: "maybe" })).toThrow(
+      /DISTORT_REBUILD_NEEDS_GRANT/,
+    );
+  });
+
   test("nvmf_tgt command, core mask and DPDK memory", () => {
     const c = parseAgentConfig({
       ...base,

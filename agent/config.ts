@@ -123,6 +123,11 @@ const EnvSchema = v.object({
   DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: v.optional(wholeNumber(0, REBUILD_MAX_BANDWIDTH_MB_SEC), "0"),
   /** Most rebuilds running at once on this node (as the serving node of their volumes); 0: none start. */
   DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, MAX_REBUILDS_PER_NODE), "2"),
+  /**
+   * Whether a rebuild waits for one of the cluster's rebuild slots, granted by the manager
+   * (DISTORT_REBUILDS_PER_CLUSTER). Only an agent run without a manager (tests) turns it off.
+   */
+  DISTORT_REBUILD_NEEDS_GRANT: v.optional(bool, "true"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   /**
    * How often the node's heartbeat (RDMAStorageNode status.lastHeartbeatTime) is written between
@@ -189,6 +194,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     nexusDegradeAfterMs: c.DISTORT_NEXUS_DEGRADE_AFTER_MS,
     rebuildBandwidthMbSec: c.DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC,
     rebuildsPerNode: c.DISTORT_REBUILDS_PER_NODE,
+    rebuildNeedsGrant: c.DISTORT_REBUILD_NEEDS_GRANT,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     heartbeatPeriodMs: c.DISTORT_HEARTBEAT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,

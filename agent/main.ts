@@ -211,6 +211,7 @@ export async function runAgent(
     rebuilds: {
       maxPerNode: cfg.rebuildsPerNode,
       bandwidthMbSec: cfg.rebuildBandwidthMbSec,
+      needsGrant: cfg.rebuildNeedsGrant,
       metrics: agentMetrics.rebuild,
     },
   });

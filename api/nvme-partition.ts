@@ -26,6 +26,7 @@ import {
 } from "./common.ts";
 import {
   FailoverAfterSchema,
+  RebuildSlotSchema,
   ReplicaCountSchema,
   ReplicaOfSchema,
   ReplicaStatusListSchema,
@@ -523,6 +524,7 @@ export const NVMePartitionStatusSchema = v.pipe(
       ),
     ),
     replicas: v.optional(ReplicaStatusListSchema),
+    rebuildSlot: v.optional(RebuildSlotSchema),
     conditions: conditions("Observations, including claim-authorization and export failures."),
     observedGeneration: ObservedGenerationSchema,
   }),

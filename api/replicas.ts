@@ -4,7 +4,7 @@
 // (the device ledger holds it), on distinct storage nodes, and records every copy's place, state
 // and generation in the volume's status.replicas.
 import * as v from "valibot";
-import { int64, intRange, name, str } from "./common.ts";
+import { dateTime, int64, intRange, name, str } from "./common.ts";
 
 /** Most copies a volume may have. */
 export const MAX_REPLICAS = 3;
@@ -80,6 +80,30 @@ export const ReplicaStatusSchema = v.pipe(
   v.description("One copy of a replicated volume."),
 );
 export type ReplicaStatus = v.InferOutput<typeof ReplicaStatusSchema>;
+
+/**
+ * status.rebuildSlot: the volume's claim on one of the cluster's rebuild slots (at most one per
+ * volume: a raid runs one rebuild at a time). The serving node's agent asks (replica, uid, node,
+ * requestedAt) once a copy could start and its node has room; the manager grants (grantedAt)
+ * within DISTORT_REBUILDS_PER_CLUSTER, oldest request first, or says why it waits (message). The
+ * agent starts a rebuild only under a grant naming that copy and itself, and drops the slot when
+ * the rebuild finishes or fails; the manager drops a slot whose copy, volume or serving node is
+ * gone or moved.
+ */
+export const RebuildSlotSchema = v.pipe(
+  v.object({
+    replica: name("The replica partition (copy) to rebuild."),
+    uid: str("That replica partition's metadata.uid.", 128, 1),
+    node: name("The serving node that asked; a slot naming another node than spec.nodeName is void."),
+    requestedAt: dateTime("When the serving node asked: the queue's order (oldest first)."),
+    grantedAt: v.optional(dateTime("When the manager granted the slot; absent: queued.")),
+    message: v.optional(str("Why the request waits (manager).", 1024)),
+  }),
+  v.description(
+    "Replicated volumes: the cluster-wide rebuild slot this volume asked for or holds (serving agent asks, manager grants).",
+  ),
+);
+export type RebuildSlot = v.InferOutput<typeof RebuildSlotSchema>;
 
 export const ReplicaStatusListSchema = v.pipe(
   v.array(ReplicaStatusSchema),

@@ -154,4 +154,23 @@ test("a replicated volume lists its copies; a stale one is a problem that says w
   expect(chain.problems).toContain("copy pvc-1-r1 on n2 is Stale at generation 2 of 3: left out at failover");
   expect(chain.healthy).toBe(false);
   expect(renderVolumeChain(chain)).toContain("pvc-1-r1@n2:Stale/g2");
+  expect(link?.fields.rebuildSlot).toBeNull();
+});
+
+test("a replicated volume's rebuild slot: queued with the manager's reason, or granted", () => {
+  const slot = { replica: "pvc-1-r1", uid: "u1", node: "n1", requestedAt: "2026-02-01T10:00:00.000Z" };
+  const withSlot = (rebuildSlot: object) =>
+    ({
+      ...partition,
+      spec: { ...partition.spec, deviceSerial: undefined, replicas: 2 },
+      status: { ...partition.status, dataGeneration: 3, replicas: [], rebuildSlot },
+    }) as unknown as NVMePartition;
+  const fields = (p: NVMePartition) =>
+    buildVolumeChain(input({ partition: p })).links.find((l) => l.kind === "NVMePartition")?.fields;
+  expect(fields(withSlot({ ...slot, message: "cluster rebuild cap 4 reached" }))?.rebuildSlot).toBe(
+    "pvc-1-r1 for n1: queued since 2026-02-01T10:00:00.000Z (cluster rebuild cap 4 reached)",
+  );
+  expect(fields(withSlot({ ...slot, grantedAt: "2026-02-01T10:00:05.000Z" }))?.rebuildSlot).toBe(
+    "pvc-1-r1 for n1: granted 2026-02-01T10:00:05.000Z",
+  );
 });

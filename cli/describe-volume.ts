@@ -155,6 +155,10 @@ export function buildVolumeChain(input: VolumeChainInput): VolumeChain {
                 (s?.replicas ?? [])
                   .map((r) => `${r.name}@${r.nodeName ?? "-"}:${r.state}/g${r.generation}`)
                   .join(" ") || null,
+              // The cluster rebuild slot the serving node asked for or holds (status.rebuildSlot).
+              rebuildSlot: s?.rebuildSlot
+                ? `${s.rebuildSlot.replica} for ${s.rebuildSlot.node}: ${s.rebuildSlot.grantedAt ? `granted ${s.rebuildSlot.grantedAt}` : `queued since ${s.rebuildSlot.requestedAt}${s.rebuildSlot.message ? ` (${s.rebuildSlot.message})` : ""}`}`
+                : null,
             }
           : {}),
       },

@@ -27,6 +27,7 @@ describe("parseConfig", () => {
       health: { host: "127.0.0.1", port: 8081 },
       logLevel: "info",
       resyncMs: 600_000,
+      rebuildsPerCluster: 4,
     });
   });
 
@@ -52,6 +53,7 @@ describe("parseConfig", () => {
         DISTORT_LABEL_SELECTOR: "team=a",
         DISTORT_LOG_LEVEL: "debug",
         DISTORT_RESYNC_MS: "0",
+        DISTORT_REBUILDS_PER_CLUSTER: "1",
       },
       HOST,
     );
@@ -75,7 +77,17 @@ describe("parseConfig", () => {
       labelSelector: "team=a",
       logLevel: "debug",
       resyncMs: 0,
+      rebuildsPerCluster: 1,
     });
+  });
+
+  test("DISTORT_REBUILDS_PER_CLUSTER: 0 (none granted) to 10000; anything else is refused by name", () => {
+    expect(parseConfig({ DISTORT_REBUILDS_PER_CLUSTER: "0" }, HOST).rebuildsPerCluster).toBe(0);
+    expect(parseConfig({ DISTORT_REBUILDS_PER_CLUSTER: " 10000 " }, HOST).rebuildsPerCluster).toBe(10_000);
+    for (const bad of ["-1", "10001", "four", "1.5"])
+      expect(() => parseConfig({ DISTORT_REBUILDS_PER_CLUSTER: bad }, HOST)).toThrow(
+        /DISTORT_REBUILDS_PER_CLUSTER=/,
+      );
   });
 
   test("downward-API fallbacks: POD_NAMESPACE, POD_NAME; KUBECONFIG", () => {

@@ -4,6 +4,10 @@ import * as v from "valibot";
 import { wholeNumber } from "../lib/config-schemas.ts";
 import { StorageError } from "../lib/errors.ts";
 import { validateTimings } from "../lib/kube/leader.ts";
+import { DEFAULT_REBUILDS_PER_CLUSTER } from "./replicas/rebuild-grants.ts";
+
+/** Highest DISTORT_REBUILDS_PER_CLUSTER accepted. */
+export const MAX_REBUILDS_PER_CLUSTER = 10_000;
 
 /** A whole number, surrounding spaces allowed. */
 const int = (min: number, max?: number) => v.pipe(v.string(), v.trim(), wholeNumber(min, max));
@@ -58,6 +62,11 @@ const VARIABLES = {
     default: "info",
   },
   resyncMs: { env: ["DISTORT_RESYNC_MS"], schema: int(0), default: "600000" },
+  rebuildsPerCluster: {
+    env: ["DISTORT_REBUILDS_PER_CLUSTER"],
+    schema: int(0, MAX_REBUILDS_PER_CLUSTER),
+    default: String(DEFAULT_REBUILDS_PER_CLUSTER),
+  },
 } as const;
 
 export interface ManagerConfig {
@@ -95,6 +104,11 @@ export interface ManagerConfig {
   logLevel: "debug" | "info" | "warn" | "error";
   /** Period at which every cached object is reconciled again; 0 disables it. */
   resyncMs: number;
+  /**
+   * Most rebuilds of replicated volumes' copies running at once across the cluster (slots the
+   * manager grants in status.rebuildSlot); 0: none is granted, every rebuild waits.
+   */
+  rebuildsPerCluster: number;
 }
 
 /** Host facts used for defaults, passed in so parsing stays pure. */
@@ -146,6 +160,7 @@ export function parseConfig(
     ...(opt("labelSelector") ? { labelSelector: opt("labelSelector") } : {}),
     logLevel: raw.logLevel as ManagerConfig["logLevel"],
     resyncMs: raw.resyncMs as number,
+    rebuildsPerCluster: raw.rebuildsPerCluster as number,
   };
   if (cfg.placementBackoff.maxMs < cfg.placementBackoff.initialMs) {
     throw new StorageError(

@@ -1,6 +1,6 @@
-// Assembles the manager's four controllers (claims, placement, capacity, storage nodes) over one
-// set of watch caches and one inventory, and runs them until stopped. main.ts calls it while this
-// process leads; integration tests call it directly.
+// Assembles the manager's controllers (claims, placement, capacity, replicas, rebuild grants,
+// storage nodes) over one set of watch caches and one inventory, and runs them until stopped.
+// main.ts calls it while this process leads; integration tests call it directly.
 import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from "../api/index.ts";
 import { kinds } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
@@ -27,6 +27,12 @@ import {
   placementReconciler,
   placementTriggers,
 } from "./placement/placement-controller.ts";
+import {
+  REBUILD_GRANTS,
+  RebuildGrantState,
+  rebuildGrantReconciler,
+  rebuildGrantTriggers,
+} from "./replicas/rebuild-grant-controller.ts";
 import { REPLICAS, replicaReconciler, replicaTriggers } from "./replicas/replica-controller.ts";
 import { nodeReconciler, nodeTriggers, STORAGE_NODES } from "./storage-nodes/node-controller.ts";
 
@@ -116,6 +122,13 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
       workers: config.workers,
       reconcile: replicaReconciler(ctx),
       triggers: replicaTriggers(ctx),
+    },
+    {
+      // One decision over the whole cluster: one key, one worker.
+      name: REBUILD_GRANTS,
+      workers: 1,
+      reconcile: rebuildGrantReconciler(ctx, new RebuildGrantState()),
+      triggers: rebuildGrantTriggers(),
     },
     {
       name: STORAGE_NODES,

@@ -20,6 +20,12 @@ export interface ManagerMetrics {
   leader: Gauge<never>;
   /** Failover steps taken for replicated volumes whose serving node was lost. */
   failoverSteps: Counter<"step">;
+  /** Cluster rebuild slots by state: granted (held by a serving node) or queued (asked, waiting). */
+  rebuildSlots: Gauge<"state">;
+  /** Rebuild slots granted. */
+  rebuildGrants: Counter<never>;
+  /** Rebuild slots the manager released because what they were for was gone. */
+  rebuildSlotReleases: Counter<never>;
 }
 
 const LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
@@ -63,6 +69,22 @@ export function managerMetrics(registry: Registry): ManagerMetrics {
       name: "distort_failover_steps_total",
       help: "Failover steps for replicated volumes whose serving node missed heartbeats (fence, wait-fenced, promote, serve, stuck).",
       labelNames: ["step"],
+      reuse: true,
+    }),
+    rebuildSlots: registry.gauge({
+      name: "distort_rebuild_slots",
+      help: "Cluster-wide rebuild slots of replicated volumes by state: granted (a serving node may run the rebuild) or queued (asked for, waiting for DISTORT_REBUILDS_PER_CLUSTER).",
+      labelNames: ["state"],
+      reuse: true,
+    }),
+    rebuildGrants: registry.counter({
+      name: "distort_rebuild_grants_total",
+      help: "Rebuild slots the manager granted to serving nodes.",
+      reuse: true,
+    }),
+    rebuildSlotReleases: registry.counter({
+      name: "distort_rebuild_slot_releases_total",
+      help: "Rebuild slots the manager released because their copy, volume or serving node was gone or moved (slots of finished or failed rebuilds are released by the serving node).",
       reuse: true,
     }),
   };

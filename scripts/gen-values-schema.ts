@@ -21,6 +21,7 @@ import {
 } from "../api/nvme-partition.ts";
 import { SUPPORTED_FS_TYPES } from "../csi/controller/capabilities.ts";
 import { MAX_LCORES } from "../lib/spdk/core-mask.ts";
+import { MAX_REBUILDS_PER_CLUSTER } from "../manager/config.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
 export const VALUES_SCHEMA_PATH = join(ROOT, "helm", "distort", "values.schema.json");
@@ -386,6 +387,12 @@ export const ValuesSchema = v.strictObject({
       maxMs: ms(10, Number.MAX_SAFE_INTEGER, "largest retry delay"),
     }),
     resyncMs: ms(0, Number.MAX_SAFE_INTEGER, "full resync period; 0 disables"),
+    rebuildsPerCluster: v.pipe(
+      int(0, MAX_REBUILDS_PER_CLUSTER),
+      v.description(
+        "most copy rebuilds running at once in the cluster (slots the manager grants); 0: none starts",
+      ),
+    ),
     healthPort: port("/healthz, /readyz and /metrics"),
     podDisruptionBudget: v.strictObject({ enabled: v.boolean(), maxUnavailable: int(1, 9) }),
     resources: resources("manager container"),

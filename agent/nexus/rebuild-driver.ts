@@ -1,8 +1,10 @@
 // The imperative shell of rebuilds on a replicated volume's serving node: runs decideRebuilds
 // (agent/nexus/rebuild.ts) once per nexus pass, records each step in the volume's status (one
 // write per step, guarded by resourceVersion) and carries it out on the target. The running
-// rebuilds are kept in memory: a restarted agent finds none and starts its copies again.
-import type { NVMePartition } from "../../api/index.ts";
+// rebuilds are kept in memory: a restarted agent finds none and starts its copies again. Under
+// cluster grants the same writes ask for, and give back, the volume's status.rebuildSlot.
+import type { NVMePartition, NVMePartitionStatus } from "../../api/index.ts";
+import type { Clock } from "../../lib/clock.ts";
 import type { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import type { Logger } from "../../lib/log.ts";
@@ -12,6 +14,7 @@ import type { NexusPlan } from "./decide.ts";
 import { nexusMemberBdevFor } from "./identity.ts";
 import {
   applyRebuildStep,
+  applySlotStep,
   decideRebuilds,
   type RebuildSession,
   type RebuildStep,
@@ -62,6 +65,11 @@ export interface RebuildDriverOptions {
   maxPerNode: number;
   /** Bandwidth cap of each rebuild in MB/s (0: none), applied with bdev_raid_set_options. */
   bandwidthMbSec: number;
+  /** A rebuild starts only under the manager's grant of a cluster rebuild slot (status.rebuildSlot). */
+  needsGrant: boolean;
+  /** This agent's node: the asker its slots name. */
+  nodeName: string;
+  clock: Clock;
   metrics?: RebuildMetrics;
   /** Called after each step is recorded (tests hold or cut passes here). */
   afterStep?(step: RebuildStep["kind"], key: string): void | Promise<void>;
@@ -74,6 +82,11 @@ export class RebuildDriver {
   private readonly progress = new Map<string, { ns: string; name: string; done: number; total: number }>();
   /** The bandwidth cap last applied on the target; undefined: not known to be applied. */
   private applied: number | undefined;
+  /**
+   * Volume UID -> copy UID of the slot this node asked for or holds there with no rebuild running
+   * yet, as last seen by a pass: they count against the node's cap, so a grant never waits for it.
+   */
+  private readonly asked = new Map<string, string>();
 
   constructor(private readonly o: RebuildDriverOptions) {}
 
@@ -95,6 +108,7 @@ export class RebuildDriver {
   /** Forgets the rebuilds of a volume this node no longer serves (its raid is gone). */
   forget(volumeUid: string): void {
     this.sessions.delete(volumeUid);
+    this.asked.delete(volumeUid);
     this.joined.delete(volumeUid);
     this.progress.delete(volumeUid);
     this.publish();
@@ -103,6 +117,7 @@ export class RebuildDriver {
   /** Forgets every rebuild: the target restarted, so no raid holds a rebuild this agent started. */
   forgetAll(): void {
     this.sessions.clear();
+    this.asked.clear();
     this.joined.clear();
     this.progress.clear();
     this.applied = undefined;
@@ -143,6 +158,8 @@ export class RebuildDriver {
     for (const [i, c] of candidates.entries()) copies.set(c.name, found[i] ?? null);
     let elsewhere = 0;
     for (const [uid, m] of this.sessions) if (uid !== volumeUid) elsewhere += m.size;
+    let askedElsewhere = 0;
+    for (const uid of this.asked.keys()) if (uid !== volumeUid) askedElsewhere++;
     const firstSlot = raid.base_bdevs_list.find((b) => b.is_configured);
     const blockSize = firstSlot && firstSlot.data_size > 0 ? raidBytes / firstSlot.data_size : 512;
     const steps = decideRebuilds({
@@ -155,6 +172,15 @@ export class RebuildDriver {
       nodeCap: this.o.maxPerNode,
       controllersUp: await this.o.assembler.controllersUp(),
       copies,
+      ...(this.o.needsGrant
+        ? {
+            grant: {
+              node: this.o.nodeName,
+              requestedElsewhere: askedElsewhere,
+              nowIso: new Date(this.o.clock.now()).toISOString(),
+            },
+          }
+        : {}),
     });
     if (
       this.applied !== this.o.bandwidthMbSec &&
@@ -179,11 +205,13 @@ export class RebuildDriver {
         } catch (err) {
           const why = `waits to rebuild: ${step.endpoint.name} cannot be reached from ${p.spec.nodeName}: ${(err as Error).message}`;
           await this.o.assembler.detachController(step.endpoint.controller);
+          // A granted slot goes back: this copy asks again (behind the queue) once reachable.
           await this.record(p, {
             kind: "wait",
             copyName: step.endpoint.name,
             copyUid: step.endpoint.uid,
             why,
+            release: true,
           });
           log.info("copy to rebuild not reachable yet", {
             copy: step.endpoint.name,
@@ -204,6 +232,12 @@ export class RebuildDriver {
           bdev: nexusMemberBdevFor(step.endpoint.controller),
         });
         log.info("rebuild started", { copy: step.endpoint.name, raid: plan.raidBdev });
+      } else if (step.kind === "request") {
+        if (await this.record(p, step))
+          log.info("cluster rebuild slot asked for", {
+            copy: step.copyName,
+            requestedAt: step.slot.requestedAt,
+          });
       } else if (step.kind === "progress") {
         await this.record(p, step);
         this.progress.set(volumeUid, {
@@ -227,23 +261,67 @@ export class RebuildDriver {
     }
     if (mine.size > 0) this.sessions.set(volumeUid, mine);
     else this.sessions.delete(volumeUid);
+    this.noteAsked(volumeUid, p, steps, mine);
     if (mine.size === 0) this.progress.delete(volumeUid);
     this.publish();
     return { requeueAfterMs: 1000 };
   }
 
-  /** Writes one step into the volume's status; resolves whether it was stored (or already was). */
+  /**
+   * Whether this node now asks for or holds the volume's slot with no rebuild running: from the
+   * pass's view of the slot, updated by the steps it just took (a request adds, a start or a
+   * release takes away).
+   */
+  private noteAsked(
+    volumeUid: string,
+    p: NVMePartition,
+    steps: readonly RebuildStep[],
+    mine: ReadonlyMap<string, RebuildSession>,
+  ): void {
+    const node = this.o.nodeName;
+    const slot = p.status?.rebuildSlot;
+    let copy = slot && slot.node === node ? slot.uid : undefined;
+    for (const s of steps) {
+      if (s.kind === "request") copy = s.copyUid;
+      else if (copy !== undefined) {
+        const held = { replica: "", uid: copy, node, requestedAt: "" };
+        const after = applySlotStep(held, node, s);
+        if (after && after.slot === undefined) copy = undefined;
+      }
+    }
+    if (copy !== undefined && !mine.has(copy)) this.asked.set(volumeUid, copy);
+    else this.asked.delete(volumeUid);
+  }
+
+  /**
+   * Writes one step into the volume's status (the copy's entry and, under grants, the volume's
+   * slot); resolves whether it was stored (or already was). A start under grants is stored only
+   * while the latest slot is still granted to that copy and this node.
+   */
   private async record(p: NVMePartition, step: RebuildStep): Promise<boolean> {
     const uid = p.metadata.uid;
+    const node = this.o.nodeName;
     let applied = false;
     await updateStatus(this.o.partitions, p.metadata.name, p.metadata.namespace, (latest) => {
       applied = false;
       const s = latest.status;
       if (latest.metadata.uid !== uid || !s || s.dataGeneration === undefined) return undefined;
-      const next = applyRebuildStep(s.replicas ?? [], s.dataGeneration, step);
-      if (!next) return undefined;
+      const replicas = applyRebuildStep(s.replicas ?? [], s.dataGeneration, step);
+      const slot = this.o.needsGrant ? applySlotStep(s.rebuildSlot, node, step) : undefined;
+      if (step.kind === "start" || step.kind === "progress" || step.kind === "complete") {
+        if (!replicas) return undefined;
+        if (step.kind === "start" && this.o.needsGrant) {
+          const held = s.rebuildSlot;
+          if (!held?.grantedAt || held.node !== node || held.uid !== step.entry.uid) return undefined;
+        }
+      } else if (!replicas && !slot) return undefined;
       applied = true;
-      return { ...s, replicas: next };
+      const next: NVMePartitionStatus = { ...s, replicas: replicas ?? s.replicas ?? [] };
+      if (slot) {
+        if (slot.slot) next.rebuildSlot = slot.slot;
+        else delete next.rebuildSlot;
+      }
+      return next;
     });
     return applied;
   }

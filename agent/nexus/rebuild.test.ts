@@ -1,11 +1,12 @@
 import { describe, expect, test } from "bun:test";
-import type { NVMePartition, ReplicaStatus } from "../../api/index.ts";
+import type { NVMePartition, RebuildSlot, ReplicaStatus } from "../../api/index.ts";
 import type { RaidBdev } from "../../lib/spdk/schemas.ts";
 import { PARTITION_FINALIZER } from "../partitions/decide.ts";
 import { externalIdFor, nqnFor } from "../partitions/identity.ts";
 import { nexusControllerNameFor, nexusMemberBdevFor } from "./identity.ts";
 import {
   applyRebuildStep,
+  applySlotStep,
   decideRebuilds,
   type RebuildObserved,
   type RebuildSession,
@@ -304,5 +305,179 @@ describe("applyRebuildStep", () => {
       why: "w",
     });
     expect(out?.[1]).toMatchObject({ state: "Faulted", generation: 1, message: "w" });
+  });
+});
+
+describe("decideRebuilds under cluster grants", () => {
+  const GRANT = { node: "node-a", requestedElsewhere: 0, nowIso: "2026-02-01T10:00:00.000Z" };
+  const slot = (over: Partial<RebuildSlot> = {}): RebuildSlot => ({
+    replica: "vol-r1",
+    uid: "uid-vol-r1",
+    node: "node-a",
+    requestedAt: "2026-02-01T09:00:00.000Z",
+    ...over,
+  });
+  const withSlot = (s?: RebuildSlot) => {
+    const v = stale();
+    if (s && v.status) v.status.rebuildSlot = s;
+    return v;
+  };
+  const cases: { name: string; volume: NVMePartition; over?: Partial<RebuildObserved>; want: unknown[] }[] = [
+    {
+      name: "no slot yet: asks for one, and says it waits for the grant",
+      volume: withSlot(),
+      want: [
+        {
+          kind: "request",
+          copyName: "vol-r1",
+          copyUid: "uid-vol-r1",
+          slot: { replica: "vol-r1", uid: "uid-vol-r1", node: "node-a", requestedAt: GRANT.nowIso },
+          why: "RebuildQueued: waits for the manager's cluster-wide rebuild grant",
+        },
+      ],
+    },
+    {
+      name: "asked, queued: waits with the manager's reason",
+      volume: withSlot(slot({ message: "cluster rebuild cap 1 reached" })),
+      want: [
+        {
+          kind: "wait",
+          copyName: "vol-r1",
+          copyUid: "uid-vol-r1",
+          why: "RebuildQueued: cluster rebuild cap 1 reached",
+        },
+      ],
+    },
+    {
+      name: "granted to this copy and node: starts",
+      volume: withSlot(slot({ grantedAt: "2026-02-01T09:00:01.000Z" })),
+      want: [
+        expect.objectContaining({ kind: "start", endpoint: expect.objectContaining({ name: "vol-r1" }) }),
+      ],
+    },
+    {
+      name: "a slot held for the node that served before: waits for the manager to release it",
+      volume: withSlot(slot({ node: "node-b", grantedAt: "2026-02-01T09:00:01.000Z" })),
+      want: [
+        expect.objectContaining({
+          kind: "wait",
+          why: "RebuildQueued: the volume's rebuild slot is still held for node-b; the manager releases it",
+        }),
+      ],
+    },
+    {
+      name: "the node's cap counts this node's requests on other volumes: no request past it",
+      volume: withSlot(),
+      over: { runningElsewhere: 1, grant: { ...GRANT, requestedElsewhere: 1 } },
+      want: [
+        expect.objectContaining({
+          kind: "wait",
+          why: "waits for a rebuild slot on serving node node-a: 1 of 2 running, 1 more asked for",
+        }),
+      ],
+    },
+    {
+      name: "node cap 0: nothing is asked for",
+      volume: withSlot(),
+      over: { nodeCap: 0 },
+      want: [expect.objectContaining({ kind: "wait", why: expect.stringContaining("0 of 0 running") })],
+    },
+  ];
+  for (const c of cases)
+    test(c.name, () => {
+      expect(decideRebuilds(observed({ volume: c.volume, grant: GRANT, ...c.over }))).toEqual(
+        c.want as never,
+      );
+    });
+
+  test("a copy whose export went away gives back the slot it holds; without one it only waits", () => {
+    const gone = new Map([["vol-r1", copy("vol-r1", "Provisioning")]]);
+    const held = withSlot(slot({ grantedAt: "2026-02-01T09:00:01.000Z" }));
+    expect(decideRebuilds(observed({ volume: held, grant: GRANT, copies: gone }))).toEqual([
+      expect.objectContaining({ kind: "wait", copyName: "vol-r1", release: true }),
+    ]);
+    const [plain] = decideRebuilds(observed({ volume: withSlot(), grant: GRANT, copies: gone }));
+    expect(plain?.kind).toBe("wait");
+    expect(plain && "release" in plain).toBe(false);
+  });
+
+  test("one slot per volume: the second behind copy waits while the first asks", () => {
+    const v = volume([
+      entry("vol-r0"),
+      entry("vol-r1", { state: "Stale", generation: 1 }),
+      entry("vol-r2", { state: "Stale", generation: 1 }),
+    ]);
+    const steps = decideRebuilds(
+      observed({
+        volume: v,
+        grant: GRANT,
+        copies: new Map([
+          ["vol-r1", copy("vol-r1")],
+          ["vol-r2", copy("vol-r2")],
+        ]),
+      }),
+    );
+    expect(steps.map((s) => [s.kind, "copyName" in s ? s.copyName : ""])).toEqual([
+      ["request", "vol-r1"],
+      ["wait", "vol-r2"],
+    ]);
+  });
+
+  test("a running rebuild whose slot the manager released is aborted, never completed", () => {
+    const v = volume([entry("vol-r0"), entry("vol-r1", { state: "Rebuilding", generation: 1 })]);
+    const s = session("vol-r1");
+    const members = [{ name: bdevOf("vol-r0") }, { name: s.bdev }];
+    const steps = decideRebuilds(
+      observed({ volume: v, grant: GRANT, sessions: new Map([[s.copyUid, s]]), raid: raid(members) }),
+    );
+    expect(steps).toEqual([expect.objectContaining({ kind: "abort", why: expect.stringContaining("slot") })]);
+    // Still granted: the finished rebuild completes.
+    if (v.status) v.status.rebuildSlot = slot({ grantedAt: "2026-02-01T09:00:01.000Z" });
+    const done = decideRebuilds(
+      observed({ volume: v, grant: GRANT, sessions: new Map([[s.copyUid, s]]), raid: raid(members) }),
+    );
+    expect(done).toEqual([{ kind: "complete", session: s }]);
+  });
+});
+
+describe("applySlotStep", () => {
+  const held: RebuildSlot = {
+    replica: "vol-r1",
+    uid: "uid-vol-r1",
+    node: "node-a",
+    requestedAt: "2026-02-01T09:00:00.000Z",
+    grantedAt: "2026-02-01T09:00:01.000Z",
+  };
+  const wait = { kind: "wait" as const, copyName: "vol-r1", copyUid: "uid-vol-r1", why: "w" };
+  const abort = {
+    kind: "abort" as const,
+    copyName: "vol-r1",
+    copyUid: "uid-vol-r1",
+    controller: "c",
+    why: "a",
+  };
+  test("a request sets the slot only where none is held", () => {
+    const request = {
+      kind: "request" as const,
+      copyName: "vol-r1",
+      copyUid: "uid-vol-r1",
+      slot: held,
+      why: "q",
+    };
+    expect(applySlotStep(undefined, "node-a", request)).toEqual({ slot: held });
+    expect(applySlotStep({ ...held, node: "node-b" }, "node-a", request)).toBeUndefined();
+  });
+  test("finishing, failing or a granted copy that cannot start gives the slot back; waiting keeps it", () => {
+    expect(applySlotStep(held, "node-a", { kind: "complete", session: session("vol-r1") })).toEqual({
+      slot: undefined,
+    });
+    expect(applySlotStep(held, "node-a", abort)).toEqual({ slot: undefined });
+    expect(applySlotStep(held, "node-a", { ...wait, release: true })).toEqual({ slot: undefined });
+    expect(applySlotStep(held, "node-a", wait)).toBeUndefined();
+  });
+  test("never another node's or another copy's slot", () => {
+    expect(applySlotStep({ ...held, node: "node-b" }, "node-a", abort)).toBeUndefined();
+    expect(applySlotStep({ ...held, uid: "uid-vol-r2" }, "node-a", abort)).toBeUndefined();
+    expect(applySlotStep(undefined, "node-a", abort)).toBeUndefined();
   });
 });

@@ -6,7 +6,12 @@
 // end without the copy ever leaving the raid: a rebuild whose start this agent did not see (it
 // restarted) or whose member left the raid or lost its controller counts for nothing, and the
 // copy starts again from zero.
-import type { NVMePartition, RebuildProgress, ReplicaStatus } from "../../api/index.ts";
+//
+// With cluster grants (the default), a rebuild also needs one of the cluster's rebuild slots:
+// the agent asks for it in the volume's status.rebuildSlot once the copy could start and the
+// node has room (requests count against the node's cap), starts only under the manager's grant,
+// and gives the slot back when the rebuild finishes or fails.
+import type { NVMePartition, RebuildProgress, RebuildSlot, ReplicaStatus } from "../../api/index.ts";
 import type { RaidBdev } from "../../lib/spdk/schemas.ts";
 import { type CopyEndpoint, currentCopies, endpointOf } from "./decide.ts";
 import { nexusControllerNameFor, nexusMemberBdevFor } from "./identity.ts";
@@ -37,7 +42,22 @@ export interface RebuildObserved {
   controllersUp: ReadonlySet<string>;
   /** The partition of each non-current copy, by name (null: not found). */
   copies: ReadonlyMap<string, NVMePartition | null>;
+  /**
+   * Set when a rebuild needs the manager's cluster-wide grant (status.rebuildSlot); absent: the
+   * node's cap alone decides (an agent run without a manager).
+   */
+  grant?: {
+    /** This agent's node: the asker a slot must name. */
+    node: string;
+    /** Slots this node asked for or holds on its other volumes without a rebuild running yet. */
+    requestedElsewhere: number;
+    /** Now, as a slot's requestedAt. */
+    nowIso: string;
+  };
 }
+
+/** Why a copy waits until the manager grants a slot it was not told about yet. */
+export const WAITS_FOR_GRANT = "waits for the manager's cluster-wide rebuild grant";
 
 export type RebuildStep =
   /** Record the copy Rebuilding, then attach it and add it to the raid. */
@@ -51,8 +71,19 @@ export type RebuildStep =
    * record it Stale with `why`; a later pass starts it again from zero.
    */
   | { kind: "abort"; copyName: string; copyUid: string; controller: string; why: string }
-  /** A copy that could rebuild waits (for a slot, for its export): recorded Stale with `why`. */
-  | { kind: "wait"; copyName: string; copyUid: string; why: string };
+  /**
+   * A copy that could rebuild waits (for a slot, for its export): recorded Stale with `why`;
+   * `release` also gives back the volume's slot held for it (it was granted, but cannot start).
+   */
+  | { kind: "wait"; copyName: string; copyUid: string; why: string; release?: boolean }
+  /** Ask for a cluster rebuild slot (status.rebuildSlot = `slot`) and wait with `why`. */
+  | { kind: "request"; copyName: string; copyUid: string; slot: RebuildSlot; why: string };
+
+/** The slot of `v` when it names `node` as asker and the copy `copyUid`, granted or not. */
+export function slotOf(v: NVMePartition, node: string, copyUid: string): RebuildSlot | undefined {
+  const s = v.status?.rebuildSlot;
+  return s && s.node === node && s.uid === copyUid ? s : undefined;
+}
 
 /** States a copy behind the data generation may be in while the serving node watches it. */
 const BEHIND: ReadonlySet<ReplicaStatus["state"]> = new Set(["Stale", "Faulted", "Rebuilding"]);
@@ -92,6 +123,14 @@ export function decideRebuilds(o: RebuildObserved): RebuildStep[] {
     if (s) {
       if (!slot?.is_configured) {
         steps.push(abort(s, `left raid ${o.raid.name} during its rebuild: it starts again from zero`));
+        running--;
+      } else if (o.grant && !slotOf(v, o.grant.node, s.copyUid)?.grantedAt) {
+        steps.push(
+          abort(
+            s,
+            "lost its cluster rebuild slot during its rebuild (the manager released it): it starts again from zero",
+          ),
+        );
         running--;
       } else if (!o.controllersUp.has(s.controller)) {
         steps.push(
@@ -135,11 +174,14 @@ export function decideRebuilds(o: RebuildObserved): RebuildStep[] {
     const uid = e.uid as string;
     const r = endpointOf(e, o.copies.get(e.name), volumeUid);
     if (!r.endpoint) {
+      // A slot asked for or granted to a copy that cannot start any more goes back to the cluster.
+      const held = o.grant !== undefined && slotOf(v, o.grant.node, uid) !== undefined;
       steps.push({
         kind: "wait",
         copyName: e.name,
         copyUid: uid,
         why: `waits to rebuild: ${e.name} ${r.problem}`,
+        ...(held ? { release: true } : {}),
       });
       continue;
     }
@@ -152,13 +194,22 @@ export function decideRebuilds(o: RebuildObserved): RebuildStep[] {
       });
       continue;
     }
+    const nodeFull = {
+      kind: "wait" as const,
+      copyName: e.name,
+      copyUid: uid,
+      why: `waits for a rebuild slot on serving node ${v.spec.nodeName}: ${running} of ${o.nodeCap} running`,
+    };
+    if (o.grant) {
+      const step = underGrant(o, e, running, nodeFull);
+      steps.push(step ?? { kind: "start", entry: e, endpoint: r.endpoint });
+      if (step === undefined) running++;
+      // One slot per volume: whatever this copy got, the volume's other copies come after it.
+      raidBusy = true;
+      continue;
+    }
     if (running >= o.nodeCap) {
-      steps.push({
-        kind: "wait",
-        copyName: e.name,
-        copyUid: uid,
-        why: `waits for a rebuild slot on serving node ${v.spec.nodeName}: ${running} of ${o.nodeCap} running`,
-      });
+      steps.push(nodeFull);
       continue;
     }
     steps.push({ kind: "start", entry: e, endpoint: r.endpoint });
@@ -166,6 +217,65 @@ export function decideRebuilds(o: RebuildObserved): RebuildStep[] {
     raidBusy = true;
   }
   return steps;
+}
+
+/**
+ * For copy `e`, ready to start, under cluster grants: undefined when it may start now (the volume's
+ * slot is granted to it and this node), else the step that asks for the slot or says why it waits.
+ */
+function underGrant(
+  o: RebuildObserved,
+  e: ReplicaStatus,
+  running: number,
+  nodeFull: Extract<RebuildStep, { kind: "wait" }>,
+): RebuildStep | undefined {
+  const g = o.grant as NonNullable<RebuildObserved["grant"]>;
+  const uid = e.uid as string;
+  const wait = (why: string): RebuildStep => ({ kind: "wait", copyName: e.name, copyUid: uid, why });
+  const slot = o.volume.status?.rebuildSlot;
+  if (slot && slot.node !== g.node)
+    return wait(
+      `RebuildQueued: the volume's rebuild slot is still held for ${slot.node}; the manager releases it`,
+    );
+  if (slot && slot.uid !== uid)
+    return wait(`RebuildQueued: the volume's rebuild slot is for ${slot.replica} (one rebuild at a time)`);
+  if (slot?.grantedAt) return running >= o.nodeCap ? nodeFull : undefined;
+  if (slot) return wait(`RebuildQueued: ${slot.message ?? WAITS_FOR_GRANT}`);
+  // Asking reserves room on this node: a granted slot never waits for the node's cap.
+  if (running + g.requestedElsewhere >= o.nodeCap)
+    return g.requestedElsewhere > 0
+      ? { ...nodeFull, why: `${nodeFull.why}, ${g.requestedElsewhere} more asked for` }
+      : nodeFull;
+  return {
+    kind: "request",
+    copyName: e.name,
+    copyUid: uid,
+    slot: { replica: e.name, uid, node: g.node, requestedAt: g.nowIso },
+    why: `RebuildQueued: ${WAITS_FOR_GRANT}`,
+  };
+}
+
+/**
+ * The volume's rebuildSlot after `step` taken by `node`, or undefined when the step leaves it as
+ * it is: a request sets it (only where none is held: never over another's), a completion, an
+ * abort or a releasing wait removes it when it names that copy and this node ({ slot: undefined }).
+ */
+export function applySlotStep(
+  current: RebuildSlot | undefined,
+  node: string,
+  step: RebuildStep,
+): { slot: RebuildSlot | undefined } | undefined {
+  if (step.kind === "request") return current ? undefined : { slot: step.slot };
+  const uid =
+    step.kind === "complete"
+      ? step.session.copyUid
+      : step.kind === "abort" || step.kind === "wait"
+        ? step.copyUid
+        : undefined;
+  const releases =
+    step.kind === "complete" || step.kind === "abort" || (step.kind === "wait" && step.release === true);
+  if (!releases || !current || current.uid !== uid || current.node !== node) return undefined;
+  return { slot: undefined };
 }
 
 function abort(s: RebuildSession, why: string): RebuildStep {
@@ -219,7 +329,8 @@ export function applyRebuildStep(
       next = { ...rest, state: "Stale", message: step.why.slice(0, 1024) };
       break;
     }
-    case "wait": {
+    case "wait":
+    case "request": {
       // A Faulted copy stays Faulted (its partition may be gone); a Rebuilding one is Stale again.
       const { rebuild: _r, ...rest } = e;
       next = {

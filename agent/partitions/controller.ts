@@ -105,6 +105,7 @@ export const NEXUS_STEPS = [
   "rebuild-complete",
   "rebuild-abort",
   "rebuild-wait",
+  "rebuild-request",
 ] as const;
 export type Step =
   | (typeof PROVISION_STEPS)[number]
@@ -178,7 +179,13 @@ export interface PartitionControllerOptions {
    */
   nexusDegradeAfterMs?: number;
   /** Rebuilds onto copies of volumes this node serves (agent/nexus/rebuild-driver.ts). */
-  rebuilds?: { maxPerNode: number; bandwidthMbSec: number; metrics?: RebuildMetrics };
+  rebuilds?: {
+    maxPerNode: number;
+    bandwidthMbSec: number;
+    /** Whether a rebuild waits for the manager's cluster-wide grant (default true). */
+    needsGrant?: boolean;
+    metrics?: RebuildMetrics;
+  };
 }
 
 /** Default of ControllerOptions.nexusDegradeAfterMs. */
@@ -245,6 +252,9 @@ export class PartitionController {
           logger: o.logger.with({ component: "rebuild" }),
           maxPerNode: o.rebuilds?.maxPerNode ?? DEFAULT_REBUILDS_PER_NODE,
           bandwidthMbSec: o.rebuilds?.bandwidthMbSec ?? 0,
+          needsGrant: o.rebuilds?.needsGrant ?? true,
+          nodeName: o.nodeName,
+          clock: o.clock,
           ...(o.rebuilds?.metrics ? { metrics: o.rebuilds.metrics } : {}),
           afterStep: (step, key) => this.step(`rebuild-${step}`, key),
         })

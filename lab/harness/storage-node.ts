@@ -95,6 +95,9 @@ export async function startSimStorageNode(opts: {
       DISTORT_REPORT_PERIOD_MS: "1000",
       DISTORT_VERIFY_PERIOD_MS: "1000",
       DISTORT_LOG_LEVEL: "warn",
+      // These agents run without a manager (the tests play its part): rebuilds start without its
+      // cluster-wide grant unless a test runs one and turns this back on.
+      DISTORT_REBUILD_NEEDS_GRANT: "false",
       ...extra,
     }),
     async close() {

@@ -207,6 +207,24 @@ describe("decideReplicas", () => {
     expect(r1).toMatchObject({ state: "Stale", generation: 3 });
   });
 
+  test("a Rebuilding copy keeps the serving node's progress: the manager has nothing to rewrite", () => {
+    const rs = [replica(0, { node: "a", state: "Exported" }), replica(1, { node: "b", state: "Exported" })];
+    const rebuild = { percent: 40, bytesDone: 400, bytesTotal: 1000 };
+    const v = served([
+      current("vol-r0", "a"),
+      { ...current("vol-r1", "b", 3), state: "Rebuilding", message: "being rebuilt", rebuild },
+    ]);
+    v.spec.replicas = 2;
+    const out = decideReplicas(v, rs, nodes({ a: {}, b: {} }), NOW, CFG);
+    expect(entry(out.status?.set.replicas ?? v.status?.replicas, "vol-r1")).toMatchObject({
+      state: "Rebuilding",
+      rebuild,
+    });
+    expect(JSON.stringify(out.status?.set.replicas ?? v.status?.replicas)).toBe(
+      JSON.stringify(v.status?.replicas),
+    );
+  });
+
   test("a replacement copy of a volume that served is Stale at generation 0 once exported", () => {
     const rs = [replica(0, { node: "a", state: "Exported" }), replica(3, { node: "d", state: "Exported" })];
     const v = served([current("vol-r0", "a"), { name: "vol-r3", state: "Pending", generation: 0 }]);

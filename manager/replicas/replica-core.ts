@@ -251,6 +251,8 @@ export function decideReplicas(
       state,
       generation,
       ...(message ? { message: message.slice(0, 1024) } : {}),
+      // The serving node's progress of a running rebuild is its to write, not to be dropped here.
+      ...(state === "Rebuilding" && prev?.rebuild ? { rebuild: prev.rebuild } : {}),
     });
   }
   for (const c of out.create)
