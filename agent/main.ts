@@ -41,6 +41,7 @@ import { registerAgentMetrics, runNodeMetrics } from "./metrics/node-metrics.ts"
 import { SpdkStatsCollector } from "./metrics/spdk-stats.ts";
 import type { NexusSpdk } from "./nexus/assembler.ts";
 import { PartitionController, type Step } from "./partitions/controller.ts";
+import { runPeriodically } from "./reporter/periodic.ts";
 import { Reporter } from "./reporter/reporter.ts";
 import { SnapshotController } from "./snapshots/controller.ts";
 import { applySpaceReport, type SpaceMemory } from "./space/space-report.ts";
@@ -187,6 +188,7 @@ export async function runAgent(
     clock,
     registry,
   });
+  let reporterRef: Reporter | undefined;
   const partitions = new PartitionController({
     conn,
     manager: controllers,
@@ -208,6 +210,8 @@ export async function runAgent(
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
     ...(nexusSpdk ? { nexusSpdk } : {}),
     nexusDegradeAfterMs: cfg.nexusDegradeAfterMs,
+    // The reporter is made below; its heartbeats are what the manager's failover bound counts.
+    lastHeartbeatMs: () => reporterRef?.lastHeartbeatMs(),
     rebuilds: {
       maxPerNode: cfg.rebuildsPerNode,
       bandwidthMbSec: cfg.rebuildBandwidthMbSec,
@@ -270,6 +274,7 @@ export async function runAgent(
       ...(cfg.backends.length === 1 ? { onlyBackend: cfg.backends[0] } : {}),
     },
   );
+  reporterRef = reporter;
 
   // nvmf_tgt: started and kept alive by the agent when a command is configured; adopted, initialised
   // and watched when it runs in a container of its own (external); else adopted as is. A restarted
@@ -324,6 +329,14 @@ export async function runAgent(
   const stopReporter = new AbortController();
   const reporting = reporter.run(stopReporter.signal);
   const heartbeats = reporter.runHeartbeats(stopReporter.signal, cfg.heartbeatPeriodMs);
+  // A serving node whose heartbeats stop going through fences itself (agent/nexus/self-fence.ts).
+  const selfFencing = runPeriodically(clock, 1000, stopReporter.signal, async () => {
+    try {
+      await partitions.checkSelfFence();
+    } catch (err) {
+      logger.error("self-fence check failed", { err: errorMessage(err) });
+    }
+  });
   const spaceMemory: SpaceMemory = new Map();
   const metricsLoop = runNodeMetrics(
     {
@@ -383,6 +396,7 @@ export async function runAgent(
       stopReporter.abort();
       await reporting.catch(() => {});
       await heartbeats.catch(() => {});
+      await selfFencing.catch(() => {});
       await metricsLoop.catch(() => {});
       await controllers.stop();
       // A managed target runs under the agent's parent-death signal, so it ends with the agent

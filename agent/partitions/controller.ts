@@ -57,6 +57,7 @@ import {
 } from "../nexus/decide.ts";
 import { nexusControllerNameFor } from "../nexus/identity.ts";
 import { DEFAULT_REBUILDS_PER_NODE, RebuildDriver, type RebuildMetrics } from "../nexus/rebuild-driver.ts";
+import { selfFenceDue, selfFenceLifted } from "../nexus/self-fence.ts";
 import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import { aclLocks } from "./acl-lock.ts";
 import {
@@ -106,6 +107,7 @@ export const NEXUS_STEPS = [
   "rebuild-abort",
   "rebuild-wait",
   "rebuild-request",
+  "self-fence",
 ] as const;
 export type Step =
   | (typeof PROVISION_STEPS)[number]
@@ -178,6 +180,12 @@ export interface PartitionControllerOptions {
    * agent records it Faulted at a raised data generation and drops it from the raid. Default 10 s.
    */
   nexusDegradeAfterMs?: number;
+  /**
+   * Clock time of the newest heartbeat the API server took from this agent (the reporter's):
+   * a volume this node serves with a local copy is fenced by the agent itself when it grows old
+   * (agent/nexus/self-fence.ts). Absent: no self-fencing.
+   */
+  lastHeartbeatMs?: () => number | undefined;
   /** Rebuilds onto copies of volumes this node serves (agent/nexus/rebuild-driver.ts). */
   rebuilds?: {
     maxPerNode: number;
@@ -233,6 +241,7 @@ export class PartitionController {
 
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
+    this.startedMs = o.clock.now();
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
     this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
@@ -651,6 +660,7 @@ export class PartitionController {
         await this.step("nexus-teardown", key);
         this.restarts.dropped(key);
         this.nexusServed.delete(key);
+        this.selfFenced.delete(key);
         this.rebuilds?.forget(p.metadata.uid as string);
         await this.dropFinalizer(p);
         await this.step("finalizer-removed", key);
@@ -658,6 +668,18 @@ export class PartitionController {
         return;
       }
       case "assemble": {
+        // Fenced by this agent (its heartbeats stopped going through): serving again needs a
+        // newer heartbeat and the volume, read afresh, still naming this node.
+        const fencedAt = this.selfFenced.get(key);
+        if (fencedAt !== undefined) {
+          const fresh = selfFenceLifted(this.o.lastHeartbeatMs?.(), fencedAt)
+            ? await this.partClient.get(p.metadata.name, p.metadata.namespace)
+            : undefined;
+          if (!fresh || fresh.metadata.uid !== p.metadata.uid || fresh.spec.nodeName !== this.o.nodeName)
+            return { requeueAfterMs: 1000 };
+          this.selfFenced.delete(key);
+          log.info("self-fence lifted: a heartbeat went through and the volume is still served here");
+        }
         const plan = d.plan;
         const names = plan.members.map((m) => m.name).join(", ");
         if (p.status?.state !== "Exported") {
@@ -895,6 +917,81 @@ export class PartitionController {
     await this.step("standby-unexport", key);
   }
 
+  /** When this controller started (the reference for self-fencing before the first heartbeat). */
+  private readonly startedMs: number;
+  /** Volumes this node fenced itself from serving, by key: when. */
+  private readonly selfFenced = new Map<string, number>();
+
+  /**
+   * Fences this node from the volumes it serves over a local copy once its heartbeats have not
+   * gone through for SELF_FENCE_FRACTION of a volume's failoverAfterSeconds: the export turns
+   * standby (listeners ANA inaccessible, then the namespace out) with no API call before it, so
+   * a node cut off from the API server stops acknowledging writes before the manager moves the
+   * volume. Called periodically; the volume's own pass lifts the fence. Returns the keys fenced now.
+   */
+  async checkSelfFence(): Promise<string[]> {
+    const last = this.o.lastHeartbeatMs;
+    const backend = this.o.backends.spdk;
+    if (!last || !backend?.ensureStandby) return [];
+    const fenced: string[] = [];
+    for (const [key, served] of this.nexusServed) {
+      if (this.selfFenced.has(key)) continue;
+      const p = this.partitions.get(key);
+      const copy = this.localCopyOf(key);
+      if (!p || !copy || p.spec.nodeName !== this.o.nodeName) continue;
+      const nowMs = this.o.clock.now();
+      const due = selfFenceDue({
+        lastHeartbeatMs: last(),
+        startedMs: this.startedMs,
+        failoverAfterSeconds: p.spec.failoverAfterSeconds,
+        nowMs,
+      });
+      if (!due) continue;
+      this.selfFenced.set(key, nowMs);
+      const externalId = externalIdFor(p.metadata.uid as string);
+      const transport = p.spec.targetOptions?.transport ?? "rdma";
+      const portal = await this.o.portal(transport);
+      if (!portal) {
+        // No endpoint: nothing listens to acknowledge writes either; the export goes entirely.
+        await backend.removeExport(served.nqn);
+      } else {
+        const more = (this.o.morePortalAddresses ?? []).filter((a) => a !== portal.address);
+        await backend.ensureStandby({
+          nqn: served.nqn,
+          transport,
+          address: portal.address,
+          port: p.spec.targetOptions?.portalPort ?? portal.port,
+          ...(more.length > 0 ? { moreAddresses: more } : {}),
+          serialNumber: serialNumberFor(externalId),
+          cntlidRange: cntlidRangeFor(replicaIndex(copy.metadata.name)),
+          ...(p.spec.targetOptions?.tls ? { tls: true } : {}),
+        });
+      }
+      await this.step("self-fence", key);
+      fenced.push(key);
+      this.o.logger.warn(
+        "self-fenced: no heartbeat went through for most of the failover bound; the volume's export here is standby until one does",
+        {
+          partition: key,
+          nqn: served.nqn,
+          failoverAfterSeconds: p.spec.failoverAfterSeconds,
+        },
+      );
+      // Best effort: the API server is what this node cannot reach.
+      void this.o.events
+        ?.record(
+          p,
+          "Warning",
+          "SelfFenced",
+          "Serve",
+          `node ${this.o.nodeName} stopped serving: its heartbeats are not going through`,
+        )
+        .catch(() => {});
+      this.queue.add(key);
+    }
+    return fenced;
+  }
+
   /**
    * Replicated volumes this agent assembled a nexus for, by key, and what serving them made on
    * this node's target. Kept in memory only: see retireNexus.
@@ -929,6 +1026,7 @@ export class PartitionController {
     const detached = await this.nexus.teardown(t);
     await this.step("nexus-teardown", key);
     this.nexusServed.delete(key);
+    this.selfFenced.delete(key);
     const note = now
       ? `served by ${now.spec.nodeName ?? "(none yet)"} now: this node's nexus is taken down (export ${t.nqn}, raid ${t.raidBdev}, ${detached.length} controller(s))`
       : `volume gone: this node's nexus is taken down (export ${t.nqn}, raid ${t.raidBdev})`;
