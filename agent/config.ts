@@ -119,6 +119,12 @@ const EnvSchema = v.object({
   DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC: v.optional(wholeNumber(0, REBUILD_MAX_BANDWIDTH_MB_SEC), "0"),
   /** Most rebuilds running at once on this node (as the serving node of their volumes); 0: none start. */
   DISTORT_REBUILDS_PER_NODE: v.optional(wholeNumber(0, 64), "2"),
+  /**
+   * How long a deleted partition's drive must have been lost (Unavailable after a complete scan,
+   * or its NVMeDevice removed) before the partition is released without its volume (its room is
+   * then held as a leftover until the drive returns and the volume is deleted from it).
+   */
+  DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS: v.optional(wholeNumber(1, 30 * 24 * 3600), "600"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   DISTORT_VERIFY_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "60000"),
   /** How often the node statistics (SPDK iostat, lvstores, reactors, hosts) are read for /metrics. */
@@ -176,6 +182,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     nexusDegradeAfterMs: c.DISTORT_NEXUS_DEGRADE_AFTER_MS,
     rebuildBandwidthMbSec: c.DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC,
     rebuildsPerNode: c.DISTORT_REBUILDS_PER_NODE,
+    lostDriveReleaseAfterMs: c.DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS * 1000,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,
     metricsPeriodMs: c.DISTORT_METRICS_PERIOD_MS,

@@ -208,6 +208,7 @@ export async function runAgent(
     nodeObject: () => storageNodes.get(cfg.nodeName, cfg.namespace),
     ...(nexusSpdk ? { nexusSpdk } : {}),
     nexusDegradeAfterMs: cfg.nexusDegradeAfterMs,
+    lostDriveReleaseAfterMs: cfg.lostDriveReleaseAfterMs,
     rebuilds: {
       maxPerNode: cfg.rebuildsPerNode,
       bandwidthMbSec: cfg.rebuildBandwidthMbSec,
