@@ -28,6 +28,8 @@ const obs = (o: Partial<Observed>): Observed => ({
 const DELETED = "2026-02-01T10:00:00Z";
 const LOST = "2026-02-01T10:05:00Z";
 const BOUND = 600_000;
+/** The latest moment a whole-second API time can stand for (the bound counts from there). */
+const end = (iso: string) => Date.parse(iso) + 999;
 const deleting = () => part((p) => (p.metadata.deletionTimestamp = DELETED));
 /** The drive as the reporter leaves it after a complete scan missed it at `since`. */
 const lostDev = (since: string) =>
@@ -160,7 +162,7 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     obs({
       partition: deleting(),
       device: undefined,
-      nowMs: Date.parse(DELETED) + BOUND - 1,
+      nowMs: end(DELETED) + BOUND - 1,
       lostDriveReleaseAfterMs: BOUND,
     }),
     "wait-lost-drive",
@@ -171,7 +173,7 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     obs({
       partition: deleting(),
       device: undefined,
-      nowMs: Date.parse(DELETED) + BOUND,
+      nowMs: end(DELETED) + BOUND,
       lostDriveReleaseAfterMs: BOUND,
     }),
     "abandon",
@@ -182,7 +184,7 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     obs({
       partition: deleting(),
       device: lostDev(LOST),
-      nowMs: Date.parse(LOST) + BOUND - 1,
+      nowMs: Date.parse(LOST) + BOUND, // the stored second may round the loss down
       lostDriveReleaseAfterMs: BOUND,
     }),
     "wait-lost-drive",
@@ -259,7 +261,7 @@ describe("decide", () => {
   });
 
   test("an abandoned partition's leftover says what was lost, when, and names the drive and node", () => {
-    const now = Date.parse(LOST) + BOUND;
+    const now = end(LOST) + BOUND;
     const d = decide(
       obs({ partition: deleting(), device: lostDev(LOST), nowMs: now, lostDriveReleaseAfterMs: BOUND }),
     );
@@ -278,7 +280,7 @@ describe("decide", () => {
     const b = at(Date.parse(LOST) + 5000);
     if (a.action !== "wait-lost-drive" || b.action !== "wait-lost-drive") throw new Error("no wait");
     expect(a.why.message).toBe(b.why.message);
-    expect(a.why.message).toContain(new Date(Date.parse(LOST) + BOUND).toISOString());
+    expect(a.why.message).toContain(new Date(end(LOST) + BOUND).toISOString());
     expect(b.retryAfterMs).toBeLessThanOrEqual(60_000);
   });
 

@@ -320,7 +320,9 @@ function lostDrive(o: Observed): Decision | undefined {
   const serial = p.spec.deviceSerial ?? "";
   const absent = d?.status?.conditions?.find((c) => c.type === "Present" && c.status === "False");
   const sinceIso = absent?.lastTransitionTime ?? (p.metadata.deletionTimestamp as string);
-  const sinceMs = Date.parse(sinceIso);
+  // API times are whole seconds: the loss happened up to a second after what is stored, and the
+  // bound is never cut short by that rounding.
+  const sinceMs = Date.parse(sinceIso) + (sinceIso.includes(".") ? 0 : 999);
   const bound = o.lostDriveReleaseAfterMs ?? DEFAULT_LOST_DRIVE_RELEASE_AFTER_MS;
   const now = o.nowMs ?? Date.now();
   const what = d
