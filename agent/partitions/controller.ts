@@ -12,6 +12,7 @@ import type {
 } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
+import { dropLeftover, markLeftover } from "../../lib/device-ledger.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { WatchCache } from "../../lib/kube/cache.ts";
 import type { Condition } from "../../lib/kube/conditions.ts";
@@ -75,7 +76,7 @@ import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
 import { keyedAclFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
-import { dropLeftover, type LeftoverPlan, leftoversToClean, markLeftover } from "./leftovers.ts";
+import { type LeftoverPlan, leftoversToClean } from "./leftovers.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
 import { cachedStatusHolds, partitionStatusWrite } from "./status-unchanged.ts";
 
@@ -282,6 +283,8 @@ export class PartitionController {
     this.devices.on({
       add: bySerial,
       update: (o, n) => {
+        // Leftovers are ledger entries, which deviceChangeMatters leaves out on purpose.
+        if (leftoversToClean(n, this.o.nodeName)) this.queue.add(`${LEFTOVERS_KEY}${n.metadata.name}`);
         if (!deviceChangeMatters(o, n)) return;
         if (o.spec.serial !== n.spec.serial) bySerial(o);
         bySerial(n);

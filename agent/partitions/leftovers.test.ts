@@ -3,7 +3,8 @@
 import { describe, expect, test } from "bun:test";
 import { exampleNVMeDevice } from "../../api/examples.ts";
 import type { NVMeDevice } from "../../api/index.ts";
-import { dropLeftover, leftoversToClean, markLeftover } from "./leftovers.ts";
+import { dropLeftover, markLeftover } from "../../lib/device-ledger.ts";
+import { leftoversToClean } from "./leftovers.ts";
 
 const UID = "0f8fad5b-d9cb-469f-a165-70867728950e";
 const LEFT = { since: "2026-02-01T10:15:00Z", reason: "DeviceUnavailable" };

@@ -1,38 +1,8 @@
-// Volumes left on a drive by partitions released while the drive (or its node) was lost, as pure
-// functions over the drive's ledger: marking an entry leftover before its partition lets go,
-// which of a returned drive's leftovers this agent deletes, and dropping an entry once done.
-import type { DeviceReservation, Leftover, NVMeDevice, NVMeDeviceStatus } from "../../api/index.ts";
+// Volumes left on a drive by partitions released while the drive (or its node) was lost: which of
+// a returned drive's leftover ledger entries this agent deletes (marking and dropping entries are
+// lib/device-ledger.ts's markLeftover and dropLeftover, shared with the manager). Pure.
+import type { DeviceReservation, NVMeDevice } from "../../api/index.ts";
 import type { BackendName } from "../backends/types.ts";
-
-/**
- * The status of `latest` with the ledger entry of partition `uid` marked leftover, or undefined
- * when there is nothing to write: no such entry (nothing holds room for it, so nothing is to be
- * kept) or one already marked (its first `since` stands). Pure.
- */
-export function markLeftover(
-  latest: NVMeDevice,
-  uid: string,
-  leftover: Leftover,
-): NVMeDeviceStatus | undefined {
-  const s = latest.status;
-  const entry = s?.reservations?.find((r) => r.uid === uid);
-  if (!s || !entry || entry.leftover) return undefined;
-  return {
-    ...s,
-    reservations: (s.reservations ?? []).map((r) => (r.uid === uid ? { ...r, leftover } : r)),
-  };
-}
-
-/**
- * The status of `latest` without partition `uid`'s leftover entry, or undefined when it holds no
- * leftover entry of that UID (an entry that is not a leftover belongs to a live partition and is
- * never touched here). The manager's capacity reconciler recomputes freeBytes from what remains.
- */
-export function dropLeftover(latest: NVMeDevice, uid: string): NVMeDeviceStatus | undefined {
-  const s = latest.status;
-  if (!s?.reservations?.some((r) => r.uid === uid && r.leftover)) return undefined;
-  return { ...s, reservations: s.reservations.filter((r) => !(r.uid === uid && r.leftover)) };
-}
 
 export interface LeftoverPlan {
   device: NVMeDevice;
