@@ -597,6 +597,9 @@ export class PartitionController {
         markLeftover(latest, uid, leftover),
       );
     }
+    // A copy's standby export of its volume holds no data (no namespace): it goes as usual.
+    const volumeKey = volumeKeyOfCopy(p);
+    if (volumeKey && p.spec.replicaOf) await this.removeStandby(volumeKey, p.spec.replicaOf.uid);
     const note = why.message.slice(0, 1024);
     await this.o.events?.record(p, "Warning", DATA_ON_LOST_DEVICE, "Deprovision", note);
     if (device) await this.o.events?.record(device, "Warning", DATA_ON_LOST_DEVICE, "Deprovision", note);

@@ -202,6 +202,20 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     "DataOnLostDevice",
   ],
   [
+    "deleting a copy of a replicated volume, its drive Unavailable past the bound",
+    obs({
+      partition: part((p) => {
+        p.metadata.deletionTimestamp = DELETED;
+        p.spec.replicaOf = { name: "vol", uid: "uid-vol" };
+      }),
+      device: lostDev("2026-01-01T00:00:00Z"),
+      nowMs: Date.parse(DELETED) + 1,
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "abandon",
+    "DataOnLostDevice",
+  ],
+  [
     "deleting, drive Unavailable past the bound, but attachments remain",
     obs({
       partition: deleting(),
