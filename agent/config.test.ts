@@ -44,6 +44,17 @@ describe("parseAgentConfig", () => {
     );
   });
 
+  test("lost-drive release bound: 10 min by default, in seconds, 0 and junk refused by name", () => {
+    expect(parseAgentConfig(base).lostDriveReleaseAfterMs).toBe(600_000);
+    expect(
+      parseAgentConfig({ ...base, DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS: "3600" }).lostDriveReleaseAfterMs,
+    ).toBe(3_600_000);
+    for (const bad of ["0", "soon", "-5"])
+      expect(() => parseAgentConfig({ ...base, DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS: bad })).toThrow(
+        /DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS/,
+      );
+  });
+
   test("nvmf_tgt command, core mask and DPDK memory", () => {
     const c = parseAgentConfig({
       ...base,

@@ -128,6 +128,12 @@ const EnvSchema = v.object({
    * (DISTORT_REBUILDS_PER_CLUSTER). Only an agent run without a manager (tests) turns it off.
    */
   DISTORT_REBUILD_NEEDS_GRANT: v.optional(bool, "true"),
+  /**
+   * How long a deleted partition's drive must have been lost (Unavailable after a complete scan,
+   * or its NVMeDevice removed) before the partition is released without its volume (its room is
+   * then held as a leftover until the drive returns and the volume is deleted from it).
+   */
+  DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS: v.optional(wholeNumber(1, 30 * 24 * 3600), "600"),
   DISTORT_REPORT_PERIOD_MS: v.optional(wholeNumber(1000, 3_600_000), "30000"),
   /**
    * How often the node's heartbeat (RDMAStorageNode status.lastHeartbeatTime) is written between
@@ -195,6 +201,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     rebuildBandwidthMbSec: c.DISTORT_REBUILD_MAX_BANDWIDTH_MB_SEC,
     rebuildsPerNode: c.DISTORT_REBUILDS_PER_NODE,
     rebuildNeedsGrant: c.DISTORT_REBUILD_NEEDS_GRANT,
+    lostDriveReleaseAfterMs: c.DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS * 1000,
     reportPeriodMs: c.DISTORT_REPORT_PERIOD_MS,
     heartbeatPeriodMs: c.DISTORT_HEARTBEAT_PERIOD_MS,
     verifyPeriodMs: c.DISTORT_VERIFY_PERIOD_MS,

@@ -212,6 +212,7 @@ export async function runAgent(
     nexusDegradeAfterMs: cfg.nexusDegradeAfterMs,
     // The reporter is made below; its heartbeats are what the manager's failover bound counts.
     lastHeartbeatMs: () => reporterRef?.lastHeartbeatMs(),
+    lostDriveReleaseAfterMs: cfg.lostDriveReleaseAfterMs,
     rebuilds: {
       maxPerNode: cfg.rebuildsPerNode,
       bandwidthMbSec: cfg.rebuildBandwidthMbSec,

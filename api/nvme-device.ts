@@ -58,6 +58,28 @@ export const NVMeDeviceSpecSchema = v.pipe(
 export type NVMeDeviceSpec = v.InferOutput<typeof NVMeDeviceSpecSchema>;
 
 /**
+ * A ledger entry whose partition was deleted while its data could not be removed (the drive was
+ * lost, or its storage node): the room stays held, since the drive may come back holding the old
+ * volume, until the agent has deleted that volume from the returned drive (it then drops the
+ * entry) or the device itself is deleted (a drive that will not return).
+ */
+export const LeftoverSchema = v.pipe(
+  v.object({
+    since: dateTime("When the partition was released without its volume being deleted (RFC 3339)."),
+    reason: v.pipe(
+      v.string(),
+      v.minLength(1),
+      v.maxLength(64),
+      v.description("Why its volume could not be deleted: DeviceUnavailable or NodeLost."),
+    ),
+  }),
+  v.description(
+    "The partition is gone but its volume may still be on the drive: the agent deletes it when the drive is back, then drops this entry.",
+  ),
+);
+export type Leftover = v.InferOutput<typeof LeftoverSchema>;
+
+/**
  * One entry of the device's placement ledger: capacity promised to one NVMePartition. The manager
  * writes it (resourceVersion-guarded) BEFORE it sets the partition's spec.nodeName/deviceSerial, so
  * the apiserver arbitrates every promise and two managers can never over-commit the device.
@@ -81,6 +103,7 @@ export const DeviceReservationSchema = v.pipe(
         ),
       ),
     ),
+    leftover: v.optional(LeftoverSchema),
   }),
   v.description("Capacity promised to one partition (placement ledger entry)."),
 );
@@ -139,7 +162,7 @@ export const NVMeDeviceStatusSchema = v.pipe(
         v.maxLength(4096),
         openapi({ "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uid"] }),
         v.description(
-          "Placement ledger (manager): one entry per partition placed on, or being placed on, this device. Entries are removed only once their partition is gone or was placed on another device.",
+          "Placement ledger (manager): one entry per partition placed on, or being placed on, this device. Entries are removed only once their partition is gone or was placed on another device; a leftover entry (its partition released while the drive or node was lost) only once the agent deleted the volume from the drive.",
         ),
       ),
       () => [],

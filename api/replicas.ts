@@ -124,3 +124,14 @@ export const FailoverAfterSchema = v.pipe(
     "Replicated volumes: seconds the serving node may go without a heartbeat before the volume is served from another node holding a current copy (after the old one is fenced from every copy). Absent: 30.",
   ),
 );
+
+/**
+ * Annotation on a replicated volume whose serving node is lost with no current copy on a live
+ * node: the operator's explicit choice to serve a stale copy, losing the writes it missed. The
+ * value names the copy to promote (an NVMePartition name from status.replicas) or is "newest"
+ * (the copy on a live node holding the highest generation). The manager removes it once acted
+ * upon; without it nothing stale is ever served.
+ */
+export const ACCEPT_DATA_LOSS_ANNOTATION = "storage.distort.io/accept-data-loss";
+/** The ACCEPT_DATA_LOSS_ANNOTATION value that picks the newest stale copy on a live node. */
+export const ACCEPT_NEWEST = "newest";

@@ -3,6 +3,7 @@
 // manager (placement, the capacity reconciler, claim release) and CSI volume expansion.
 import type {
   DeviceReservation,
+  Leftover,
   NVMeDevice,
   NVMeDeviceClaim,
   NVMeDeviceStatus,
@@ -234,4 +235,34 @@ export function growVerdict(
       freeBytes: Math.max(0, room - use.bytes),
     },
   };
+}
+
+/**
+ * The status of `latest` with the ledger entry of partition `uid` marked leftover, or undefined
+ * when there is nothing to write: no such entry (nothing holds room for it, so nothing is to be
+ * kept) or one already marked (its first `since` stands). Pure.
+ */
+export function markLeftover(
+  latest: NVMeDevice,
+  uid: string,
+  leftover: Leftover,
+): NVMeDeviceStatus | undefined {
+  const s = latest.status;
+  const entry = s?.reservations?.find((r) => r.uid === uid);
+  if (!s || !entry || entry.leftover) return undefined;
+  return {
+    ...s,
+    reservations: (s.reservations ?? []).map((r) => (r.uid === uid ? { ...r, leftover } : r)),
+  };
+}
+
+/**
+ * The status of `latest` without partition `uid`'s leftover entry, or undefined when it holds no
+ * leftover entry of that UID (an entry that is not a leftover belongs to a live partition and is
+ * never touched here). The manager's capacity reconciler recomputes freeBytes from what remains.
+ */
+export function dropLeftover(latest: NVMeDevice, uid: string): NVMeDeviceStatus | undefined {
+  const s = latest.status;
+  if (!s?.reservations?.some((r) => r.uid === uid && r.leftover)) return undefined;
+  return { ...s, reservations: s.reservations.filter((r) => !(r.uid === uid && r.leftover)) };
 }

@@ -24,6 +24,7 @@ describe("parseConfig", () => {
       spreadPolicy: "most-free-device",
       placementBackoff: { initialMs: 1000, maxMs: 60_000 },
       thinLvstoreFullPercent: 85,
+      lostNodeReleaseAfterMs: 900_000,
       health: { host: "127.0.0.1", port: 8081 },
       logLevel: "info",
       resyncMs: 600_000,
@@ -54,6 +55,7 @@ describe("parseConfig", () => {
         DISTORT_LOG_LEVEL: "debug",
         DISTORT_RESYNC_MS: "0",
         DISTORT_REBUILDS_PER_CLUSTER: "1",
+        DISTORT_LOST_NODE_RELEASE_AFTER_SECONDS: "3600",
       },
       HOST,
     );
@@ -78,6 +80,7 @@ describe("parseConfig", () => {
       logLevel: "debug",
       resyncMs: 0,
       rebuildsPerCluster: 1,
+      lostNodeReleaseAfterMs: 3_600_000,
     });
   });
 
@@ -110,6 +113,7 @@ describe("parseConfig", () => {
           DISTORT_SPREAD_POLICY: "random",
           DISTORT_LEADER_ELECT: "maybe",
           DISTORT_HEALTH_PORT: "8x",
+          DISTORT_LOST_NODE_RELEASE_AFTER_SECONDS: "0",
         },
         HOST,
       );
@@ -124,6 +128,7 @@ describe("parseConfig", () => {
       "DISTORT_SPREAD_POLICY",
       "DISTORT_LEADER_ELECT",
       "DISTORT_HEALTH_PORT",
+      "DISTORT_LOST_NODE_RELEASE_AFTER_SECONDS",
     ]) {
       expect(msg).toContain(name);
     }

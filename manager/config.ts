@@ -53,6 +53,11 @@ const VARIABLES = {
     schema: int(1, 100),
     default: "85",
   },
+  lostNodeReleaseAfterSeconds: {
+    env: ["DISTORT_LOST_NODE_RELEASE_AFTER_SECONDS"],
+    schema: int(1, 30 * 24 * 3600),
+    default: "900",
+  },
   healthHost: { env: ["DISTORT_HEALTH_HOST"], schema: text(255), default: "127.0.0.1" },
   healthPort: { env: ["DISTORT_HEALTH_PORT"], schema: int(0, 65535), default: "8081" },
   labelSelector: { env: ["DISTORT_LABEL_SELECTOR"], schema: text(1024), default: undefined },
@@ -95,6 +100,12 @@ export interface ManagerConfig {
    * than this (percent of its data clusters in use): thin volumes write into that free space.
    */
   thinLvstoreFullPercent: number;
+  /**
+   * How long a storage node may go without a heartbeat (or without an RDMAStorageNode) before the
+   * manager releases the partitions being deleted there in its agent's place, their room held as
+   * leftovers on the drives until that agent deletes the volumes.
+   */
+  lostNodeReleaseAfterMs: number;
   health: { host: string; port: number };
   /**
    * Restricts every watch (devices, claims, partitions, nodes) to labelled objects, so several
@@ -156,6 +167,7 @@ export function parseConfig(
     spreadPolicy: raw.spreadPolicy as ManagerConfig["spreadPolicy"],
     placementBackoff: { initialMs: raw.backoffInitialMs as number, maxMs: raw.backoffMaxMs as number },
     thinLvstoreFullPercent: raw.thinLvstoreFullPercent as number,
+    lostNodeReleaseAfterMs: (raw.lostNodeReleaseAfterSeconds as number) * 1000,
     health: { host: raw.healthHost as string, port: raw.healthPort as number },
     ...(opt("labelSelector") ? { labelSelector: opt("labelSelector") } : {}),
     logLevel: raw.logLevel as ManagerConfig["logLevel"],

@@ -20,6 +20,7 @@ import type { ManagerConfig } from "./config.ts";
 import type { Clients, ManagerContext, Triggers } from "./context.ts";
 import { EventPort, type EventSink } from "./events.ts";
 import { Inventory } from "./inventory.ts";
+import { LOST_NODES, lostNodeReconciler, lostNodeTriggers } from "./lost-nodes/lost-node-controller.ts";
 import { managerMetrics } from "./metrics.ts";
 import {
   PLACEMENT,
@@ -129,6 +130,12 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
       workers: 1,
       reconcile: rebuildGrantReconciler(ctx, new RebuildGrantState()),
       triggers: rebuildGrantTriggers(),
+    },
+    {
+      name: LOST_NODES,
+      workers: config.workers,
+      reconcile: lostNodeReconciler(ctx),
+      triggers: lostNodeTriggers(),
     },
     {
       name: STORAGE_NODES,

@@ -12,6 +12,7 @@ import type {
 } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
+import { dropLeftover, markLeftover } from "../../lib/device-ledger.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { WatchCache } from "../../lib/kube/cache.ts";
 import type { Condition } from "../../lib/kube/conditions.ts";
@@ -62,11 +63,13 @@ import { DRIVE_NOT_BLANK } from "../volumes/spdk-lvol/manager.ts";
 import { aclLocks } from "./acl-lock.ts";
 import {
   backendOf,
+  DATA_ON_LOST_DEVICE,
   DEVICE_STATUS_REASONS,
   decide,
   isUnlimited,
   PARTITION_FINALIZER,
   type ResolvedSource,
+  resolveVolumeManager,
   type Target,
   type Why,
 } from "./decide.ts";
@@ -74,8 +77,12 @@ import { deviceChangeMatters } from "./device-change.ts";
 import { addFinalizerOps } from "./finalizer-patch.ts";
 import { keyedAclFor, type SecretReader } from "./host-keys.ts";
 import { serialNumberFor } from "./identity.ts";
+import { type LeftoverPlan, leftoversToClean } from "./leftovers.ts";
 import { RestartRepairs, type RestartSummary } from "./restart-repairs.ts";
 import { cachedStatusHolds, partitionStatusWrite } from "./status-unchanged.ts";
+
+/** Work-queue keys of drives whose leftover volumes are to be deleted (partition keys hold a "/"). */
+const LEFTOVERS_KEY = "leftovers:";
 
 /** How often a partition whose drive is missing for its backend (or not blank) looks again. */
 const DRIVE_MISSING_RETRY_MS = 60_000;
@@ -194,6 +201,12 @@ export interface PartitionControllerOptions {
     needsGrant?: boolean;
     metrics?: RebuildMetrics;
   };
+  /**
+   * How long a deleted partition's drive must have been lost (Unavailable, or its NVMeDevice
+   * removed) before the partition is released without deleting its volume, the room held as a
+   * leftover on the drive's ledger. Default DEFAULT_LOST_DRIVE_RELEASE_AFTER_MS (10 min).
+   */
+  lostDriveReleaseAfterMs?: number;
 }
 
 /** Default of ControllerOptions.nexusDegradeAfterMs. */
@@ -283,10 +296,14 @@ export class PartitionController {
     // A drive or an attachment change can unblock (or block) the partitions that use it.
     const bySerial = (d: NVMeDevice) => {
       for (const p of this.partitions.list()) if (p.spec.deviceSerial === d.spec.serial) enqueue(p);
+      // A drive back with volumes of partitions released while it was lost: delete those.
+      if (leftoversToClean(d, o.nodeName)) this.queue.add(`${LEFTOVERS_KEY}${d.metadata.name}`);
     };
     this.devices.on({
       add: bySerial,
       update: (o, n) => {
+        // Leftovers are ledger entries, which deviceChangeMatters leaves out on purpose.
+        if (leftoversToClean(n, this.o.nodeName)) this.queue.add(`${LEFTOVERS_KEY}${n.metadata.name}`);
         if (!deviceChangeMatters(o, n)) return;
         if (o.spec.serial !== n.spec.serial) bySerial(o);
         bySerial(n);
@@ -502,6 +519,7 @@ export class PartitionController {
 
   async reconcile(key: string): Promise<{ requeueAfterMs?: number } | undefined> {
     if (this.prefetching) await this.prefetching;
+    if (key.startsWith(LEFTOVERS_KEY)) return this.cleanLeftovers(key.slice(LEFTOVERS_KEY.length));
     const p = this.partitions.get(key);
     if (!p) {
       this.restarts.dropped(key);
@@ -522,6 +540,10 @@ export class PartitionController {
       device: this.deviceFor(p),
       attachments: this.attachmentsFor(p).map((a) => a.metadata.name),
       contentSource: await this.resolveSource(p),
+      nowMs: this.o.clock.now(),
+      ...(this.o.lostDriveReleaseAfterMs === undefined
+        ? {}
+        : { lostDriveReleaseAfterMs: this.o.lostDriveReleaseAfterMs }),
     };
     let d = decide(observed);
     if ((d.action === "refuse" || d.action === "release") && DEVICE_STATUS_REASONS.has(d.why.reason)) {
@@ -562,7 +584,90 @@ export class PartitionController {
         this.restarts.dropped(key);
         await this.deprovision(key, p, d.target, log);
         return;
+      case "wait-lost-drive":
+        await this.report(p, "Deleting", d.why);
+        return { requeueAfterMs: d.retryAfterMs };
+      case "abandon":
+        this.restarts.dropped(key);
+        await this.abandon(key, p, d.why, d.leftover, log);
+        return;
     }
+  }
+
+  /**
+   * Releases deleted partition `p` whose drive has been lost past the bound, without touching the
+   * target: first its ledger entry on the drive becomes a leftover (a guarded write; from then on
+   * the capacity reconciler keeps that room held, since the drive may come back holding the
+   * volume), then Events on the partition and the drive record what was given up, and only then
+   * the finalizer goes. A crash in between repeats the pass; marking again is a no-op.
+   */
+  private async abandon(
+    key: string,
+    p: NVMePartition,
+    why: Why,
+    leftover: { since: string; reason: string },
+    log: Logger,
+  ): Promise<void> {
+    const dev = this.deviceFor(p);
+    const uid = p.metadata.uid as string;
+    let device: NVMeDevice | undefined;
+    if (dev) {
+      device = await updateStatus(this.devClient, dev.metadata.name, undefined, (latest) =>
+        markLeftover(latest, uid, leftover),
+      );
+    }
+    // A copy's standby export of its volume holds no data (no namespace): it goes as usual.
+    const volumeKey = volumeKeyOfCopy(p);
+    if (volumeKey && p.spec.replicaOf) await this.removeStandby(volumeKey, p.spec.replicaOf.uid);
+    const note = why.message.slice(0, 1024);
+    await this.o.events?.record(p, "Warning", DATA_ON_LOST_DEVICE, "Deprovision", note);
+    if (device) await this.o.events?.record(device, "Warning", DATA_ON_LOST_DEVICE, "Deprovision", note);
+    await this.dropFinalizer(p);
+    await this.step("finalizer-removed", key);
+    log.warn("partition released from a lost drive; its volume is left on the drive", {
+      serial: p.spec.deviceSerial,
+      device: dev?.metadata.name,
+      leftover: leftover.reason,
+    });
+  }
+
+  /**
+   * Deletes, from drive `name` now back on this node, the volumes of partitions released while
+   * it was lost (its ledger's leftover entries), each by the identity its UID derives: the export
+   * first (it may have come back with the target's replay of nothing, or survived on a node that
+   * was only cut off), then the volume, then the entry (a guarded write; the manager's capacity
+   * reconciler then frees the room). Idempotent: a volume already gone is done.
+   */
+  private async cleanLeftovers(name: string): Promise<undefined> {
+    const plan: LeftoverPlan | undefined = leftoversToClean(this.devices.get(name), this.o.nodeName);
+    if (!plan) return;
+    const log = this.o.logger.with({ device: name });
+    for (const e of plan.entries) {
+      const externalId = externalIdFor(e.uid);
+      if (plan.backend) {
+        const { backend, vm } = this.backendOf({
+          backend: plan.backend,
+          volumeManager: resolveVolumeManager(plan.backend, "partition"),
+        } as Target);
+        await backend.removeExport(nqnFor(externalId));
+        const ref = await backend.prepareDevice({
+          name,
+          serial: plan.device.spec.serial,
+          pciAddress: plan.device.spec.pciAddress,
+        });
+        await vm.deleteVolume({ externalId, sizeBytes: e.bytes, device: ref });
+      }
+      const stored = await updateStatus(this.devClient, name, undefined, (latest) =>
+        dropLeftover(latest, e.uid),
+      );
+      const note = `deleted volume ${externalId} of partition ${e.namespace}/${e.name} (uid ${e.uid}), released on ${e.leftover?.since} while drive ${plan.device.spec.serial} was lost; its room is free again`;
+      if (stored) await this.o.events?.record(stored, "Normal", "LeftoverDeleted", "Cleanup", note);
+      log.info("leftover volume deleted from a returned drive", {
+        externalId,
+        partition: `${e.namespace}/${e.name}`,
+      });
+    }
+    return;
   }
 
   /** Adds PARTITION_FINALIZER to the live object (a JSON patch testing the finalizers only). */

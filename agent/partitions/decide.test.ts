@@ -25,6 +25,21 @@ const obs = (o: Partial<Observed>): Observed => ({
   ...o,
 });
 
+const DELETED = "2026-02-01T10:00:00Z";
+const LOST = "2026-02-01T10:05:00Z";
+const BOUND = 600_000;
+/** The latest moment a whole-second API time can stand for (the bound counts from there). */
+const end = (iso: string) => Date.parse(iso) + 999;
+const deleting = () => part((p) => (p.metadata.deletionTimestamp = DELETED));
+/** The drive as the reporter leaves it after a complete scan missed it at `since`. */
+const lostDev = (since: string) =>
+  dev((d) => {
+    d.status!.phase = "Unavailable";
+    d.status!.conditions = [
+      { type: "Present", status: "False", reason: "NotFound", message: "", lastTransitionTime: since },
+    ];
+  });
+
 const cases: [string, Observed, Decision["action"], string?][] = [
   [
     "unplaced",
@@ -140,11 +155,90 @@ const cases: [string, Observed, Decision["action"], string?][] = [
     obs({ partition: part((p) => (p.metadata.deletionTimestamp = "2026-02-01T10:00:00Z")) }),
     "deprovision",
   ],
+  // A drive lost while its partition is deleted: the bound runs from when the drive went missing
+  // (Present=False), or from the deletion request when the NVMeDevice itself was removed.
   [
-    "deleting, device already gone",
+    "deleting, NVMeDevice removed, within the bound",
     obs({
-      partition: part((p) => (p.metadata.deletionTimestamp = "2026-02-01T10:00:00Z")),
+      partition: deleting(),
       device: undefined,
+      nowMs: end(DELETED) + BOUND - 1,
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "wait-lost-drive",
+    "DeviceUnavailable",
+  ],
+  [
+    "deleting, NVMeDevice removed, past the bound",
+    obs({
+      partition: deleting(),
+      device: undefined,
+      nowMs: end(DELETED) + BOUND,
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "abandon",
+    "DataOnLostDevice",
+  ],
+  [
+    "deleting, drive Unavailable for less than the bound",
+    obs({
+      partition: deleting(),
+      device: lostDev(LOST),
+      nowMs: Date.parse(LOST) + BOUND, // the stored second may round the loss down
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "wait-lost-drive",
+    "DeviceUnavailable",
+  ],
+  [
+    "deleting, drive Unavailable past the bound (counted from Present=False, not the deletion)",
+    obs({
+      partition: deleting(),
+      device: lostDev("2026-01-01T00:00:00Z"),
+      nowMs: Date.parse(DELETED) + 1,
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "abandon",
+    "DataOnLostDevice",
+  ],
+  [
+    "deleting a copy of a replicated volume, its drive Unavailable past the bound",
+    obs({
+      partition: part((p) => {
+        p.metadata.deletionTimestamp = DELETED;
+        p.spec.replicaOf = { name: "vol", uid: "uid-vol" };
+      }),
+      device: lostDev("2026-01-01T00:00:00Z"),
+      nowMs: Date.parse(DELETED) + 1,
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "abandon",
+    "DataOnLostDevice",
+  ],
+  [
+    "deleting, drive Unavailable past the bound, but attachments remain",
+    obs({
+      partition: deleting(),
+      device: lostDev("2026-01-01T00:00:00Z"),
+      attachments: ["va-1"],
+      nowMs: Date.parse(DELETED) + 1,
+      lostDriveReleaseAfterMs: BOUND,
+    }),
+    "block-deletion",
+    "AttachmentsExist",
+  ],
+  [
+    "deleting, drive back (Present=True again): deleted as usual whatever the clock",
+    obs({
+      partition: deleting(),
+      device: dev((d) => {
+        d.status!.phase = "Claimed";
+        d.status!.conditions = [
+          { type: "Present", status: "True", reason: "BoundToSpdk", message: "", lastTransitionTime: LOST },
+        ];
+      }),
+      nowMs: Date.parse(LOST) + 10 * BOUND,
+      lostDriveReleaseAfterMs: BOUND,
     }),
     "deprovision",
   ],
@@ -178,6 +272,30 @@ describe("decide", () => {
     expect(d.target.volume).toMatchObject({ externalId: id, sizeBytes: 12 * 1024 * 1024 });
     expect(d.lockDevice).toBe(true);
     expect((decide(obs({ partition: p })) as { lockDevice: boolean }).lockDevice).toBe(false);
+  });
+
+  test("an abandoned partition's leftover says what was lost, when, and names the drive and node", () => {
+    const now = end(LOST) + BOUND;
+    const d = decide(
+      obs({ partition: deleting(), device: lostDev(LOST), nowMs: now, lostDriveReleaseAfterMs: BOUND }),
+    );
+    if (d.action !== "abandon") throw new Error(d.action);
+    expect(d.leftover).toEqual({ since: new Date(now).toISOString(), reason: "DeviceUnavailable" });
+    expect(d.why.message).toContain(`drive ${part().spec.deviceSerial}`);
+    expect(d.why.message).toContain("on node-a");
+    const gone = decide(obs({ partition: deleting(), device: undefined, nowMs: now + BOUND }));
+    expect(gone.action === "abandon" && gone.leftover.reason).toBe("DeviceRemoved");
+  });
+
+  test("the wait names the moment of release, which stays the same from pass to pass", () => {
+    const at = (nowMs: number) =>
+      decide(obs({ partition: deleting(), device: lostDev(LOST), nowMs, lostDriveReleaseAfterMs: BOUND }));
+    const a = at(Date.parse(LOST) + 1000);
+    const b = at(Date.parse(LOST) + 5000);
+    if (a.action !== "wait-lost-drive" || b.action !== "wait-lost-drive") throw new Error("no wait");
+    expect(a.why.message).toBe(b.why.message);
+    expect(a.why.message).toContain(new Date(end(LOST) + BOUND).toISOString());
+    expect(b.retryAfterMs).toBeLessThanOrEqual(60_000);
   });
 
   test("status.externalId never redirects identity: export and deletion use the UID's", () => {

@@ -52,7 +52,20 @@ export interface Observed {
    * until the partition is first Exported; without it such a partition is refused.
    */
   contentSource?: ResolvedSource | null;
+  /** The clock, for how long a drive has been lost (deletion only). */
+  nowMs?: number;
+  /**
+   * How long a deleted partition's drive must have been lost (Unavailable, or its NVMeDevice
+   * removed) before the partition is released without its volume (DEFAULT_LOST_DRIVE_RELEASE_AFTER_MS).
+   */
+  lostDriveReleaseAfterMs?: number;
 }
+
+/** Default of Observed.lostDriveReleaseAfterMs (the agent's DISTORT_LOST_DRIVE_RELEASE_AFTER_SECONDS). */
+export const DEFAULT_LOST_DRIVE_RELEASE_AFTER_MS = 600_000;
+
+/** Reason of the Event (and the leftover) when a partition is released from a lost drive. */
+export const DATA_ON_LOST_DEVICE = "DataOnLostDevice";
 
 /** What the agent found under a content source's kind and name, in the partition's namespace. */
 export interface ResolvedSource {
@@ -110,6 +123,19 @@ export type Decision =
   | { action: "block-deletion"; why: Why }
   /** Remove the export, delete the volume, then drop the finalizer. */
   | { action: "deprovision"; target: Target }
+  /** Deleting, and the drive holding the volume is lost but not for long enough: look again. */
+  | { action: "wait-lost-drive"; why: Why; retryAfterMs: number }
+  /**
+   * Deleting, and the drive holding the volume has been lost past the bound: record the volume
+   * as a leftover on the drive's ledger entry (when the NVMeDevice still exists, so its room
+   * stays held until the volume is deleted from the returned drive), record why, and drop the
+   * finalizer without touching the target.
+   */
+  | {
+      action: "abandon";
+      why: Why;
+      leftover: { since: string; reason: "DeviceUnavailable" | "DeviceRemoved" };
+    }
   /**
    * Deleting a partition the manager never placed on this drive: nothing of it can be on the
    * target, so drop the finalizer without touching the target (its identity is not to be trusted).
@@ -226,6 +252,8 @@ export function decide(o: Observed): Decision {
     // identity deprovision would act on) is anyone's to write.
     const foreign = o.device ? placementRefusal(p, o.device) : undefined;
     if (foreign) return { action: "release", why: foreign };
+    const lost = lostDrive(o);
+    if (lost) return lost;
     return { action: "deprovision", target: target(p, o.device) };
   }
 
@@ -291,6 +319,50 @@ export function decide(o: Observed): Decision {
     };
   }
   return { action: "provision", target: t, lockDevice: !active };
+}
+
+/**
+ * For a partition being deleted: undefined when its drive is here (deprovision as usual), else
+ * whether to wait for the drive or give up on it. A drive is lost when its NVMeDevice says
+ * Unavailable (since its Present condition turned False; a complete scan found it missing) or
+ * when the NVMeDevice is gone (an operator deleted it; timed from the deletion request, the
+ * earliest moment this agent can know). Before the bound nothing changes: a drive merely slow
+ * to come back after a reset or a reseat keeps its volume, which is deleted as usual.
+ */
+function lostDrive(o: Observed): Decision | undefined {
+  const p = o.partition;
+  const d = o.device;
+  if (d && d.status?.phase !== "Unavailable") return undefined;
+  const serial = p.spec.deviceSerial ?? "";
+  const absent = d?.status?.conditions?.find((c) => c.type === "Present" && c.status === "False");
+  const sinceIso = absent?.lastTransitionTime ?? (p.metadata.deletionTimestamp as string);
+  // API times are whole seconds: the loss happened up to a second after what is stored, and the
+  // bound is never cut short by that rounding.
+  const sinceMs = Date.parse(sinceIso) + (sinceIso.includes(".") ? 0 : 999);
+  const bound = o.lostDriveReleaseAfterMs ?? DEFAULT_LOST_DRIVE_RELEASE_AFTER_MS;
+  const now = o.nowMs ?? Date.now();
+  const what = d
+    ? `drive ${serial} (NVMeDevice ${d.metadata.name}) on ${o.nodeName} is Unavailable since ${sinceIso}`
+    : `drive ${serial} on ${o.nodeName} has no NVMeDevice any more (removed; deletion requested ${sinceIso})`;
+  const at = Number.isNaN(sinceMs) ? now : sinceMs + bound;
+  if (now < at) {
+    return {
+      action: "wait-lost-drive",
+      why: {
+        reason: "DeviceUnavailable",
+        message: `cleanup waits for the volume's drive: ${what}; unless it returns, the partition is released at ${new Date(at).toISOString()} and its room held until the drive is back or removed`,
+      },
+      retryAfterMs: Math.min(60_000, Math.max(1000, at - now)),
+    };
+  }
+  return {
+    action: "abandon",
+    why: {
+      reason: DATA_ON_LOST_DEVICE,
+      message: `${what}, past the ${Math.round(bound / 1000)} s bound: the partition is released without deleting its volume${d ? "; the drive's room stays held until the agent deletes the volume from the returned drive, or the NVMeDevice is deleted" : ""}`,
+    },
+    leftover: { since: new Date(now).toISOString(), reason: d ? "DeviceUnavailable" : "DeviceRemoved" },
+  };
 }
 
 /**

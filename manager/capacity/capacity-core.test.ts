@@ -164,4 +164,29 @@ describe("entryIsDead", () => {
   ])("$name -> dead: $dead", ({ fresh, dead }) => {
     expect(entryIsDead(e, fresh, d)).toBe(dead);
   });
+
+  // A leftover's partition is gone on purpose (released while its drive or node was lost); the
+  // drive may come back holding the volume, so its room is held whatever the API says.
+  const left = { ...e, leftover: { since: "2026-01-01T00:00:00Z", reason: "DeviceUnavailable" } };
+  test.each([
+    { name: "not found", fresh: undefined },
+    { name: "another object of the same name", fresh: partition("apps", "p", { uid: "other" }) },
+  ])("a leftover entry whose partition is $name -> kept", ({ fresh }) => {
+    expect(entryIsDead(left, fresh, d)).toBe(false);
+  });
+});
+
+describe("leftover entries", () => {
+  test("are neither dead nor to verify, and keep counting against the device", () => {
+    const leftover = { since: "2026-01-01T00:00:00Z", reason: "NodeLost" };
+    const { device: d } = claimedDevice("d1", {
+      reservations: [{ ...entry("gone", GiB), leftover }, entry("gone-too", GiB)],
+    });
+    const a = auditLedger(d, inv([d], []));
+    expect(a.dead).toEqual([]);
+    expect(a.verify.map((r) => r.name)).toEqual(["gone-too"]);
+    const s = capacityStatus(d, [], new Set(["uid-part-gone-too"]), NOW);
+    expect(s.reservations).toEqual([{ ...entry("gone", GiB), leftover }]);
+    expect(s.freeBytes).toBe(d.spec.allocatableBytes - GiB);
+  });
 });

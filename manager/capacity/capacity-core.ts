@@ -39,6 +39,9 @@ export function auditLedger(device: NVMeDevice, view: CapacityView): LedgerAudit
   const dead: DeviceReservation[] = [];
   const verify: DeviceReservation[] = [];
   for (const r of ledgerOf(device)) {
+    // Its partition is gone, but the drive may come back holding its volume: held until the
+    // agent deleted that volume from it (or the device is deleted).
+    if (r.leftover) continue;
     const p = view.partition(`${r.namespace}/${r.name}`);
     if (!p || p.metadata.uid !== r.uid) {
       verify.push(r);
@@ -53,13 +56,16 @@ export function auditLedger(device: NVMeDevice, view: CapacityView): LedgerAudit
 /**
  * Whether a ledger entry's partition, as just read from the API server (undefined: not found), is
  * gone for good: absent, a different object of the same name, or placed on another device. All
- * three are permanent (UIDs are never reused, placement is immutable once set).
+ * three are permanent (UIDs are never reused, placement is immutable once set). A leftover entry
+ * is never dead here: its partition is gone on purpose, and only the agent that deleted its
+ * volume from the returned drive drops it.
  */
 export function entryIsDead(
   entry: DeviceReservation,
   fresh: NVMePartition | undefined,
   device: NVMeDevice,
 ): boolean {
+  if (entry.leftover) return false;
   if (!fresh || fresh.metadata.uid !== entry.uid) return true;
   const pk = partitionPlacementKey(fresh);
   return pk !== undefined && pk !== devicePlacementKey(device);

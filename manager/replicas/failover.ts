@@ -14,7 +14,11 @@
 // lands on them. A crash between steps repeats from the first unfinished one: the generation is
 // raised only while an unfenced copy is still recorded current, so never twice.
 import type { NVMePartition, NVMeVolumeAttachment, ReplicaStatus } from "../../api/index.ts";
-import { DEFAULT_FAILOVER_AFTER_SECONDS } from "../../api/index.ts";
+import {
+  ACCEPT_DATA_LOSS_ANNOTATION,
+  ACCEPT_NEWEST,
+  DEFAULT_FAILOVER_AFTER_SECONDS,
+} from "../../api/index.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import { heartbeatMs, nodeHealth } from "../node-health.ts";
 import type { ReplicaView } from "./replica-core.ts";
@@ -85,10 +89,17 @@ export function decideFailover(
   const live = entries.filter((e) => current(e) && alive(e.nodeName) && e.uid);
   if (live.length === 0) {
     const held = entries.filter(current).map((e) => `${e.name} on ${e.nodeName ?? "no node"}`);
+    const stale = entries
+      .filter((e) => !current(e) && e.uid && alive(e.nodeName) && e.generation >= 1)
+      .map((e) => `${e.name} on ${e.nodeName} at generation ${e.generation}`);
+    const choice =
+      stale.length > 0
+        ? `; stale copies on live nodes: ${stale.join(", ")}. To serve one and lose the writes it missed, annotate the volume ${ACCEPT_DATA_LOSS_ANNOTATION}=${ACCEPT_NEWEST} (or the copy's name)`
+        : "";
     return {
       kind: "stuck",
       from,
-      message: `serving node ${from} is lost and no current copy is on a live node (current: ${held.join(", ") || "none"}); the volume waits for one to come back`,
+      message: `serving node ${from} is lost and no current copy is on a live node (current: ${held.join(", ") || "none"}); the volume waits for one to come back${choice}`,
     };
   }
   // The new serving node: the first live current copy's node in index order, unless a failover

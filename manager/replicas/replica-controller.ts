@@ -21,6 +21,7 @@ import { nodeHealth } from "../node-health.ts";
 import { INITIAL_PARTITION_STATUS } from "../placement/placement-core.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";
+import { carryOutDataLoss, dataLossStep } from "./accept-data-loss.ts";
 import { decideFailover, type FailoverStep, failoverDeadlineMs, servingNodeLost } from "./failover.ts";
 import {
   decideReplicas,
@@ -242,6 +243,10 @@ async function carryOut(
     );
   switch (step.kind) {
     case "stuck": {
+      // An operator may have chosen to serve a stale copy (storage.distort.io/accept-data-loss).
+      const dl = await dataLossStep(ctx, v);
+      if (dl?.kind === "fence" || dl?.kind === "wait-fenced") return carryOut(ctx, v, dl, log);
+      if (dl) return carryOutDataLoss(ctx, v, dl, log);
       const was = v.status?.conditions?.find((c) => c.type === SERVING);
       if (was?.reason !== "NoLiveCurrentCopy")
         ctx.events.emit(v, "Warning", "FailoverBlocked", "Failover", step.message);
