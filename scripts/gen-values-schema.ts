@@ -28,6 +28,8 @@ export const VALUES_SCHEMA_PATH = join(ROOT, "helm", "distort", "values.schema.j
 
 // ---- building blocks -------------------------------------------------------------------------
 
+/** Upper bound of the lost-drive and lost-node release delays (agent/config.ts, manager/config.ts): 30 days. */
+const LOST_RELEASE_MAX_SECONDS = 30 * 24 * 3600;
 const int = (min: number, max = Number.MAX_SAFE_INTEGER) => intRange(min, max);
 /**
  * An integer from `min` to `max` whose refusals name the value and its range. The messages are
@@ -295,6 +297,12 @@ const AGENT_ENTRIES = {
   reportPeriodMs: ms(1000, 3_600_000, "inventory report period"),
   metricsPeriodMs: ms(1000, 3_600_000, "node statistics period behind /metrics"),
   verifyPeriodMs: ms(1000, 3_600_000, "export re-verification period"),
+  lostDriveReleaseAfterSeconds: wholeNumberIn(
+    "agent.lostDriveReleaseAfterSeconds",
+    1,
+    LOST_RELEASE_MAX_SECONDS,
+    "a deleted volume whose drive is lost this long is released, its room held as a leftover (s)",
+  ),
   heartbeatPeriodMs: wholeNumberIn(
     "agent.heartbeatPeriodMs",
     HEARTBEAT_PERIOD_MS.min,
@@ -392,6 +400,12 @@ export const ValuesSchema = v.strictObject({
       v.description(
         "most copy rebuilds running at once in the cluster (slots the manager grants); 0: none starts",
       ),
+    ),
+    lostNodeReleaseAfterSeconds: wholeNumberIn(
+      "manager.lostNodeReleaseAfterSeconds",
+      1,
+      LOST_RELEASE_MAX_SECONDS,
+      "a deleted volume on a storage node silent this long is released, its room held as a leftover (s)",
     ),
     healthPort: port("/healthz, /readyz and /metrics"),
     podDisruptionBudget: v.strictObject({ enabled: v.boolean(), maxUnavailable: int(1, 9) }),
