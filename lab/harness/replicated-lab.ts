@@ -31,6 +31,10 @@ export interface ReplicatedLabOptions {
   port: number;
   /** More agent environment, the same on every node. */
   agentEnv?: Record<string, string>;
+  /** A kubeconfig of a node's agent's own (e.g. through a proxy the test can cut); absent: the control plane's. */
+  kubeconfigFor?: (nodeName: string) => string | undefined;
+  /** Runs once the control plane is up, before the first node starts (e.g. to write kubeconfigFor's files). */
+  beforeNodes?: (tc: TestCluster) => void | Promise<void>;
   /** Step hooks of one node's agent, asked again each time that agent starts. */
   hooks?: (nodeName: string) => AgentHooks | undefined;
 }
@@ -67,6 +71,7 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
   };
   try {
     const ns = await tc.namespace(o.namespacePrefix);
+    await o.beforeNodes?.(tc);
     for (const spec of o.nodes) {
       const node = await startSimStorageNode({
         nodeName: spec.name,
@@ -76,7 +81,7 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
       });
       nodes.push(node);
       const cfg = parseAgentConfig(
-        node.agentEnv(tc.kubeconfigPath, ns, {
+        node.agentEnv(o.kubeconfigFor?.(spec.name) ?? tc.kubeconfigPath, ns, {
           DISTORT_PORTAL_ADDRESS: spec.address,
           DISTORT_PORTAL_PORT: String(o.port),
           ...o.agentEnv,
