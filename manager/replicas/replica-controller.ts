@@ -147,7 +147,7 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
 async function admit(
   ctx: ManagerContext,
   namespace: string,
-  a: { copy: string; uid: string; node: string; move?: boolean },
+  a: { copy: string; uid: string; node: string },
   log: Logger,
 ): Promise<void> {
   const client = ctx.clients.attachments;
@@ -156,31 +156,12 @@ async function admit(
   const hostNQN = nexusHostNqnFor(a.node);
   const existing = await client.get(name, namespace);
   if (existing) {
-    if (existing.spec.hostNQN === hostNQN || existing.metadata.deletionTimestamp) return;
-    if (!a.move) {
+    if (existing.spec.hostNQN !== hostNQN)
       log.warn("copy admits another host than its volume's serving node", {
         copy: a.copy,
         admitted: existing.spec.hostNQN,
         serving: a.node,
       });
-      return;
-    }
-    // A copy behind the generation: the serving node takes its admission over (a new lifetime),
-    // so it can rebuild it, and the node admitted before is cut off from it.
-    await client.replace({
-      ...existing,
-      spec: {
-        ...existing.spec,
-        nodeId: `${a.node}/${hostNQN}`,
-        hostNQN,
-        attachmentId: `serve-${randomUUID()}`,
-      },
-    });
-    log.info("behind copy's admission moved to the serving node", {
-      copy: a.copy,
-      from: existing.spec.hostNQN,
-      node: a.node,
-    });
     return;
   }
   const record: NVMeVolumeAttachment = {

@@ -131,13 +131,8 @@ describe("decideReplicas", () => {
       CFG,
     );
     expect(out.serve).toBeUndefined();
-    // The current copy is offered to the serving node; the stale one too, but with its admission
-    // moved over from any earlier serving node: it is a rebuild's target, never read (the nexus
-    // attaches only current copies to serve).
-    expect(out.admit).toEqual([
-      { copy: "vol-r0", uid: "uid-r0", node: "b" },
-      { copy: "vol-r1", uid: "uid-r1", node: "b", move: true },
-    ]);
+    // Only the current copy is offered to the serving node: a stale one is never read.
+    expect(out.admit).toEqual([{ copy: "vol-r0", uid: "uid-r0", node: "b" }]);
   });
 
   test("not every copy exported yet: no generation is given out", () => {

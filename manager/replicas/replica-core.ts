@@ -97,13 +97,8 @@ export interface ReplicaOutcome {
   events: { type: "Normal" | "Warning"; reason: string; note: string }[];
   /** The storage node to serve the volume from (spec.nodeName), when none does yet. */
   serve?: string;
-  /**
-   * Copies the serving node must be admitted to (one NVMeVolumeAttachment each). `move`: the copy
-   * is behind the data generation, so an admission naming another host (an earlier serving
-   * node's) is moved to this one: the copy can then be rebuilt from the serving node, and the
-   * earlier node is cut off from it. A current copy's admission moves only in a failover's fencing.
-   */
-  admit: { copy: string; uid: string; node: string; move?: boolean }[];
+  /** Copies the serving node must be admitted to (one NVMeVolumeAttachment each). */
+  admit: { copy: string; uid: string; node: string }[];
   /** Copies whose admission of a serving node is withdrawn (their NVMeVolumeAttachment deleted). */
   unadmit: { copy: string; uid: string }[];
 }
@@ -275,12 +270,8 @@ export function decideReplicas(
   }
   const serving = out.serve ?? volume.spec.nodeName;
   if (serving) {
-    for (const e of entries) {
-      if (!e.uid) continue;
-      if (isCurrent(e)) out.admit.push({ copy: e.name, uid: e.uid, node: serving });
-      else if (e.state === "Stale" || e.state === "Faulted" || e.state === "Rebuilding")
-        out.admit.push({ copy: e.name, uid: e.uid, node: serving, move: true });
-    }
+    for (const e of entries)
+      if (isCurrent(e) && e.uid) out.admit.push({ copy: e.name, uid: e.uid, node: serving });
   }
 
   const online = entries.filter((e) => e.state === "Online").length;
