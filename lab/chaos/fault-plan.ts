@@ -63,10 +63,12 @@ function between(random: () => number, [lo, hi]: readonly [number, number]): num
  * fault count or inverted bounds.
  */
 export function faultPlan(o: PlanOptions): Fault[] {
-  if (!Number.isSafeInteger(o.seed) || o.seed < 0) throw new Error(`seed must be a non-negative integer, got ${o.seed}`);
+  if (!Number.isSafeInteger(o.seed) || o.seed < 0)
+    throw new Error(`seed must be a non-negative integer, got ${o.seed}`);
   if (!Number.isSafeInteger(o.faults) || o.faults < 0)
     throw new Error(`faults must be a non-negative integer, got ${o.faults}`);
-  if (!Number.isSafeInteger(o.nodes) || o.nodes < 2) throw new Error(`nodes must be at least 2, got ${o.nodes}`);
+  if (!Number.isSafeInteger(o.nodes) || o.nodes < 2)
+    throw new Error(`nodes must be at least 2, got ${o.nodes}`);
   const nodeDown = o.nodeDownMs ?? DEFAULT_NODE_DOWN_MS;
   const processDown = o.processDownMs ?? DEFAULT_PROCESS_DOWN_MS;
   const gap = o.gapMs ?? DEFAULT_GAP_MS;
@@ -75,7 +77,8 @@ export function faultPlan(o: PlanOptions): Fault[] {
     ["processDownMs", processDown],
     ["gapMs", gap],
   ] as const)
-    if (!(b[0] >= 0 && b[1] >= b[0])) throw new Error(`${name} must be [lo, hi] with 0 <= lo <= hi, got [${b}]`);
+    if (!(b[0] >= 0 && b[1] >= b[0]))
+      throw new Error(`${name} must be [lo, hi] with 0 <= lo <= hi, got [${b}]`);
   const random = seededRandom(o.seed);
   const total = WEIGHTS.reduce((s, [, w]) => s + w, 0);
   const out: Fault[] = [];
@@ -90,7 +93,8 @@ export function faultPlan(o: PlanOptions): Fault[] {
       r -= w;
     }
     const index = Math.min(o.nodes - 1, Math.floor(random() * o.nodes));
-    const target: FaultTarget = kind === "manager" ? { kind: "manager" } : { kind: "node", index, action: kind };
+    const target: FaultTarget =
+      kind === "manager" ? { kind: "manager" } : { kind: "node", index, action: kind };
     const downMs = between(random, kind === "node" ? nodeDown : processDown);
     out.push({ n, target, downMs, gapMs: between(random, gap) });
   }

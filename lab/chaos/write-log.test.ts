@@ -1,5 +1,5 @@
 import { expect, test } from "bun:test";
-import { BLOCK_BYTES, WriteLog, blockContent, checkBlock, parseBlock } from "./write-log.ts";
+import { BLOCK_BYTES, blockContent, checkBlock, parseBlock, WriteLog } from "./write-log.ts";
 
 test("a block's content names its block and write, and nothing else parses as it", () => {
   const b = blockContent(7, 3, 12);
@@ -30,8 +30,14 @@ test("a block holds its last acknowledged write or a later attempted one; anythi
   expect(log.attempts).toBe(5);
   expect(checkBlock(log, 1, 0, blockContent(1, 0, 3))).toBeUndefined();
   expect(checkBlock(log, 1, 0, blockContent(1, 0, 4))).toBeUndefined();
-  expect(checkBlock(log, 1, 0, blockContent(1, 0, 2))).toMatchObject({ block: 0, acked: 3, found: expect.stringContaining("older") });
-  expect(checkBlock(log, 1, 0, blockContent(1, 0, 5))).toMatchObject({ found: expect.stringContaining("never attempted") });
+  expect(checkBlock(log, 1, 0, blockContent(1, 0, 2))).toMatchObject({
+    block: 0,
+    acked: 3,
+    found: expect.stringContaining("older"),
+  });
+  expect(checkBlock(log, 1, 0, blockContent(1, 0, 5))).toMatchObject({
+    found: expect.stringContaining("never attempted"),
+  });
   expect(checkBlock(log, 1, 0, Buffer.alloc(BLOCK_BYTES))).toMatchObject({ found: "zeros" });
   expect(checkBlock(log, 1, 0, blockContent(1, 1, 3))).toMatchObject({ found: "garbage" });
   // An unacknowledged first write may or may not have landed.

@@ -27,7 +27,11 @@ export function blockContent(tag: number, block: number, seq: number): Buffer {
  * What a block read back holds: "zero" (never written), the sequence number of an intact write
  * of this block in this run, or "garbage" (anything else: torn, another block's, another run's).
  */
-export function parseBlock(tag: number, block: number, data: Buffer): { kind: "zero" } | { kind: "seq"; seq: number } | { kind: "garbage" } {
+export function parseBlock(
+  tag: number,
+  block: number,
+  data: Buffer,
+): { kind: "zero" } | { kind: "seq"; seq: number } | { kind: "garbage" } {
   if (data.length !== BLOCK_BYTES) return { kind: "garbage" };
   if (data.every((x) => x === 0)) return { kind: "zero" };
   if (data.readUInt32LE(0) !== MAGIC || data.readUInt32LE(4) !== tag >>> 0 || data.readUInt32LE(8) !== block)
@@ -89,7 +93,12 @@ export interface BlockFinding {
  * Checks one block's bytes: it must hold its last acknowledged write or a later attempted one
  * (zero only when no write was acknowledged). Returns the finding when it does not.
  */
-export function checkBlock(log: WriteLog, tag: number, block: number, data: Buffer): BlockFinding | undefined {
+export function checkBlock(
+  log: WriteLog,
+  tag: number,
+  block: number,
+  data: Buffer,
+): BlockFinding | undefined {
   const acked = log.acked(block);
   const attempted = log.attempted(block);
   const got = parseBlock(tag, block, data);
