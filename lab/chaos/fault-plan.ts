@@ -38,7 +38,7 @@ export interface PlanOptions {
   gapMs?: readonly [number, number];
 }
 
-export const DEFAULT_NODE_DOWN_MS = [1000, 9000] as const;
+export const DEFAULT_NODE_DOWN_MS = [2000, 12000] as const;
 export const DEFAULT_PROCESS_DOWN_MS = [200, 4000] as const;
 export const DEFAULT_GAP_MS = [300, 3000] as const;
 

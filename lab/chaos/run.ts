@@ -14,7 +14,7 @@ import { silentLogger } from "../../lib/log.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import type { TestCluster } from "../cluster/test-support.ts";
 import { connectController, createFabric } from "../sim/spdk/fabric.ts";
-import { describeFault, type Fault, faultPlan } from "./fault-plan.ts";
+import { describeFault, type Fault, faultPlan, type PlanOptions } from "./fault-plan.ts";
 import { startWorld, type World } from "./world.ts";
 import { BLOCK_BYTES, type BlockFinding, checkBlock } from "./write-log.ts";
 import { VolumeWriter } from "./writer.ts";
@@ -29,6 +29,8 @@ export interface ChaosOptions {
   tc: TestCluster;
   seed: number;
   faults: number;
+  /** Other bounds for the plan's down times and gaps than its defaults (a short test run). */
+  bounds?: Pick<PlanOptions, "nodeDownMs" | "processDownMs" | "gapMs">;
   /** One volume per entry, with that many copies (2 or 3). */
   volumes: readonly number[];
   /** Blocks of 4 KiB written per volume. */
@@ -36,6 +38,8 @@ export interface ChaosOptions {
   depth?: number;
   /** A writer without an acknowledgement this long fails the run. */
   stallMs?: number;
+  /** Bound on the copies' coming back Online at the volume's generation after the faults. */
+  convergeMs?: number;
   say?: (line: string) => void;
   /** Keep the run's directory (process logs) even when it passes. */
   keepDir?: boolean;
@@ -54,6 +58,8 @@ export interface VolumeResult {
   failovers: number;
   rebuildsStarted: number;
   rebuildsCompleted: number;
+  /** Copies the serving node recorded Faulted (lost while serving, past the degrade bound). */
+  faulted: number;
   /** Blocks not holding their last acknowledged write or a later attempted one, served export. */
   lost: BlockFinding[];
   /** The same, per copy read through its own export, plus copies differing from the served bytes. */
@@ -82,6 +88,7 @@ interface Tracked {
   failovers: number;
   rebuildsStarted: number;
   rebuildsCompleted: number;
+  faulted: number;
 }
 
 async function until<T>(fn: () => Promise<T | undefined | false>, ms: number, what: string): Promise<T> {
@@ -102,7 +109,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
   say(`chaos: seed ${o.seed}, ${o.faults} faults, volumes with ${o.volumes.join(", ")} copies (${rerun})`);
   for (const r of o.volumes) if (r !== 2 && r !== 3) throw new Error(`a volume has 2 or 3 copies, got ${r}`);
   const nodes = Math.max(3, ...o.volumes);
-  const plan = faultPlan({ seed: o.seed, faults: o.faults, nodes });
+  const plan = faultPlan({ seed: o.seed, faults: o.faults, nodes, ...o.bounds });
   const blocks = o.blocks ?? 256;
   const stallMs = o.stallMs ?? 120_000;
   const dir = mkdtempSync(join(tmpdir(), "distort-chaos-"));
@@ -203,6 +210,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
         failovers: 0,
         rebuildsStarted: 0,
         rebuildsCompleted: 0,
+        faulted: 0,
       });
       say(`chaos: ${name} (${replicas} copies on ${addresses.join(", ")}) served by ${v.spec.nodeName}`);
     }
@@ -223,6 +231,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
       for (const r of v.status?.replicas ?? []) {
         const before = old.status?.replicas?.find((e) => e.name === r.name)?.state;
         if (r.state === "Rebuilding" && before !== "Rebuilding") t.rebuildsStarted++;
+        if (r.state === "Faulted" && before !== "Faulted") t.faulted++;
         if (r.state === "Online" && before === "Rebuilding") {
           t.rebuildsCompleted++;
           say(`chaos:   ${t.name} rebuilt ${r.name} (generation ${r.generation})`);
@@ -281,8 +290,13 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     // Verification, by I/O: the serving export first, then each copy through its own export.
     const results: VolumeResult[] = [];
     for (const t of tracked) {
-      const path = await t.writer.servingPath(120_000);
-      const served = await path.ctrl.read(path.nsid, 0, blocks * BLOCK_BYTES);
+      say(`chaos: verifying ${t.name} through its serving export`);
+      const path = await t.writer.servingPath(stallMs);
+      const served = await bounded(
+        path.ctrl.read(path.nsid, 0, blocks * BLOCK_BYTES),
+        30_000,
+        `${t.name}: read of the served export`,
+      );
       const lost: BlockFinding[] = [];
       for (let b = 0; b < blocks; b++) {
         const finding = checkBlock(
@@ -303,9 +317,10 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
             ? p
             : undefined;
         },
-        240_000,
+        o.convergeMs ?? 240_000,
         `${t.name}: every copy Online at the volume's generation`,
       );
+      say(`chaos: verifying ${t.name}'s copies through their own exports`);
       let copiesVerified = 0;
       for (const r of v.status?.replicas ?? []) {
         const copy = await parts.get(r.name, ns);
@@ -318,7 +333,11 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
           hostid: randomUUID(),
         });
         try {
-          const got = await reader.read(1, COPY_DATA_OFFSET, blocks * BLOCK_BYTES);
+          const got = await bounded(
+            reader.read(1, COPY_DATA_OFFSET, blocks * BLOCK_BYTES),
+            30_000,
+            `read of copy ${r.name}`,
+          );
           for (let b = 0; b < blocks; b++) {
             const slice = got.subarray(b * BLOCK_BYTES, (b + 1) * BLOCK_BYTES);
             const finding = checkBlock(t.writer.log, t.tag, b, slice);
@@ -344,6 +363,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
         failovers: t.failovers,
         rebuildsStarted: t.rebuildsStarted,
         rebuildsCompleted: t.rebuildsCompleted,
+        faulted: t.faulted,
         lost,
         copyFindings,
         copiesVerified,
@@ -364,6 +384,33 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     if (!passed) say(`chaos: FAILED, ${rerun}; process logs in ${dir}`);
     return result;
   } catch (err) {
+    for (const t of tracked) {
+      say(`chaos:   ${t.name} writer: ${t.writer.describe()}`);
+      const v = await parts.get(t.name, ns).catch(() => undefined);
+      const rs = (v?.status?.replicas ?? []).map(
+        (r) => `${r.name}@${r.nodeName}=${r.state}/g${r.generation}`,
+      );
+      const conds = (v?.status?.conditions ?? []).map(
+        (c) => `${c.type}=${c.status} ${c.reason}: ${c.message}`,
+      );
+      say(
+        `chaos:   ${t.name}: served by ${v?.spec.nodeName}, state ${v?.status?.state}, generation ${v?.status?.dataGeneration}, copies ${rs.join(" ")}; ${conds.join("; ")}`,
+      );
+    }
+    const storageNodes = await new ResourceClient(o.tc.conn, kinds.RDMAStorageNode)
+      .list({ namespace: ns })
+      .catch(() => undefined);
+    for (const n of storageNodes?.items ?? []) {
+      const hb = n.status?.lastHeartbeatTime;
+      const age = hb ? `${Date.now() - Date.parse(hb)} ms ago` : "never";
+      const conds = (n.status?.conditions ?? []).map((c) => `${c.type}=${c.status} ${c.reason}`);
+      say(`chaos:   storage node ${n.metadata.name}: heartbeat ${age}; ${conds.join(", ")}`);
+    }
+    const admissions = await vas.list({ namespace: ns }).catch(() => undefined);
+    for (const a of admissions?.items ?? [])
+      say(
+        `chaos:   attachment ${a.spec.partitionName}: host ${a.spec.hostNQN.split(":").pop()} id ${a.spec.attachmentId} observed ${a.status?.observedAttachmentId}`,
+      );
     say(`chaos: FAILED (${String(err)}), ${rerun}; process logs in ${dir}`);
     throw new Error(`${String(err)} (${rerun})`);
   } finally {
@@ -371,6 +418,20 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     for (const t of tracked) t.writer.close();
     await world.stop();
     if (passed && !o.keepDir) rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+async function bounded<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -406,7 +467,7 @@ export function summary(r: ChaosResult): string {
   ];
   for (const v of r.volumes)
     lines.push(
-      `chaos:   ${v.name} (${v.replicas} copies): ${v.acknowledged} writes acknowledged (${v.attempts} sent, ${v.retries} retried, ${v.timeouts} timed out, longest ${v.longestWriteMs} ms), ${v.failovers} failovers, ${v.rebuildsStarted} rebuilds started / ${v.rebuildsCompleted} completed, ${v.copiesVerified} copies verified; lost ${v.lost.length}, copy findings ${v.copyFindings.length}`,
+      `chaos:   ${v.name} (${v.replicas} copies): ${v.acknowledged} writes acknowledged (${v.attempts} sent, ${v.retries} retried, ${v.timeouts} timed out, longest ${v.longestWriteMs} ms), ${v.failovers} failovers, ${v.faulted} copies faulted, ${v.rebuildsStarted} rebuilds started / ${v.rebuildsCompleted} completed, ${v.copiesVerified} copies verified; lost ${v.lost.length}, copy findings ${v.copyFindings.length}`,
       ...v.lost
         .slice(0, 20)
         .map(

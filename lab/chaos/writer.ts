@@ -63,6 +63,7 @@ export class VolumeWriter {
   readonly #connecting = new Set<string>();
   readonly #lastTry = new Map<string, number>();
   #stopping = false;
+  #inFlight = 0;
   #closed = false;
   #workers: Promise<void>[] = [];
   #lastPath: string | undefined;
@@ -84,6 +85,16 @@ export class VolumeWriter {
     this.#closed = true;
     for (const c of this.#paths.values()) c?.close();
     this.#paths.clear();
+  }
+
+  /** One line on the writer's state (for a stalled run's report). */
+  describe(): string {
+    const paths = this.o.addresses.map((a) => {
+      const c = this.#paths.get(a);
+      const state = !c ? "none" : c.closed ? "closed" : `${c.anaState}/${c.namespaces.length} ns`;
+      return `${a}=${state}${this.#connecting.has(a) ? " (connecting)" : ""}`;
+    });
+    return `in flight ${this.#inFlight}, last ack ${Date.now() - this.lastAckAt} ms ago, paths ${paths.join(", ")}`;
   }
 
   /** The address of the path now serving (optimized, namespace shown), if any. */
@@ -165,6 +176,7 @@ export class VolumeWriter {
         this.#lastPath = path.address;
         this.log.attempt(block, seq);
         this.stats.attempts++;
+        this.#inFlight++;
         try {
           await this.#bounded(path.ctrl.write(path.nsid, block * BLOCK_BYTES, data));
         } catch (err) {
@@ -174,6 +186,8 @@ export class VolumeWriter {
             path.ctrl.close();
           }
           continue;
+        } finally {
+          this.#inFlight--;
         }
         this.log.ack(block, seq);
         this.stats.acknowledged++;
