@@ -32,6 +32,7 @@ test("a seeded chaos run of 15 faults loses no acknowledged write, on the served
     bounds: { nodeDownMs: [6500, 8000], processDownMs: [200, 1500], gapMs: [200, 1000] },
   });
   expect(r.faults).toBe(15);
+  expect(r.volumes.map((v) => v.notConverged)).toEqual([undefined, undefined]);
   expect(r.volumes.map((v) => v.copiesVerified)).toEqual([2, 3]);
   for (const v of r.volumes) expect(v.acknowledged).toBeGreaterThan(100);
   expect(r.volumes.reduce((n, v) => n + v.failovers, 0)).toBeGreaterThanOrEqual(1);

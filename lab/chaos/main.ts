@@ -44,7 +44,7 @@ const tc = await testCluster();
 let code = 1;
 try {
   const r = await runChaos({ tc, seed, faults, volumes, keepDir: values.keep });
-  code = r.lost === 0 ? 0 : 1;
+  code = r.lost === 0 && r.volumes.every((v) => !v.notConverged) ? 0 : 1;
 } catch {
   code = 1;
 } finally {

@@ -65,6 +65,8 @@ export interface VolumeResult {
   /** The same, per copy read through its own export, plus copies differing from the served bytes. */
   copyFindings: string[];
   copiesVerified: number;
+  /** Set when the copies did not all come back Online at the volume's generation in time. */
+  notConverged?: string;
 }
 
 export interface ChaosResult {
@@ -308,21 +310,36 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
         if (finding) lost.push(finding);
       }
       const copyFindings: string[] = [];
-      const v = await until(
-        async () => {
-          const p = await parts.get(t.name, ns);
-          const g = p?.status?.dataGeneration;
-          const rs = p?.status?.replicas ?? [];
-          return rs.length === t.replicas && rs.every((r) => r.state === "Online" && r.generation === g)
-            ? p
-            : undefined;
-        },
-        o.convergeMs ?? 240_000,
-        `${t.name}: every copy Online at the volume's generation`,
-      );
+      const converged = async () => {
+        const p = await parts.get(t.name, ns);
+        const g = p?.status?.dataGeneration;
+        const rs = p?.status?.replicas ?? [];
+        return rs.length === t.replicas && rs.every((r) => r.state === "Online" && r.generation === g)
+          ? p
+          : undefined;
+      };
+      let v: NVMePartition;
+      let notConverged: string | undefined;
+      try {
+        v = await until(
+          converged,
+          o.convergeMs ?? 240_000,
+          `${t.name}: every copy Online at the volume's generation`,
+        );
+      } catch (err) {
+        // Not a loss, a liveness failure: reported; the copies that are current are still read.
+        v = (await parts.get(t.name, ns)) as NVMePartition;
+        const rs = (v.status?.replicas ?? []).map(
+          (r) => `${r.name}@${r.nodeName}=${r.state}/g${r.generation}${r.message ? ` (${r.message})` : ""}`,
+        );
+        notConverged = `${String(err)}; generation ${v.status?.dataGeneration}: ${rs.join(", ")}`;
+        say(`chaos: ${t.name} DID NOT CONVERGE: ${notConverged}`);
+      }
       say(`chaos: verifying ${t.name}'s copies through their own exports`);
       let copiesVerified = 0;
+      const g = v.status?.dataGeneration;
       for (const r of v.status?.replicas ?? []) {
+        if (r.state !== "Online" || r.generation !== g) continue;
         const copy = await parts.get(r.name, ns);
         const reader = await connectController(fabric, {
           trtype: "TCP",
@@ -367,6 +384,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
         lost,
         copyFindings,
         copiesVerified,
+        ...(notConverged ? { notConverged } : {}),
       });
     }
     const result: ChaosResult = {
@@ -380,8 +398,10 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
       dir,
     };
     say(summary(result));
-    passed = result.lost === 0;
-    if (!passed) say(`chaos: FAILED, ${rerun}; process logs in ${dir}`);
+    passed = result.lost === 0 && results.every((r) => !r.notConverged);
+    if (result.lost > 0) say(`chaos: FAILED: acknowledged writes lost, ${rerun}; process logs in ${dir}`);
+    else if (!passed)
+      say(`chaos: FAILED to converge (no acknowledged write lost), ${rerun}; process logs in ${dir}`);
     return result;
   } catch (err) {
     for (const t of tracked) {
@@ -475,6 +495,7 @@ export function summary(r: ChaosResult): string {
             `chaos:     LOST block ${l.block}: holds ${l.found}, acknowledged ${l.acked}, attempted ${l.attempted}`,
         ),
       ...v.copyFindings.slice(0, 20).map((l) => `chaos:     COPY ${l}`),
+      ...(v.notConverged ? [`chaos:     NOT CONVERGED ${v.notConverged}`] : []),
     );
   const acked = r.volumes.reduce((n, v) => n + v.acknowledged, 0);
   const fo = r.volumes.reduce((n, v) => n + v.failovers, 0);
