@@ -230,3 +230,60 @@ test("teardown deletes the raid and detaches every controller, and repeats as a 
   expect(await nexusMethods.bdevNvmeGetControllers()).toEqual([]);
   expect(await nexus.teardown(t)).toEqual([]);
 });
+
+test("a raid made from fewer current copies than the volume has keeps a slot for each other copy, which joins later", async () => {
+  // A volume of its own, with three fresh copies (4, 5, 6): 4 and 5 current, 6 behind.
+  const uid = "5b0e2d4a-6c1f-4e3b-8a9d-7f2e1c0b3a4d";
+  for (const i of [4, 5, 6]) {
+    await (clients[0] as SpdkClient).call("bdev_malloc_create", {
+      name: `m${i}`,
+      num_blocks: (8 * MiB) / 512,
+      block_size: 512,
+    });
+    const ext = externalIdFor(uidOf(i));
+    await copyTarget.ensureExport({
+      nqn: nqnFor(ext),
+      volume: { externalId: ext, backendPath: `m${i}`, sizeBytes: 8 * MiB },
+      transport: "tcp",
+      address: "127.0.0.1",
+      port: 4420,
+      serialNumber: serialNumberFor(ext),
+      namespaceUuid: replicaNamespaceUuidFor(uidOf(i)),
+    });
+    await copyTarget.setHosts(nqnFor(ext), [HOST]);
+  }
+  const ext = externalIdFor(uid);
+  const p: NexusPlan = {
+    ...plan([4, 5]),
+    externalId: ext,
+    nqn: nqnFor(ext),
+    raidBdev: nexusBdevFor(ext),
+    raidUuid: nexusRaidUuidFor(uid),
+    slots: 3,
+  };
+  const made = await nexus.ensureRaid(p);
+  expect(made.repaired).toEqual(["controller:vol-r4", "controller:vol-r5", "raid-degraded"]);
+  expect(made.raid).toMatchObject({ state: "online", num_base_bdevs: 3, num_base_bdevs_discovered: 2 });
+  expect(made.raid.base_bdevs_list.filter((b) => b.is_configured).map((b) => b.name)).toEqual(
+    [4, 5].map((i) => `${member(i).controller}n1`),
+  );
+  // No stand-in left behind.
+  expect((await nexusMethods.bdevGetBdevs()).some((b) => b.name.includes("-standin"))).toBe(false);
+  // Written degraded, then copy 6 joins through a rebuild into the slot kept for it.
+  const data = Buffer.alloc(64 * 1024, 0x3d);
+  await nexusEmu.bdev(p.raidBdev).write(MiB, data);
+  const bdev = await nexus.attachCopy(member(6), HOST);
+  await nexus.addMember(p.raidBdev, bdev);
+  const deadline = Date.now() + 10_000;
+  let raid = await nexus.raid(p.raidBdev);
+  while (raid?.process && Date.now() < deadline) {
+    await Bun.sleep(50);
+    raid = await nexus.raid(p.raidBdev);
+  }
+  expect(raid).toMatchObject({ num_base_bdevs: 3, num_base_bdevs_discovered: 3 });
+  expect(raid?.process).toBeUndefined();
+  for (const m of ["m4", "m5", "m6"])
+    expect((await copiesEmu.bdev(m).read(2 * MiB, data.length)).equals(data)).toBe(true);
+  const t = { nqn: p.nqn, raidBdev: p.raidBdev, controllers: [4, 5, 6].map((i) => member(i).controller) };
+  await nexus.teardown(t);
+});

@@ -40,6 +40,11 @@ export function standInBdevFor(raidBdev: string): string {
   return `${raidBdev}-standin`;
 }
 
+/** The slots a raid made for `plan` gets: its copies, at least its members and two. */
+function slotsOf(plan: NexusPlan): number {
+  return Math.max(2, plan.members.length, plan.slots ?? 0);
+}
+
 /**
  * How a copy's controller behaves when its connection is lost. bdev_nvme holds the I/O of a
  * controller that is reconnecting (it fails it only after fast_io_fail_timeout_sec, when set), and
@@ -114,8 +119,9 @@ export class NexusAssembler {
       );
     }
     let raid = await this.findRaid(plan.raidBdev);
-    if (!raid && members.length < 2) {
-      // One current copy and no raid yet: raid1 takes two members at creation.
+    if (!raid && members.length < slotsOf(plan)) {
+      // Fewer current copies than the volume has (raid1 also takes two members at creation):
+      // made with a stand-in in each missing copy's slot, which a rebuild fills later.
       raid = await this.startDegraded(plan, members, undefined, repaired);
     }
     if (!raid) {
@@ -192,7 +198,7 @@ export class NexusAssembler {
         if (!isKind(err, "not-found")) throw err;
       });
       repaired.push(`removed-member:${b.name}`);
-      if (b.name === standInBdevFor(plan.raidBdev)) {
+      if (b.name?.startsWith(standInBdevFor(plan.raidBdev))) {
         await this.spdk.bdevNullDelete(b.name).catch((err) => {
           if (!isKind(err, "not-found")) throw err;
         });
@@ -308,25 +314,29 @@ export class NexusAssembler {
         if (!isKind(err, "not-found")) throw err;
       });
     }
-    const standIn = standInBdevFor(plan.raidBdev);
-    await this.spdk
-      .bdevNullCreate({ name: standIn, num_blocks: first.num_blocks, block_size: first.block_size })
-      .catch((err) => {
-        if (!isKind(err, "already-exists")) throw err;
-      });
+    const standIns = [...Array(Math.max(1, slotsOf(plan) - members.length)).keys()].map((i) =>
+      i === 0 ? standInBdevFor(plan.raidBdev) : `${standInBdevFor(plan.raidBdev)}-${i}`,
+    );
+    for (const standIn of standIns)
+      await this.spdk
+        .bdevNullCreate({ name: standIn, num_blocks: first.num_blocks, block_size: first.block_size })
+        .catch((err) => {
+          if (!isKind(err, "already-exists")) throw err;
+        });
     try {
       await this.spdk.bdevRaidCreate({
         name: plan.raidBdev,
         raid_level: "raid1",
-        base_bdevs: [...members, standIn],
+        base_bdevs: [...members, ...standIns],
         superblock: true,
         uuid: plan.raidUuid,
       });
-      await this.spdk.bdevRaidRemoveBaseBdev(standIn);
+      for (const standIn of standIns) await this.spdk.bdevRaidRemoveBaseBdev(standIn);
     } finally {
-      await this.spdk.bdevNullDelete(standIn).catch((err) => {
-        if (!isKind(err, "not-found")) throw err;
-      });
+      for (const standIn of standIns)
+        await this.spdk.bdevNullDelete(standIn).catch((err) => {
+          if (!isKind(err, "not-found")) throw err;
+        });
     }
     repaired.push("raid-degraded");
     const raid = await this.findRaid(plan.raidBdev);

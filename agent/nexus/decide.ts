@@ -63,6 +63,12 @@ export interface NexusPlan {
   hostNqn: string;
   /** The copies the raid is built from, in status.replicas order. */
   members: CopyEndpoint[];
+  /**
+   * Slots a raid made now gets: the volume's copies (spec.replicas), so that a copy not current
+   * at creation can join later through a rebuild (SPDK adds a base bdev only into an empty
+   * slot). Default: the members, at least two.
+   */
+  slots?: number;
   /** Transport of the volume's own export. */
   transport: Transport;
   /** spec.sizeBytes rounded up as a partition is carved (what the volume asks to hold). */
@@ -240,6 +246,7 @@ export function decideNexus(o: NexusObserved): NexusDecision {
       raidUuid: nexusRaidUuidFor(uid),
       hostNqn: nexusHostNqnFor(o.nodeName),
       members,
+      slots: Math.max(2, v.spec.replicas ?? members.length, members.length),
       transport: v.spec.targetOptions?.transport ?? "rdma",
       sizeBytes: roundUpToUnit(v.spec.sizeBytes),
       qos: qosLimitsOf(v),

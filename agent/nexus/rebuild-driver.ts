@@ -190,7 +190,19 @@ export class RebuildDriver {
       this.applied = this.o.bandwidthMbSec;
     }
     for (const step of steps) {
-      if (step.kind === "abort") {
+      if (step.kind === "abort" && !mine.has(step.copyUid)) {
+        // Found in the raid without a session: a rebuild this agent did not start, or one it
+        // finished and recorded Online after `p` was read. Only the API knows which, so the copy
+        // leaves the raid only once the latest status says it is not current: taking a copy the
+        // API holds current out of the raid would let writes be acknowledged without it.
+        const stored = await this.record(p, step);
+        if (!stored) {
+          log.info("copy found in the raid is current: kept", { copy: step.copyName });
+          continue;
+        }
+        await this.o.assembler.detachController(step.controller);
+        log.warn("rebuild interrupted", { copy: step.copyName, why: step.why });
+      } else if (step.kind === "abort") {
         // Out of the raid first: the copy must not look like it finished a later pass.
         mine.delete(step.copyUid);
         await this.o.assembler.detachController(step.controller);

@@ -147,7 +147,7 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
 async function admit(
   ctx: ManagerContext,
   namespace: string,
-  a: { copy: string; uid: string; node: string },
+  a: { copy: string; uid: string; node: string; move?: true },
   log: Logger,
 ): Promise<void> {
   const client = ctx.clients.attachments;
@@ -156,7 +156,25 @@ async function admit(
   const hostNQN = nexusHostNqnFor(a.node);
   const existing = await client.get(name, namespace);
   if (existing) {
-    if (existing.spec.hostNQN !== hostNQN)
+    if (existing.spec.hostNQN !== hostNQN && a.move) {
+      // A copy behind the generation still admitting an earlier serving node: only the serving
+      // node may rebuild it, and the earlier one loses a copy it must not use anyway.
+      await client.replace({
+        ...existing,
+        spec: {
+          partitionName: a.copy,
+          partitionUID: a.uid,
+          nodeId: `${a.node}/${hostNQN}`,
+          hostNQN,
+          attachmentId: `serve-${randomUUID()}`,
+        },
+      });
+      log.info("serving node admitted to a copy to rebuild", {
+        copy: a.copy,
+        node: a.node,
+        was: existing.spec.hostNQN,
+      });
+    } else if (existing.spec.hostNQN !== hostNQN)
       log.warn("copy admits another host than its volume's serving node", {
         copy: a.copy,
         admitted: existing.spec.hostNQN,

@@ -131,8 +131,21 @@ describe("decideReplicas", () => {
       CFG,
     );
     expect(out.serve).toBeUndefined();
-    // Only the current copy is offered to the serving node: a stale one is never read.
-    expect(out.admit).toEqual([{ copy: "vol-r0", uid: "uid-r0", node: "b" }]);
+    // The current copy is offered to the serving node for its raid; the stale one only to be
+    // rebuilt (its admission moved from an earlier serving node, which a failover leaves it on).
+    expect(out.admit).toEqual([
+      { copy: "vol-r0", uid: "uid-r0", node: "b" },
+      { copy: "vol-r1", uid: "uid-r1", node: "b", move: true },
+    ]);
+    // While the serving node counts as lost (a failover runs), no copy's admission is moved.
+    const lost = decideReplicas(
+      served,
+      [replica(0, { node: "a", state: "Exported" }), replica(1, { node: "b", state: "Exported" })],
+      nodes({ a: {}, b: { stale: true } }),
+      NOW,
+      CFG,
+    );
+    expect(lost.admit).toEqual([{ copy: "vol-r0", uid: "uid-r0", node: "b" }]);
   });
 
   test("not every copy exported yet: no generation is given out", () => {

@@ -26,6 +26,7 @@ import type {
 import { replicaIndex } from "../../lib/volume-identity.ts";
 import { nodeHealth } from "../node-health.ts";
 import type { ConditionInput } from "../status-patch.ts";
+import { servingNodeLost } from "./failover.ts";
 
 /** What SPDK's raid1 with a superblock keeps at the start of each member (data_offset). */
 export const RAID_SUPERBLOCK_BYTES = 1024 * 1024;
@@ -97,8 +98,13 @@ export interface ReplicaOutcome {
   events: { type: "Normal" | "Warning"; reason: string; note: string }[];
   /** The storage node to serve the volume from (spec.nodeName), when none does yet. */
   serve?: string;
-  /** Copies the serving node must be admitted to (one NVMeVolumeAttachment each). */
-  admit: { copy: string; uid: string; node: string }[];
+  /**
+   * Copies the serving node must be admitted to (one NVMeVolumeAttachment each). `move`: a copy
+   * behind the data generation whose admission may still name an earlier serving node (a
+   * failover fences and moves only the current copies); moved to this one so that it can
+   * rebuild the copy. Never asked while the serving node counts as lost (a failover runs).
+   */
+  admit: { copy: string; uid: string; node: string; move?: true }[];
   /** Copies whose admission of a serving node is withdrawn (their NVMeVolumeAttachment deleted). */
   unadmit: { copy: string; uid: string }[];
 }
@@ -270,8 +276,17 @@ export function decideReplicas(
   }
   const serving = out.serve ?? volume.spec.nodeName;
   if (serving) {
-    for (const e of entries)
+    const settled = !servingNodeLost({ ...volume, spec: { ...volume.spec, nodeName: serving } }, view, nowMs);
+    for (const e of entries) {
       if (isCurrent(e) && e.uid) out.admit.push({ copy: e.name, uid: e.uid, node: serving });
+      else if (
+        settled &&
+        e.uid &&
+        dataGeneration !== undefined &&
+        (e.state === "Stale" || e.state === "Faulted")
+      )
+        out.admit.push({ copy: e.name, uid: e.uid, node: serving, move: true });
+    }
   }
 
   const online = entries.filter((e) => e.state === "Online").length;
