@@ -1,5 +1,6 @@
 import { expect, test } from "bun:test";
 import type { NVMePartition, ReplicaStatus } from "../../api/index.ts";
+import { ManualClock } from "../../lib/clock.ts";
 import type { ResourceClient } from "../../lib/kube/resource.ts";
 import { silentLogger } from "../../lib/log.ts";
 import type { RaidBdev } from "../../lib/spdk/schemas.ts";
@@ -115,6 +116,9 @@ function world(latest: NVMePartition) {
     logger: silentLogger,
     maxPerNode: 2,
     bandwidthMbSec: 0,
+    needsGrant: false,
+    nodeName: "node-a",
+    clock: new ManualClock(Date.parse("2026-12-03T12:00:00Z")),
   });
   return { driver, detached, latest: () => stored };
 }
