@@ -4,6 +4,7 @@
 // down each node; teardownNodes(dir) cleans up from the recorded state after a crash as well.
 import {
   closeSync,
+  type Dirent,
   existsSync,
   mkdirSync,
   openSync,
@@ -176,9 +177,16 @@ function createCgroupRoot(root: string): void {
 }
 
 function cgroupDirsDeepestFirst(dir: string): string[] {
-  if (!existsSync(dir)) return [];
+  let entries: Dirent[];
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch (err) {
+    // Gone (never made, or a container's cgroup removed while this walk ran): nothing below it.
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return [];
+    throw err;
+  }
   const out: string[] = [];
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
+  for (const e of entries) {
     if (e.isDirectory()) out.push(...cgroupDirsDeepestFirst(join(dir, e.name)));
   }
   out.push(dir);
