@@ -130,9 +130,17 @@ function fixture() {
       for (const pid of pids) process.kill(pid as number, "SIGKILL");
       return { down, at: Date.now() };
     },
+    /** Brings a killed node back: Ready, and its agent and nvmf_tgt running again (the kubelet restarts them after its back-off), so the lab is left as found. */
     async restore(node: string): Promise<void> {
       await lab.restoreNode(node);
       crashed.delete(node);
+      const s = lab.storage.find((x) => x.name === node);
+      if (!s) return;
+      await until(
+        `${node}'s agent and nvmf_tgt running again`,
+        async () => lab.pid(s.agent) !== undefined && lab.pid(s.target) !== undefined,
+        300_000,
+      );
     },
     async close(): Promise<void> {
       for (const n of crashed) await lab.restoreNode(n).catch(() => {});
