@@ -7,24 +7,18 @@
 // and starts again from zero.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash, randomUUID } from "node:crypto";
-import {
-  kinds,
-  type NVMeDevice,
-  type NVMePartition,
-  type NVMeVolumeAttachment,
-  type ReplicaStatus,
-} from "../api/index.ts";
+import { kinds, type ReplicaStatus } from "../api/index.ts";
 import { eventually, type TestCluster } from "../lab/cluster/test-support.ts";
 import {
-  declareCopiesCurrent,
   type ReplicatedLab,
+  serveReplicatedVolume,
   startReplicatedLab,
 } from "../lab/harness/replicated-lab.ts";
-import { placeOnReportedDrive, type SimStorageNode } from "../lab/harness/storage-node.ts";
+import type { SimStorageNode } from "../lab/harness/storage-node.ts";
 import type { SimFabric } from "../lab/sim/spdk/emulator.ts";
 import { connectController, type FabricController } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
-import { attachmentNameFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
+import { nexusHostNqnFor } from "../lib/volume-identity.ts";
 import type { RunningAgent } from "./main.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
 
@@ -88,89 +82,27 @@ async function readAll(c: FabricController, at: number, len: number): Promise<Bu
 
 test("a copy that missed writes rejoins only through a rebuild, and then holds exactly the volume's data; an interrupted rebuild is never recorded Online", async () => {
   const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const _vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
   const nodeB = nodes[1] as SimStorageNode;
 
-  const vol = await parts.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "vol", namespace: ns },
-    spec: {
-      sizeBytes: 64 * MiB,
-      replicas: 2,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
-  const volUid = vol.metadata.uid as string;
-  const devices: NVMeDevice[] = [];
-  for (const [serial, name] of [
-    ["SIMRBA01", "vol-r0"],
-    ["SIMRBB01", "vol-r1"],
-  ] as const) {
-    devices.push(
-      await placeOnReportedDrive(tc.conn, ns, serial, [name], 64 * MiB, (p) => {
-        p.spec.replicaOf = { name: "vol", uid: volUid };
-      }),
-    );
-  }
-  const copies = await eventually(
-    async () => {
-      const l = await Promise.all(["vol-r0", "vol-r1"].map((n) => parts.get(n, ns)));
-      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
-    },
-    30_000,
-    "both copies Exported",
-  );
-  // The manager's part, as in agent/nexus.int.test.ts: the nexus host admitted on each copy, the
-  // copies current at generation 1, node A serving.
   const nexusHost = nexusHostNqnFor(NODE_A);
-  for (const c of copies) {
-    await vas.create({
-      apiVersion: "storage.distort.io/v1alpha1",
-      kind: "NVMeVolumeAttachment",
-      metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
-      spec: {
-        partitionName: c.metadata.name,
-        partitionUID: c.metadata.uid as string,
-        nodeId: `${NODE_A}/${nexusHost}`,
-        hostNQN: nexusHost,
-        attachmentId: `nexus-${c.metadata.name}`,
-      },
-    } as NVMeVolumeAttachment);
-  }
-  await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await declareCopiesCurrent(lab as ReplicatedLab, "vol", copies, devices);
+  const {
+    uid: volUid,
+    served,
+    copies,
+  } = await serveReplicatedVolume(lab as ReplicatedLab, {
+    name: "vol",
+    sizeBytes: 64 * MiB,
+    copies: [
+      ["SIMRBA01", "vol-r0"],
+      ["SIMRBB01", "vol-r1"],
+    ],
+    servingNode: NODE_A,
+    consumer: { hostNQN: CONSUMER, nodeId: `consumer-1/${CONSUMER}` },
+  });
   const nqn = nqnFor(externalIdFor(volUid));
-  const served = await eventually(
-    async () => {
-      const p = await parts.get("vol", ns);
-      return p?.status?.state === "Exported" ? p : undefined;
-    },
-    30_000,
-    "volume Exported",
-  );
   const volBytes = served.status?.allocatedBytes as number;
   expect(volBytes).toBe(63 * MiB);
-  const vaName = attachmentNameFor("vol", volUid);
-  await vas.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: vaName, namespace: ns },
-    spec: {
-      partitionName: "vol",
-      partitionUID: volUid,
-      nodeId: `consumer-1/${CONSUMER}`,
-      hostNQN: CONSUMER,
-      attachmentId: "att-1",
-    },
-  } as NVMeVolumeAttachment);
-  await eventually(
-    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-1",
-    20_000,
-    "consumer AccessReady",
-  );
   const connect = () =>
     connectController(fabric, {
       trtype: "TCP",

@@ -12,17 +12,13 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import type { Socket, TCPSocketListener } from "bun";
-import { kinds, type NVMeDevice, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { eventually } from "../lab/cluster/test-support.ts";
 import {
-  declareCopiesCurrent,
   type ReplicatedLab,
+  serveReplicatedVolume,
   startReplicatedLab,
 } from "../lab/harness/replicated-lab.ts";
-import { placeOnReportedDrive } from "../lab/harness/storage-node.ts";
 import { connectController } from "../lab/sim/spdk/fabric.ts";
-import { ResourceClient } from "../lib/kube/resource.ts";
-import { attachmentNameFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
 
 const MiB = 1024 ** 2;
@@ -147,82 +143,18 @@ afterAll(async () => {
 
 test("a serving node cut off from the API server stops serving within the failover bound (a write through it fails), and serves again once its heartbeat goes through", async () => {
   const l = lab as ReplicatedLab;
-  const { tc, ns, fabric } = l;
-  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
-  const vol = await parts.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "vol", namespace: ns },
-    spec: {
-      sizeBytes: 64 * MiB,
-      replicas: 2,
-      failoverAfterSeconds: FAILOVER_AFTER_S,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
-  const volUid = vol.metadata.uid as string;
-  const devices: NVMeDevice[] = [];
-  for (const [serial, name] of [
-    ["SIMSFA01", "vol-r0"],
-    ["SIMSFB01", "vol-r1"],
-  ] as const) {
-    devices.push(
-      await placeOnReportedDrive(tc.conn, ns, serial, [name], 64 * MiB, (p) => {
-        p.spec.replicaOf = { name: "vol", uid: volUid };
-      }),
-    );
-  }
-  const copies = await eventually(
-    async () => {
-      const got = await Promise.all(["vol-r0", "vol-r1"].map((n) => parts.get(n, ns)));
-      return got.every((p) => p?.status?.state === "Exported") ? (got as NVMePartition[]) : undefined;
-    },
-    30_000,
-    "both copies Exported",
-  );
-  const nexusHost = nexusHostNqnFor(NODE_A);
-  for (const c of copies) {
-    await vas.create({
-      apiVersion: "storage.distort.io/v1alpha1",
-      kind: "NVMeVolumeAttachment",
-      metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
-      spec: {
-        partitionName: c.metadata.name,
-        partitionUID: c.metadata.uid as string,
-        nodeId: `${NODE_A}/${nexusHost}`,
-        hostNQN: nexusHost,
-        attachmentId: `nexus-${c.metadata.name}`,
-      },
-    } as NVMeVolumeAttachment);
-  }
-  await parts.mergePatch("vol", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await declareCopiesCurrent(l, "vol", copies, devices);
-  await eventually(
-    async () => ((await parts.get("vol", ns))?.status?.state === "Exported" ? true : undefined),
-    30_000,
-    "volume Exported",
-  );
-  const vaName = attachmentNameFor("vol", volUid);
-  await vas.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: vaName, namespace: ns },
-    spec: {
-      partitionName: "vol",
-      partitionUID: volUid,
-      nodeId: `consumer-1/${CONSUMER}`,
-      hostNQN: CONSUMER,
-      attachmentId: "att-1",
-    },
-  } as NVMeVolumeAttachment);
-  await eventually(
-    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-1",
-    20_000,
-    "consumer admitted",
-  );
+  const { fabric } = l;
+  const { uid: volUid } = await serveReplicatedVolume(l, {
+    name: "vol",
+    sizeBytes: 64 * MiB,
+    copies: [
+      ["SIMSFA01", "vol-r0"],
+      ["SIMSFB01", "vol-r1"],
+    ],
+    servingNode: NODE_A,
+    spec: { failoverAfterSeconds: FAILOVER_AFTER_S },
+    consumer: { hostNQN: CONSUMER, nodeId: `consumer-1/${CONSUMER}` },
+  });
   const consumer = await connectController(fabric, {
     trtype: "TCP",
     traddr: A,

@@ -5,15 +5,21 @@
 
 import { parseAgentConfig } from "../../agent/config.ts";
 import { type AgentHooks, type RunningAgent, runAgent } from "../../agent/main.ts";
-import type { NVMeDevice, NVMePartition } from "../../api/index.ts";
+import type { NVMeDevice, NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
 import { kinds } from "../../api/index.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { updateStatus } from "../../lib/kube/status.ts";
 import { createLogger } from "../../lib/log.ts";
-import { type TestCluster, testCluster } from "../cluster/test-support.ts";
+import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
+import { eventually, type TestCluster, testCluster } from "../cluster/test-support.ts";
 import type { SimFabric } from "../sim/spdk/emulator.ts";
 import { createTcpFabric } from "../sim/spdk/fabric.ts";
-import { type SimNodeDrive, type SimStorageNode, startSimStorageNode } from "./storage-node.ts";
+import {
+  placeOnReportedDrive,
+  type SimNodeDrive,
+  type SimStorageNode,
+  startSimStorageNode,
+} from "./storage-node.ts";
 
 /** One storage node of the lab. */
 export interface ReplicatedLabNode {
@@ -145,4 +151,112 @@ export async function declareCopiesCurrent(
       generation: 1,
     })),
   }));
+}
+
+/** A replicated volume served by one node of the lab, as serveReplicatedVolume made it. */
+export interface ServedVolume {
+  uid: string;
+  /** The volume as it was once Exported. */
+  served: NVMePartition;
+  copies: NVMePartition[];
+  devices: NVMeDevice[];
+}
+
+/**
+ * Creates replicated volume `name` (spdk, partition volume manager, tcp) with one copy per
+ * `copies` entry (the drive's serial and the copy's name), waits until every copy is Exported,
+ * then plays the manager: admits `servingNode`'s nexus host on each copy, names it the serving
+ * node, declares the copies current, and waits until the volume is Exported. With `consumer`,
+ * the consumer's attachment record is made and waited for (its lifetime `att-1`).
+ */
+export async function serveReplicatedVolume(
+  lab: ReplicatedLab,
+  o: {
+    name: string;
+    sizeBytes: number;
+    copies: readonly (readonly [serial: string, copyName: string])[];
+    servingNode: string;
+    spec?: Partial<NVMePartition["spec"]>;
+    consumer?: { hostNQN: string; nodeId: string };
+  },
+): Promise<ServedVolume> {
+  const { tc, ns } = lab;
+  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const vol = await parts.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name: o.name, namespace: ns },
+    spec: {
+      sizeBytes: o.sizeBytes,
+      replicas: o.copies.length,
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+      ...o.spec,
+    },
+  } as NVMePartition);
+  const uid = vol.metadata.uid as string;
+  const devices: NVMeDevice[] = [];
+  for (const [serial, copyName] of o.copies) {
+    devices.push(
+      await placeOnReportedDrive(tc.conn, ns, serial, [copyName], o.sizeBytes, (p) => {
+        p.spec.replicaOf = { name: o.name, uid };
+      }),
+    );
+  }
+  const copies = await eventually(
+    async () => {
+      const got = await Promise.all(o.copies.map(([, n]) => parts.get(n, ns)));
+      return got.every((p) => p?.status?.state === "Exported") ? (got as NVMePartition[]) : undefined;
+    },
+    30_000,
+    "every copy Exported",
+  );
+  const nexusHost = nexusHostNqnFor(o.servingNode);
+  for (const c of copies) {
+    await vas.create({
+      apiVersion: "storage.distort.io/v1alpha1",
+      kind: "NVMeVolumeAttachment",
+      metadata: { name: attachmentNameFor(c.metadata.name, c.metadata.uid as string), namespace: ns },
+      spec: {
+        partitionName: c.metadata.name,
+        partitionUID: c.metadata.uid as string,
+        nodeId: `${o.servingNode}/${nexusHost}`,
+        hostNQN: nexusHost,
+        attachmentId: `nexus-${c.metadata.name}`,
+      },
+    } as NVMeVolumeAttachment);
+  }
+  await parts.mergePatch(o.name, ns, { metadata: { uid }, spec: { nodeName: o.servingNode } });
+  await declareCopiesCurrent(lab, o.name, copies, devices);
+  const served = await eventually(
+    async () => {
+      const p = await parts.get(o.name, ns);
+      return p?.status?.state === "Exported" ? p : undefined;
+    },
+    30_000,
+    "volume Exported",
+  );
+  if (o.consumer) {
+    const vaName = attachmentNameFor(o.name, uid);
+    await vas.create({
+      apiVersion: "storage.distort.io/v1alpha1",
+      kind: "NVMeVolumeAttachment",
+      metadata: { name: vaName, namespace: ns },
+      spec: {
+        partitionName: o.name,
+        partitionUID: uid,
+        nodeId: o.consumer.nodeId,
+        hostNQN: o.consumer.hostNQN,
+        attachmentId: "att-1",
+      },
+    } as NVMeVolumeAttachment);
+    await eventually(
+      async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-1",
+      20_000,
+      "consumer admitted",
+    );
+  }
+  return { uid, served, copies, devices };
 }
