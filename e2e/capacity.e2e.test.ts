@@ -191,8 +191,16 @@ test("a WaitForFirstConsumer Pod whose claim fits only segment a is scheduled th
   const pod = workloadPod("writer", nodeA, "data", ["write-verify", "--bytes=1Mi", "--seed=capacity"]);
   const spec = pod.spec as k8s.V1PodSpec;
   delete spec.nodeSelector;
+  // Only the two segments' consumer nodes: a lab has other consumers, in segments of their own
+  // with room (the real cluster's third consumer and kernel node share the lab's own segment),
+  // which the scheduler may pick just as rightly as segment a.
   spec.affinity = {
     nodeAffinity: {
+      requiredDuringSchedulingIgnoredDuringExecution: {
+        nodeSelectorTerms: [
+          { matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: [nodeA, nodeB] }] },
+        ],
+      },
       preferredDuringSchedulingIgnoredDuringExecution: [
         {
           weight: 100,
