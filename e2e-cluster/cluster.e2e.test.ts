@@ -109,7 +109,7 @@ test("a Pod on one node writes, a Pod on another reads the same bytes", async ()
     conn: lab.conn,
     nodes: [demoNode("node-c"), demoNode("node-b")],
     say,
-    image: lab.images.images.workload?.ref,
+    image: workloadImage(),
     bytes: 16 * 1024 * 1024,
     timeoutMs: 240_000,
   });
@@ -160,12 +160,18 @@ test("kubelet restart with a volume staged: reconstruction, no second stage, dat
   expect(report.ok).toBe(true);
 }, 400_000);
 
+/** The workload image the lab imported into every node. */
+function workloadImage(): string {
+  const ref = lab.images.images.workload?.ref;
+  if (!ref) throw new Error("the lab built no workload image");
+  return ref;
+}
+
 /** Runs the workload in a Pod on `node` against the demo PVC and returns its report. */
 async function runWorkload(name: string, node: string, args: string[]): Promise<WorkloadReport> {
-  const image = lab.images.images.workload?.ref;
   await core.createNamespacedPod({
     namespace: "demo",
-    body: workloadPod(name, node, "demo-data", args, image),
+    body: workloadPod(name, node, "demo-data", args, workloadImage()),
   });
   const report = await waitFor(`${name} to finish`, 240_000, async () => {
     const p = await core.readNamespacedPod({ name, namespace: "demo" });

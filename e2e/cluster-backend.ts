@@ -54,7 +54,7 @@ export async function stopSharedRealLab(): Promise<void> {
 /** Consumer nodes in the order suites use them (first = the plain consumer, as the demo does). */
 const CONSUMER_ORDER = ["node-c", "node-b", "node-a"];
 
-/** What a role's container process looks like, by the process-lab name's prefix. */
+/** What a role's container process looks like, by the prefix of the name pid() takes. */
 const ROLE_COMMAND: Record<string, RegExp> = {
   // The SPDK nodes' agent, or the kernel node's (the agent with the lab's configfs and drive ports).
   agent: /distort-agent(-kernel-lab)?(\s|$)/,
@@ -191,8 +191,6 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
     managers: [...managers.keys()],
     csiController: "csi-controller",
     csiControllerSocket,
-    // The fabric is TCP between node IPs: no fabric directory.
-    fabricDir: "",
     ...(dpu ? { dpu } : {}),
   };
   const workloadImage = lab.images.images.workload?.ref;

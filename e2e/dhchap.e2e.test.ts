@@ -1,4 +1,4 @@
-// DH-HMAC-CHAP end to end (on the real cluster, or the process lab): a StorageClass asking for bidirectional
+// DH-HMAC-CHAP end to end on the real cluster: a StorageClass asking for bidirectional
 // authentication gets keys generated per volume and host; the right host writes and reads; a
 // host presenting the right NQN with no key, a wrong key or a wrong controller key is refused by
 // the target (or refuses the target) when it connects through a lab host daemon's control socket,

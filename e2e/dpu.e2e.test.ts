@@ -19,13 +19,7 @@ import {
   StoragePluginServiceCapability_RPC_Type as PluginCap,
   StoragePluginService,
 } from "../gen/nvidia/storage/plugins/v1/plugin_pb.ts";
-import { quantityBytes, type VolumeCapabilityInit } from "../lab/kubelet/volume-spec.ts";
-import {
-  connectController,
-  createFabric,
-  createTcpFabric,
-  type FabricController,
-} from "../lab/sim/spdk/fabric.ts";
+import { connectController, createTcpFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
 import { patternBytes } from "../lab/workload.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { LEGACY_HOST_NQN_ANNOTATION } from "../lib/kube/node-directory.ts";
@@ -33,6 +27,7 @@ import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
+import { quantityBytes, type VolumeCapabilityInit } from "./kubelet/volume-spec.ts";
 import { deletePod, type E2eLab, e2eLab, until, waitWorkload } from "./support.ts";
 import { blockWorkloadPod } from "./user-steps.ts";
 
@@ -228,7 +223,7 @@ async function exposeToHost(bdev: string): Promise<{ nqn: string; ctrl: FabricCo
   };
   hostSubsystems.add(nqn);
   await exportOnTarget(snap, { nqn, bdevName: bdev, listeners: [listener], hosts: [{ nqn: hostNqn }] });
-  const fabric = lab.fabricDir ? createFabric(lab.fabricDir) : createTcpFabric();
+  const fabric = createTcpFabric();
   const ctrl = await connectController(fabric, {
     ...listener,
     subnqn: nqn,

@@ -9,7 +9,6 @@ import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { externalIdFor, nqnFor } from "../agent/partitions/identity.ts";
 import { kinds, type NVMeDevice, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
-import { stagingPath } from "../lab/kubelet/naming.ts";
 import { tail } from "../lab/procs.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
@@ -31,6 +30,7 @@ import {
   type Step,
   summarizeFaults,
 } from "./fault-plan.ts";
+import { stagingPath } from "./kubelet/naming.ts";
 import {
   createPvc,
   type E2eLab,

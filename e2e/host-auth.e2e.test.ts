@@ -8,12 +8,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomBytes, randomUUID } from "node:crypto";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { attachmentNameFor } from "../csi/controller/volume-id.ts";
-import {
-  connectController,
-  createFabric,
-  createTcpFabric,
-  type FabricController,
-} from "../lab/sim/spdk/fabric.ts";
+import { connectController, createTcpFabric, type FabricController } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { type E2eLab, e2eLab, until } from "./support.ts";
 
@@ -46,9 +41,8 @@ async function tryConnect(
   open: FabricController[],
 ): Promise<string> {
   try {
-    // The process lab's fabric is its directory of unix sockets; the cluster's is TCP between node
-    // addresses, which this host reaches over the lab bridge.
-    const fabric = lab.fabricDir ? createFabric(lab.fabricDir) : createTcpFabric();
+    // The fabric is TCP between node addresses, which this host reaches over the lab bridge.
+    const fabric = createTcpFabric();
     const c = await connectController(fabric, {
       trtype: "TCP",
       traddr: p.status?.portalIP as string,

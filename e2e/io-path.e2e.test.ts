@@ -11,9 +11,9 @@ import * as k8s from "@kubernetes/client-node";
 import { kinds } from "../api/index.ts";
 import { FENCED_ANNOTATION } from "../csi/controller/fencing.ts";
 import { Node as NodeService, VolumeHealthErrorType } from "../gen/csi/v1/csi_pb.ts";
-import { stagingPath } from "../lab/kubelet/naming.ts";
 import { GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
+import { stagingPath } from "./kubelet/naming.ts";
 import { hostNqnOf, targetRevoked, type VolumeTarget, volumeTarget } from "./storage-target.ts";
 import {
   createPvc,

@@ -1,4 +1,4 @@
-// Where a secret shows up on the process lab: every process's argv and environment, every log
+// Where a secret shows up in the lab: every process's argv and environment, every log
 // file, Events and every object but the secret's own Secret. Shared by the key e2e suites.
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";

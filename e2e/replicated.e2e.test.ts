@@ -15,7 +15,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { randomBytes } from "node:crypto";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment, type ReplicaStatus } from "../api/index.ts";
-import { connectController, createFabric, createTcpFabric } from "../lab/sim/spdk/fabric.ts";
+import { connectController, createTcpFabric } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
@@ -250,7 +250,7 @@ test("replicas=2: the serving node is killed during writes; it is fenced, the ot
     );
     expect((att as NVMeVolumeAttachment).spec.hostNQN).toBe(nexusHostNqnFor(other));
     // Shown by a connect: the surviving copy refuses the dead node's nexus host.
-    const fabric = lab.fabricDir ? createFabric(lab.fabricDir) : createTcpFabric();
+    const fabric = createTcpFabric();
     const fenced = await connectController(fabric, {
       trtype: "TCP",
       traddr: survivor.status?.portalIP as string,

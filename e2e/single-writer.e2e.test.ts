@@ -7,10 +7,10 @@ import * as k8s from "@kubernetes/client-node";
 import { kinds } from "../api/index.ts";
 import { ACCESS_ANNOTATION, FENCED_ANNOTATION, PREVIOUS_NODE_ANNOTATION } from "../csi/controller/fencing.ts";
 import { Controller, VolumeCapability_AccessMode_Mode as Mode } from "../gen/csi/v1/csi_pb.ts";
-import { stagingPath } from "../lab/kubelet/naming.ts";
 import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
 import { kubeError, ResourceClient } from "../lib/kube/resource.ts";
 import { PublishContextKeys } from "../lib/volume-context.ts";
+import { stagingPath } from "./kubelet/naming.ts";
 import {
   allowedHosts,
   eventsFor,

@@ -1,9 +1,8 @@
-// Which lab each e2e suite runs on: the suites moved to the real-cluster lab (scripts/e2e-cluster.ts
-// runs them, in this order, before e2e-cluster/) and the rest, which stay on the process lab
-// (scripts/e2e.ts): capacity, whose check that kube-scheduler heeds CSIStorageCapacity at its
-// first attempt failed once on the cluster (cause not found yet). multipath runs on the cluster, whose nodes have an address on each of
-// two storage networks that the agents find by CIDR (DISTORT_PORTAL_NETWORKS); dpu on its DPU node
-// node-d (the chart's DPU plugin, a SNAP stand-in: lab/cluster/dpu-node.ts).
+// The e2e suites, in the order scripts/e2e-cluster.ts runs them on the real-cluster lab (before
+// e2e-cluster/): every e2e/*.e2e.test.ts is here (suite-tiers.test.ts checks it). multipath runs
+// on nodes with an address on each of two storage networks that the agents find by CIDR
+// (DISTORT_PORTAL_NETWORKS); dpu on the DPU node node-d (the chart's DPU plugin beside a SNAP
+// stand-in: lab/cluster/dpu-node.ts).
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -15,6 +14,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/identities.e2e.test.ts",
   "e2e/cleanup.e2e.test.ts",
   "e2e/placement.e2e.test.ts",
+  "e2e/capacity.e2e.test.ts",
   "e2e/bad-input.e2e.test.ts",
   "e2e/host-auth.e2e.test.ts",
   "e2e/dhchap.e2e.test.ts",
@@ -28,7 +28,7 @@ export const CLUSTER_SUITES: readonly string[] = [
 ];
 
 /** Every e2e/*.e2e.test.ts not in CLUSTER_SUITES, sorted (paths relative to the repository root). */
-export function processLabSuites(root: string): string[] {
+export function unlistedSuites(root: string): string[] {
   return readdirSync(join(root, "e2e"))
     .filter((f) => f.endsWith(".e2e.test.ts"))
     .map((f) => `e2e/${f}`)

@@ -1,43 +1,28 @@
 // What every end-to-end suite needs: the running lab (the real-cluster lab of the run, which
-// e2e/cluster-preload.ts started; else the process lab scripts/e2e.ts started, named by
-// DISTORT_E2E_LAB, or one of the file's own), its processes by name for fault injection, and the
-// user-level steps (PVCs, workload Pods, waits) expressed through the real API.
+// e2e/cluster-preload.ts started: scripts/e2e-cluster.ts), its processes by name for fault
+// injection, and the user-level steps (PVCs, workload Pods, waits) expressed through the real API.
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as k8s from "@kubernetes/client-node";
 import { workloadPod as demoWorkloadPod, type WorkloadReport, workloadReport } from "../lab/demo.ts";
-import {
-  LAB_RELEASE,
-  LAB_VALUES,
-  type Lab,
-  type LabConsumerNode,
-  type LabKernelNode,
-  type LabStorageNode,
-  startLab,
-} from "../lab/lab.ts";
-import { sweepLab } from "../lab/sweep.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { kubeError } from "../lib/kube/resource.ts";
 import { clusterBackend, sharedRealLab } from "./cluster-backend.ts";
 
 export { type WorkloadReport, workloadReport };
 
-/** The workload image of the lab the suites run on; undefined: the kubelet stand-in's own workload. */
+/** The workload image of the lab the suites run on (set by e2eLab()). */
 let workloadImage: string | undefined;
 
 /**
- * A Pod running the lab workload on `node` against PVC `claim`, in the image of the lab this run
- * uses (the one e2eLab() returned): the real cluster's workload image, or the stand-in's.
+ * A Pod running the lab workload on `node` against PVC `claim`, in the workload image of the lab
+ * this run uses (the one e2eLab() returned).
  */
 export function workloadPod(name: string, node: string, claim: string, args: string[]): k8s.V1Pod {
+  if (!workloadImage)
+    throw new Error("workloadPod before e2eLab(): the lab's workload image is not known yet");
   return demoWorkloadPod(name, node, claim, args, workloadImage);
-}
-
-/** True when workload Pods run in a real image (a real kubelet): the workload needs its target named. */
-export function realWorkloadImage(): boolean {
-  return workloadImage !== undefined;
 }
 
 /** A DPU node as the suites reach it. */
@@ -53,59 +38,54 @@ export interface LabDpuInfo {
   address: string;
 }
 
-/** What scripts/e2e.ts publishes in <dir>/e2e.json for the suites. */
-export type LabInfo = Pick<
-  Lab,
-  "dir" | "namespace" | "managers" | "csiController" | "csiControllerSocket" | "fabricDir"
-> & {
-  dpu?: LabDpuInfo;
+/** A consumer node: its kubelet's root (as a host path), its CSI node plugin, kubelet, NVMe host. */
+export interface LabConsumerInfo {
+  name: string;
+  kubeletRoot: string;
+  /** Process names of its CSI node plugin and kubelet (pid(), kill()). */
+  csi: string;
+  kubelet: string;
+  /** The control socket of the node's NVMe host driver (as `nvme connect` reaches the kernel). */
+  hostSocket: string;
+}
+
+/** An SPDK-backend storage node: nvmf_tgt's RPC socket (a host path), its processes, its drives. */
+export interface LabStorageInfo {
+  name: string;
+  spdkSocket: string;
+  target: string;
+  agent: string;
+  serials: string[];
+}
+
+/** A kernel-backend storage node: nvmet's configfs directory (a host path), processes, drives. */
+export interface LabKernelInfo {
+  name: string;
+  nvmetDir: string;
+  target: string;
+  agent: string;
+  serials: string[];
+}
+
+/** What a suite knows of the running lab. */
+export interface LabInfo {
+  /** The lab's state directory. */
+  dir: string;
   kubeconfig: string;
-  /** The chart release the lab installed (or renders, for the process lab) and its values file (relative to helm/distort). */
+  /** The namespace DISTORT is installed in. */
+  namespace: string;
+  /** The chart release the lab installed and its values file (relative to helm/distort). */
   release: string;
   values: string;
-  /** hostSocket: the control socket of the node's NVMe host driver (as `nvme connect` reaches the kernel). */
-  consumers: Pick<LabConsumerNode, "name" | "kubeletRoot" | "csi" | "kubelet" | "hostSocket">[];
-  storage: (Pick<LabStorageNode, "name" | "spdkSocket" | "target" | "agent"> & { serials: string[] })[];
+  /** Process names of the managers and the CSI controller; the controller's socket (a host path). */
+  managers: string[];
+  csiController: string;
+  csiControllerSocket: string;
+  consumers: LabConsumerInfo[];
+  storage: LabStorageInfo[];
   /** Kernel-backend storage nodes (nvmet on simulated configfs); [] where the lab has none. */
-  kernelStorage: (Pick<LabKernelNode, "name" | "nvmetDir" | "target" | "agent"> & { serials: string[] })[];
-};
-
-/** What a suite needs to know of a running lab, as JSON a second process can read. */
-export function labInfo(lab: Lab): LabInfo {
-  return {
-    dir: lab.dir,
-    kubeconfig: lab.kubeconfigPath,
-    release: LAB_RELEASE,
-    values: LAB_VALUES,
-    namespace: lab.namespace,
-    consumers: lab.consumers.map((c) => ({
-      name: c.name,
-      kubeletRoot: c.kubeletRoot,
-      csi: c.csi,
-      kubelet: c.kubelet,
-      hostSocket: c.hostSocket,
-    })),
-    storage: lab.storage.map((s) => ({
-      name: s.name,
-      spdkSocket: s.spdkSocket,
-      target: s.target,
-      agent: s.agent,
-      serials: s.drives.map((d) => d.serial),
-    })),
-    kernelStorage: lab.kernelStorage.map((s) => ({
-      name: s.name,
-      nvmetDir: s.nvmetDir,
-      target: s.target,
-      agent: s.agent,
-      serials: s.drives.map((d) => d.serial),
-    })),
-    // The simulated fabric takes any address.
-    ...(lab.dpu ? { dpu: { ...lab.dpu, address: "192.0.2.1" } } : {}),
-    managers: lab.managers,
-    csiController: lab.csiController,
-    csiControllerSocket: lab.csiControllerSocket,
-    fabricDir: lab.fabricDir,
-  };
+  kernelStorage: LabKernelInfo[];
+  dpu?: LabDpuInfo;
 }
 
 export interface E2eLab extends LabInfo {
@@ -127,13 +107,13 @@ export interface E2eLab extends LabInfo {
    * restoreNode() brings the node back.
    */
   crashNode(node: string): Promise<number>;
-  /** Brings a crashed node back: on the cluster its daemons start again and it is Ready; the process lab restarts its kubelet itself. */
+  /** Brings a crashed node back: its daemons start again and it is Ready. */
   restoreNode(node: string): Promise<void>;
   /** Waits until `name` runs again with a pid other than `oldPid`. */
   waitRestarted(name: string, oldPid: number, timeoutMs?: number): Promise<number>;
   /**
    * A node's mount table (mountinfo text) with mount points as host paths, so that they compare
-   * with `kubeletRoot`: the host's own for the process lab, the node's mount namespace on the cluster.
+   * with `kubeletRoot` (the node's mount namespace seen from the host).
    */
   mountinfo(node: string): string;
   /** Mount points of a node's mount table (see mountinfo). */
@@ -143,12 +123,19 @@ export interface E2eLab extends LabInfo {
   stop(): Promise<void>;
 }
 
-function readPids(dir: string): Record<string, number> {
-  try {
-    return JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")) as Record<string, number>;
-  } catch {
-    return {};
-  }
+/**
+ * The lab for a suite: the run's real-cluster lab, which e2e/cluster-preload.ts started (run the
+ * suites through scripts/e2e-cluster.ts); stop() leaves it to the preload.
+ */
+export async function e2eLab(): Promise<E2eLab> {
+  const real = sharedRealLab();
+  if (!real)
+    throw new Error(
+      "no real-cluster lab in this run: e2e suites run through `bun scripts/e2e-cluster.ts [files]`, whose preload starts one",
+    );
+  const backend = await clusterBackend(real);
+  workloadImage = backend.workloadImage;
+  return makeE2eLab(backend.info, backend);
 }
 
 function alive(pid: number): boolean {
@@ -158,63 +145,6 @@ function alive(pid: number): boolean {
   } catch {
     return false;
   }
-}
-
-/**
- * The lab for a suite: the run's real-cluster lab when e2e/cluster-preload.ts started one (its
- * stop() leaves it to the preload), the shared process lab named by DISTORT_E2E_LAB (a directory
- * with e2e.json), or else a process lab of its own in a temporary directory that stop() takes
- * down and sweeps.
- */
-export async function e2eLab(): Promise<E2eLab> {
-  const real = sharedRealLab();
-  if (real) {
-    const backend = await clusterBackend(real);
-    workloadImage = backend.workloadImage;
-    return makeE2eLab(backend.info, backend);
-  }
-  workloadImage = undefined;
-  const shared = process.env.DISTORT_E2E_LAB;
-  let own: Lab | undefined;
-  let info: LabInfo;
-  if (shared) info = JSON.parse(readFileSync(join(shared, "e2e.json"), "utf8")) as LabInfo;
-  else {
-    const dir = mkdtempSync(join(tmpdir(), "distort-e2e-"));
-    own = await startLab({ dir, progress: (l) => process.stderr.write(`[lab] ${l}\n`) });
-    info = labInfo(own);
-  }
-  const pid = (name: string) => {
-    const p = readPids(info.dir)[name];
-    return p !== undefined && alive(p) ? p : undefined;
-  };
-  const kubeletOf = (node: string) => {
-    const c = info.consumers.find((x) => x.name === node);
-    if (!c) throw new Error(`no consumer node ${node} in the process lab`);
-    return c.kubelet;
-  };
-  const lab = makeE2eLab(info, {
-    pid,
-    mountinfo: () => readFileSync("/proc/self/mountinfo", "utf8"),
-    processNames: () => Object.keys(readPids(info.dir)),
-    // The kubelet stand-in is the node's only daemon; the lab restarts it like a crashed node's.
-    async crashNode(node) {
-      const p = pid(kubeletOf(node));
-      if (p === undefined) throw new Error(`${kubeletOf(node)} is not running`);
-      process.kill(p, "SIGKILL");
-      while (alive(p)) await Bun.sleep(20);
-      return p;
-    },
-    async restoreNode() {},
-  });
-  return {
-    ...lab,
-    async stop() {
-      if (!own) return;
-      await own.stop();
-      await sweepLab(own.dir);
-      rmSync(own.dir, { recursive: true, force: true });
-    },
-  };
 }
 
 /** What a lab backend provides to the suites' view of it. */
@@ -351,7 +281,7 @@ export async function waitWorkload(
   );
 }
 
-/** Deletes a Pod and waits until it is gone (the kubelet stand-in unpublished and unstaged). */
+/** Deletes a Pod and waits until it is gone (its kubelet unpublished and unstaged the volume). */
 export async function deletePod(lab: E2eLab, ns: string, pod: string, timeoutMs = 120_000): Promise<void> {
   try {
     await lab.core.deleteNamespacedPod({ name: pod, namespace: ns });
@@ -368,8 +298,8 @@ export async function deletePod(lab: E2eLab, ns: string, pod: string, timeoutMs 
 /**
  * For a failing test: the last `last` lines matching `pattern` of a node's component logs, on
  * stderr. A component is "nvme-host" (the node's NVMe host driver) or part of a Pod's name
- * ("csi-node", "agent"): the process lab's `<dir>/logs/<component>_<node>.log`, or on the
- * cluster the node's own logs and its kubelet's Pod logs (`var-log/pods/<ns>_<pod>_<uid>/...`).
+ * ("csi-node", "agent"): the node's own logs (`nodes/<node>/logs/`) and its kubelet's Pod logs
+ * (`nodes/<node>/var-log/pods/<ns>_<pod>_<uid>/...`).
  */
 export function dumpNodeLogs(
   lab: Pick<LabInfo, "dir">,
@@ -379,9 +309,8 @@ export function dumpNodeLogs(
   last = 40,
 ): void {
   const files = (component: string): string[] => {
-    const processLab = join(lab.dir, "logs", `${component}_${node}.log`);
     const nodeDir = join(lab.dir, "nodes", node);
-    const out = [processLab, join(nodeDir, "logs", `${component}.log`)].filter((f) => existsSync(f));
+    const out = [join(nodeDir, "logs", `${component}.log`)].filter((f) => existsSync(f));
     const pods = join(nodeDir, "var-log", "pods");
     if (!existsSync(pods)) return out;
     for (const pod of readdirSync(pods).filter((d) => d.includes(component)))

@@ -35,7 +35,7 @@ export function blockWorkloadPod(name: string, node: string, claim: string, args
   for (const c of pod.spec?.containers ?? []) {
     delete c.volumeMounts;
     c.volumeDevices = [{ name: "data", devicePath: "/dev/xvda" }];
-    // A real container names its target; the kubelet stand-in adds it from volumeDevices.
+    // The workload names its target: the device the kubelet put at devicePath.
     c.args = c.args?.map((a) => (a === "--dir=/data" ? "--device=/dev/xvda" : a));
   }
   return pod;
@@ -60,7 +60,7 @@ export function multiClaimWorkloadPod(
 
 /**
  * The result line of a workload started with --then-hold: it stays Running after writing, with the
- * line in its log (and, under the kubelet stand-in, in status.message). Fails at once if the Pod fails.
+ * line first in its log. Fails at once if the Pod fails.
  */
 export async function waitHeld(
   lab: E2eLab,
@@ -78,12 +78,9 @@ export async function waitHeld(
           ended: `Pod ${pod} ended ${phase} instead of holding: ${p.status?.message ?? JSON.stringify(p.status?.containerStatuses)}`,
         };
       if (phase !== "Running") return undefined;
-      // The kubelet stand-in puts the line in status.message; a real kubelet has it in the log.
-      const line = p.status?.message?.startsWith("{")
-        ? p.status.message
-        : String(await lab.core.readNamespacedPodLog({ name: pod, namespace: ns }))
-            .split("\n")
-            .find((l) => l.startsWith("{"));
+      const line = String(await lab.core.readNamespacedPodLog({ name: pod, namespace: ns }))
+        .split("\n")
+        .find((l) => l.startsWith("{"));
       return line ? { report: JSON.parse(line) as WorkloadReport } : undefined;
     },
     timeoutMs,

@@ -2,12 +2,12 @@
 // on its storage node's target, the consumer's loop device and mounts, its device-ledger entry),
 // read the way an operator would, and which of those are still there after the volume is deleted.
 import { kinds, type NVMeDevice } from "../api/index.ts";
-import { sha256Hex } from "../lab/kubelet/naming.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { createLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import type { Bdev, Lvol, NvmfSubsystem } from "../lib/spdk/schemas.ts";
+import { sha256Hex } from "./kubelet/naming.ts";
 import { hostNqnOf } from "./storage-target.ts";
 import { type E2eLab, until } from "./support.ts";
 
@@ -160,7 +160,7 @@ export async function captureVolume(
     // The namespace's block device on the node: a loop device over the node's NVMe host's file.
     const sources = new Set(mountSources(lab.mountinfo(node), mounts));
     const loop = loopDevicesWithOffsets().find(
-      // Under the host driver's state: <..>/nvme-host/fuse/ (process lab), <..>/nvme-host/state-<node>/fuse/.
+      // Under the node's host driver state: <..>/nvme-host/state-<node>/fuse/.
       (l) => sources.has(l.name) && /\/nvme-host\/(state-[^/]+\/)?fuse\//.test(l.backFile),
     );
     if (!loop) throw new Error(`no namespace device of the node's NVMe host behind ${mounts.join(", ")}`);

@@ -341,7 +341,7 @@ describe("lab-cluster.yaml", () => {
     ]);
   });
 
-  test("two managers with lab/lab.ts's timers; snapshots and the lab's classes", async () => {
+  test("two managers with the lab's short timers; snapshots and the lab's classes", async () => {
     const dep = workload(lab, "Deployment", "manager");
     expect((dep.spec as { replicas: number }).replicas).toBe(2);
     const cfg = parseManagerConfig(
@@ -356,30 +356,22 @@ describe("lab-cluster.yaml", () => {
     expect(cfg.placementBackoff).toEqual({ initialMs: 200, maxMs: 2000 });
     expect(cfg.stalenessMs).toBe(20000);
     expect(lab.filter((o) => o.kind === "VolumeSnapshotClass")).toHaveLength(1);
-    const bareLab = (
-      await render(helm, { name: "lab", files: ["examples/lab.yaml"], set: [] }, "distort", "distort-system")
-    ).objects;
-    // The process lab's kernel-backend class has no node behind it on the real cluster, whose
-    // storage nodes run the SPDK backend only; every other class is the same.
-    const classes = (objs: KubeDoc[]) =>
-      objs.filter(
-        (o) =>
-          o.kind === "StorageClass" &&
-          (o as { parameters?: Record<string, string> }).parameters?.backend !== "kernel",
-      );
-    // The same classes but for fast_io_fail_tmo, which holds I/O across a target Pod's restart here.
-    const fastIoFail = (objs: KubeDoc[]) =>
-      classes(objs).map((c) => {
-        const p = { ...(c as { parameters: Record<string, string> }).parameters };
-        const v = Object.entries(p).find(([k]) => /fast.?io.?fail/i.test(k));
-        if (v) delete p[v[0]];
-        return { ...c, parameters: p, fastIoFail: v?.[1] };
-      });
-    expect(fastIoFail(lab).map(({ fastIoFail: _, ...c }) => c)).toEqual(
-      fastIoFail(bareLab).map(({ fastIoFail: _, ...c }) => c),
-    );
-    expect(fastIoFail(lab).map((c) => c.fastIoFail)).toEqual(["60", "60"]);
-    expect(classes(lab).map((c) => c.metadata.name)).toEqual(["distort-lab", "distort-lab-immediate"]);
+    // The lab's classes: SPDK lvols over TCP, one per binding mode, with fast_io_fail_tmo 60 s
+    // (it holds I/O across a target Pod's restart here), and GPT partitions on the kernel node.
+    const classes = lab.filter((o) => o.kind === "StorageClass") as unknown as {
+      metadata: { name: string };
+      volumeBindingMode: string;
+      parameters: Record<string, string>;
+    }[];
+    expect(classes.map((c) => [c.metadata.name, c.volumeBindingMode])).toEqual([
+      ["distort-lab", "WaitForFirstConsumer"],
+      ["distort-lab-immediate", "Immediate"],
+      ["distort-lab-kernel", "WaitForFirstConsumer"],
+    ]);
+    expect(classes.map((c) => c.parameters.backend)).toEqual(["spdk", "spdk", "kernel"]);
+    for (const c of classes.filter((x) => x.parameters.backend === "spdk")) {
+      expect(Object.entries(c.parameters).find(([k]) => /fast.?io.?fail/i.test(k))?.[1]).toBe("60");
+    }
   });
 });
 

@@ -163,10 +163,7 @@ function lines(all: Record<string, Grant[]>): string[] {
 
 const flags = (p: Profile) => ({
   // The lab profiles turn snapshots on in their values files.
-  snapshots:
-    p.set.includes("snapshots.enabled=true") ||
-    p.name === "examples/lab.yaml" ||
-    p.name === "examples/lab-cluster.yaml",
+  snapshots: p.set.includes("snapshots.enabled=true") || p.name === "examples/lab-cluster.yaml",
   dpuCluster: p.name.includes("dpu-cluster"),
   // The real-cluster lab runs the DPU plugin on its DPU node.
   dpu:

@@ -23,11 +23,11 @@ export interface DemoOptions {
   storageClass?: string;
   bytes?: number;
   timeoutMs?: number;
-  /** The workload image; default the kubelet stand-in's name for the lab workload. */
-  image?: string;
+  /** The workload image, as the lab imported it into every node's containerd. */
+  image: string;
 }
 
-/** The JSON line a lab workload prints and the kubelet stand-in puts in the termination message. */
+/** The JSON line a lab workload prints (its termination message, or its log's first line). */
 export interface WorkloadReport {
   mode: string;
   bytes: number;
@@ -38,13 +38,13 @@ export interface WorkloadReport {
 
 const DRIVER = "storage.distort.io";
 
-/** A Pod running the lab workload on `node` against PVC `claim`. */
+/** A Pod running the lab workload (image `image`) on `node` against PVC `claim`, mounted at /data. */
 export function workloadPod(
   name: string,
   node: string,
   claim: string,
   args: string[],
-  image = "distort.io/lab-workload",
+  image: string,
 ): k8s.V1Pod {
   return {
     metadata: { name },
@@ -56,9 +56,9 @@ export function workloadPod(
           name: "workload",
           image,
           // Built on the lab's nodes, never pulled.
-          imagePullPolicy: image === "distort.io/lab-workload" ? undefined : "Never",
-          // The kubelet stand-in adds the target from the volumeMounts; a real container names it.
-          args: image === "distort.io/lab-workload" || args[0] === "hold" ? args : [...args, "--dir=/data"],
+          imagePullPolicy: "Never",
+          // The workload writes under the volume's mount (a holder only keeps it in use).
+          args: args[0] === "hold" ? args : [...args, "--dir=/data"],
           volumeMounts: [{ name: "data", mountPath: "/data" }],
         },
       ],
@@ -233,11 +233,8 @@ export async function runDemo(o: DemoOptions): Promise<{ written: WorkloadReport
       if (pod.status?.phase === "Running") step("running", `${podName} running its workload`);
       const report = workloadReport(pod);
       if (pod.status?.phase === "Succeeded" && report) return report;
-      // A workload with --then-hold reports its line in status.message and keeps running.
-      if (pod.status?.phase === "Running" && pod.status.message?.startsWith("{"))
-        return JSON.parse(pod.status.message) as WorkloadReport;
-      // Under a real kubelet a holding workload's result line is the first line of its log.
-      if (pod.status?.phase === "Running" && o.image) {
+      // A workload with --then-hold keeps running: its result line is the first line of its log.
+      if (pod.status?.phase === "Running") {
         const log = await core.readNamespacedPodLog({ name: podName, namespace: ns }).catch(() => "");
         const first = String(log).split("\n")[0] ?? "";
         if (first.startsWith("{")) return JSON.parse(first) as WorkloadReport;

@@ -166,8 +166,8 @@ async function up(once: boolean): Promise<number> {
     return (s?.state === "ready" || s?.state === "failed") && s.pid !== undefined;
   });
   const state = readState();
-  if (state?.state !== "ready" || !state.kubeconfig) {
-    say(`the lab did not start: ${state?.error ?? "unknown error"}; see .lab/logs/`);
+  if (state?.state !== "ready" || !state.kubeconfig || !state.workloadImage) {
+    say(`the lab did not start: ${state?.error ?? "no workload image"}; see .lab/logs/`);
     return 1;
   }
   const startMs = Math.round(performance.now() - t0);
@@ -190,7 +190,7 @@ async function up(once: boolean): Promise<number> {
       conn,
       nodes: [consumer("node-c"), consumer("node-b")],
       say: (l) => say(`  ${l}`),
-      ...(state.workloadImage ? { image: state.workloadImage } : {}),
+      image: state.workloadImage,
       timeoutMs: 240_000,
     });
   } catch (err) {

@@ -1,7 +1,7 @@
 // The lab's container workload: writes a deterministic pseudo-random pattern to a volume (a file
 // in a mounted directory, or a raw block device) and reads it back byte for byte, printing one
 // JSON result line on stdout (and as the termination message under a kubelet); or holds until
-// terminated. lab/kubelet.ts runs it as a Pod's container; images/lab/workload.Containerfile compiles it.
+// terminated. It runs as a lab Pod's container; images/lab/workload.Containerfile compiles it.
 import { createCipheriv, createHash, type Hash } from "node:crypto";
 import { existsSync, writeFileSync } from "node:fs";
 import { type FileHandle, open } from "node:fs/promises";
@@ -33,7 +33,7 @@ export interface WorkloadArgs {
   thenHold: boolean;
 }
 
-/** One result line, as printed on stdout (and read back by the kubelet stand-in as the termination message). */
+/** One result line, as printed on stdout (the first line of the Pod's log, and its termination message). */
 export interface WorkloadResult {
   mode: WorkloadMode;
   bytes: number;
@@ -69,7 +69,7 @@ export function parseByteCount(text: string): number {
 
 /**
  * Parses a workload command line (the container's args). `requireTarget` false accepts a command
- * without --dir/--device, as the kubelet stand-in checks a Pod's args before it knows the volume.
+ * without --dir/--device.
  * Throws WorkloadUsageError naming the first problem. Pure.
  */
 export function parseWorkloadArgs(

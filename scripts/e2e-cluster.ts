@@ -23,7 +23,7 @@ const only = process.argv.slice(2);
 const CONTROL_PLANE = new Set(["etcd", "kube-apiserver", "kube-controller", "kube-scheduler"]);
 const labProcess = (p: ProcessInfo) =>
   isLabProcess(p) && (!CONTROL_PLANE.has(p.comm) || p.cmdline.includes("distort-cluster-"));
-/** A process lab's directory (scripts/e2e.ts, a suite of its own): another helper's lab, not this one's. */
+/** A distort-e2e-* scratch directory (a suite's own, or another lab's on the machine): not this lab's footprint. */
 const otherLab = (path: string) => /\/distort-e2e-[^/]+\//.test(path);
 const before = snapshotHost({ processFilter: labProcess, otherLab });
 const p = Bun.spawn(

@@ -1,5 +1,5 @@
 // `bun run test`: every tier, in order of cost — type check, lint, unit tests, integration tests
-// against one shared real control plane, csi-sanity, then the e2e suites in the lab. Ends with one
+// against one shared real control plane, csi-sanity, then the e2e suites on the real-cluster lab. Ends with one
 // summary line "N passed, N failed" across all tiers; exits non-zero if anything failed.
 import { startControlPlane } from "../lab/cluster/control-plane.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
@@ -80,9 +80,6 @@ try {
 
 // Conformance: csi-sanity against the whole stack, on its own control plane.
 await step("csi-sanity", [bin("bun"), "scripts/sanity.ts"]);
-
-// End to end: the process lab (every component its own process) with PVCs, Pods and injected faults.
-await step("e2e", [bin("bun"), "scripts/e2e.ts"]);
 
 // End to end on the real cluster: real kubelets, DISTORT installed by helm from images built here.
 await step("e2e (real cluster)", [bin("bun"), "scripts/e2e-cluster.ts"]);

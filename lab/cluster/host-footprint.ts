@@ -65,7 +65,7 @@ export const FOOTPRINT_SYSCTLS = [
 /**
  * processFilter picks the processes listed (default isLabProcess); loop devices whose backing file
  * and mounts whose mount point `otherLab` claims belong to another lab on the machine (e.g. a
- * process lab another test runs meanwhile) and are not listed.
+ * harness lab an integration test runs meanwhile) and are not listed.
  */
 export interface SnapshotOptions {
   processFilter?: (p: ProcessInfo) => boolean;

@@ -21,7 +21,7 @@ export const NODE_PATHS = {
   nvmeConfigDir: "/var/lib/distort-lab/nvme",
 } as const;
 
-/** The model every lab drive reports (as lab/lab.ts gives its drives). */
+/** The model every lab drive reports. */
 export const LAB_DRIVE_MODEL = "DISTORT LAB NVMe";
 
 /** A drive of a lab storage node. */

@@ -1,4 +1,4 @@
-// What an administrator does once a lab's agents run, for both labs (process lab and real cluster):
+// What an administrator does once a lab's agents run, in the harness labs and the real cluster:
 // claim every drive the agents report, label the storage nodes' fabric, and wait for every node's
 // CSINode to list the driver.
 import * as k8s from "@kubernetes/client-node";

@@ -1,6 +1,6 @@
-// Names and host paths kubelet derives for CSI volumes (k8s pkg/volume/csi), so the lab's kubelet
-// stand-in and the real attach-detach controller agree on VolumeAttachment names, node-status
-// volume names, and where volumes are staged and published. Pure.
+// Names and host paths kubelet derives for CSI volumes (k8s pkg/volume/csi): VolumeAttachment
+// names, node-status volume names, and where volumes are staged and published, which the e2e
+// suites look for on the real kubelets' nodes. Pure.
 import { createHash } from "node:crypto";
 import { join } from "node:path";
 
