@@ -1,5 +1,5 @@
 // `bun run lab`: builds what is missing (once, cached), starts the real-cluster lab in the
-// background (state in .lab/): a control plane and four real kubelet nodes with DISTORT installed
+// background (state in .lab/): a control plane and five real kubelet nodes with DISTORT installed
 // by `helm install`; then walks a PVC and two Pods through it (written on one node, read on
 // another) and prints the Pods and the status table; the lab keeps running. `bun run lab -- down`
 // stops it and removes everything it made, listing the machine before and after. `--once` brings
