@@ -16,7 +16,7 @@ import {
 import { join, relative } from "node:path";
 import { connect } from "../lib/kube/connection.ts";
 import { ensureHelm } from "./cluster/helm-tool.ts";
-import { diffFootprints, type HostFootprint, snapshotHost } from "./cluster/host-footprint.ts";
+import { diffFootprints, type HostFootprint, labProcessOf, snapshotHost } from "./cluster/host-footprint.ts";
 import { type RealLab, startRealLab, teardownLeftovers } from "./cluster/real-lab.ts";
 import { ensureSidecars, ensureTools } from "./cluster/tools.ts";
 import { runDemo } from "./demo.ts";
@@ -26,6 +26,8 @@ const DIR = join(ROOT, ".lab");
 const STATE = join(DIR, "lab.json");
 const BASELINE = join(DIR, "baseline.json");
 const say = (s: string) => process.stdout.write(`${s}\n`);
+/** The footprint of this lab: an integration test's control plane beside it is not the lab's. */
+const footprint = () => snapshotHost({ processFilter: labProcessOf(DIR) });
 
 /** What the background lab process publishes about itself. */
 interface LabFile {
@@ -129,7 +131,7 @@ async function up(once: boolean): Promise<number> {
     rmSync(DIR, { recursive: true, force: true });
   }
   mkdirSync(join(DIR, "logs"), { recursive: true });
-  writeFileSync(BASELINE, JSON.stringify(snapshotHost()));
+  writeFileSync(BASELINE, JSON.stringify(footprint()));
   const t0 = performance.now();
   say(
     "== host packages (containerd, runc, CNI, buildah, mmdebstrap, mkfs...) and the tools (built once, then cached)",
@@ -236,7 +238,7 @@ async function down(): Promise<number> {
   try {
     baseline = JSON.parse(readFileSync(BASELINE, "utf8")) as HostFootprint;
   } catch {}
-  printFootprint("before down", snapshotHost(), baseline);
+  printFootprint("before down", footprint(), baseline);
   const s = readState();
   if (s && alive(s.pid)) {
     process.kill(s.pid, "SIGTERM");
@@ -247,7 +249,7 @@ async function down(): Promise<number> {
   // Whatever a crashed lab left (its records are in .lab): nodes, network, mounts, loop devices.
   await teardownLeftovers(DIR);
   rmSync(DIR, { recursive: true, force: true });
-  const after = snapshotHost();
+  const after = footprint();
   printFootprint("after down", after, baseline);
   if (baseline && diffFootprints(baseline, after).length > 0) return 1;
   say("the machine is as the lab found it");

@@ -5,12 +5,7 @@
 // netns, links, routes, iptables, cgroups, sysctls) and fails when anything differs afterwards.
 import { join } from "node:path";
 import { CLUSTER_SUITES } from "../e2e/suite-tiers.ts";
-import {
-  diffFootprints,
-  isLabProcess,
-  type ProcessInfo,
-  snapshotHost,
-} from "../lab/cluster/host-footprint.ts";
+import { diffFootprints, labProcessOf, snapshotHost } from "../lab/cluster/host-footprint.ts";
 
 const root = join(import.meta.dir, "..");
 const say = (s: string) => process.stdout.write(`${s}\n`);
@@ -20,9 +15,7 @@ const only = process.argv.slice(2);
  * of a real-cluster lab (its state directory is a distort-cluster-* one); another control plane on
  * the machine (an integration test's) is not the lab's.
  */
-const CONTROL_PLANE = new Set(["etcd", "kube-apiserver", "kube-controller", "kube-scheduler"]);
-const labProcess = (p: ProcessInfo) =>
-  isLabProcess(p) && (!CONTROL_PLANE.has(p.comm) || p.cmdline.includes("distort-cluster-"));
+const labProcess = labProcessOf("distort-cluster-");
 /** A distort-e2e-* scratch directory (a suite's own, or another lab's on the machine): not this lab's footprint. */
 const otherLab = (path: string) => /\/distort-e2e-[^/]+\//.test(path);
 const before = snapshotHost({ processFilter: labProcess, otherLab });

@@ -6,6 +6,7 @@ import {
   type HostFootprint,
   iptablesLines,
   isLabProcess,
+  labProcessOf,
   mountLines,
   snapshotHost,
 } from "./host-footprint.ts";
@@ -90,6 +91,17 @@ test("lab processes: lab binaries, and anything in a node's or kubelet's cgroup"
   ).toBe(true);
   expect(isLabProcess({ ...p, comm: "sleep", cgroup: "4:memory:/\n" })).toBe(false);
   expect(isLabProcess({ ...p, comm: "bash", cgroup: "4:memory:/dlabx\n" })).toBe(false);
+});
+
+test("one lab's processes: another control plane on the machine is not its own", () => {
+  const p = { pid: 1, mntns: "", netns: "", cgroup: "1:cpu:/\n" };
+  const mine = labProcessOf("/work/x/.lab");
+  expect(mine({ ...p, comm: "etcd", cmdline: "etcd --data-dir=/work/x/.lab/cluster/etcd" })).toBe(true);
+  expect(mine({ ...p, comm: "etcd", cmdline: "etcd --data-dir=/tmp/distort-test-1/etcd" })).toBe(false);
+  expect(mine({ ...p, comm: "kube-apiserver", cmdline: "kube-apiserver --cert-dir=/tmp/t" })).toBe(false);
+  // Node daemons are the lab's whatever their command line says.
+  expect(mine({ ...p, comm: "kubelet", cmdline: "kubelet --root-dir=/var/lib/kubelet" })).toBe(true);
+  expect(mine({ ...p, comm: "bash", cmdline: "bash /work/x/.lab/run" })).toBe(false);
 });
 
 test("a snapshot of this host lists its sections", () => {

@@ -47,6 +47,18 @@ export function isLabProcess(p: ProcessInfo): boolean {
   return LAB_COMMS.has(p.comm) || /:\/(dlab-[^/\n]*|kubepods)(\/|$)/m.test(p.cgroup);
 }
 
+/** Control-plane binaries an integration test on the same machine also runs, each with its own state. */
+const CONTROL_PLANE_COMMS = new Set(["etcd", "kube-apiserver", "kube-controller", "kube-scheduler"]);
+
+/**
+ * The processes of one real-cluster lab: isLabProcess, except a control-plane process whose
+ * command line does not name `marker` (the lab's state directory, or its prefix), which belongs
+ * to another control plane on the machine (an integration test's) and comes and goes with it.
+ */
+export function labProcessOf(marker: string): (p: ProcessInfo) => boolean {
+  return (p) => isLabProcess(p) && (!CONTROL_PLANE_COMMS.has(p.comm) || p.cmdline.includes(marker));
+}
+
 /** Sysctls kubelet, CNI plugins or kube-proxy may write; net.bridge.* are added when present. */
 export const FOOTPRINT_SYSCTLS = [
   "kernel.panic",
