@@ -9,19 +9,14 @@ import { randomUUID } from "node:crypto";
 import {
   ACCEPT_DATA_LOSS_ANNOTATION,
   kinds,
-  type NVMeDevice,
   type NVMePartition,
   type NVMeVolumeAttachment,
 } from "../api/index.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
-import {
-  placeOnReportedDrive,
-  type SimStorageNode,
-  startSimStorageNode,
-} from "../lab/harness/storage-node.ts";
+import { serveReplicatedVolume } from "../lab/harness/replicated-lab.ts";
+import { type SimStorageNode, startSimStorageNode } from "../lab/harness/storage-node.ts";
 import { connectController, createTcpFabric } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
-import { updateStatus } from "../lib/kube/status.ts";
 import { createLogger, silentLogger } from "../lib/log.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
 import { Inventory } from "../manager/inventory.ts";
@@ -107,66 +102,19 @@ test("the stale copy is served only once accepted, and what it serves is its own
   const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
   const [nodeA, nodeB] = nodes as [SimStorageNode, SimStorageNode];
   // The volume, its two copies placed and exported, served by A at generation 1 (the manager's
-  // part played here, as agent/nexus.int.test.ts does).
-  const vol = await parts.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "dl", namespace: ns },
-    spec: {
+  // part played here, as agent/nexus.int.test.ts does), and the consumer admitted.
+  const { uid: volUid, copies } = await serveReplicatedVolume(
+    { tc, ns },
+    {
+      name: "dl",
       sizeBytes: 32 * MiB,
-      replicas: 2,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
+      copies: [
+        ["SIMDLA01", "dl-r0"],
+        ["SIMDLB01", "dl-r1"],
+      ],
+      servingNode: NODE_A,
+      consumer: { hostNQN: CONSUMER, nodeId: `consumer-1/${CONSUMER}` },
     },
-  } as NVMePartition);
-  const volUid = vol.metadata.uid as string;
-  const devices: NVMeDevice[] = [];
-  for (const [i, serial] of ["SIMDLA01", "SIMDLB01"].entries())
-    devices.push(
-      await placeOnReportedDrive(tc.conn, ns, serial, [`dl-r${i}`], 32 * MiB, (p) => {
-        p.spec.replicaOf = { name: "dl", uid: volUid };
-      }),
-    );
-  const copies = await eventually(
-    async () => {
-      const l = await Promise.all([0, 1].map((i) => parts.get(`dl-r${i}`, ns)));
-      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
-    },
-    30_000,
-    "both copies Exported",
-  );
-  for (const c of copies) await vas.create(admission(c, NODE_A));
-  await parts.mergePatch("dl", ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await updateStatus(parts, "dl", ns, (latest) => ({
-    ...(latest.status ?? { conditions: [] }),
-    state: latest.status?.state ?? ("Placed" as const),
-    dataGeneration: 1,
-    replicas: copies.map((c, i) => ({
-      name: c.metadata.name,
-      uid: c.metadata.uid as string,
-      nodeName: c.spec.nodeName as string,
-      deviceSerial: devices[i]?.spec.serial as string,
-      state: "Online" as const,
-      generation: 1,
-    })),
-  }));
-  await vas.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: attachmentNameFor("dl", volUid), namespace: ns },
-    spec: {
-      partitionName: "dl",
-      partitionUID: volUid,
-      nodeId: `consumer-1/${CONSUMER}`,
-      hostNQN: CONSUMER,
-      attachmentId: "att-dl",
-    },
-  } as NVMeVolumeAttachment);
-  await eventually(
-    async () => (await parts.get("dl", ns))?.status?.state === "Exported",
-    30_000,
-    "served on A",
   );
   const nqn = nqnFor(externalIdFor(volUid));
   const connect = (traddr: string) =>

@@ -11,6 +11,7 @@ import { eventually, type TestCluster } from "../lab/cluster/test-support.ts";
 import {
   declareCopiesCurrent,
   type ReplicatedLab,
+  serveReplicatedVolume,
   startReplicatedLab,
 } from "../lab/harness/replicated-lab.ts";
 import { placeOnReportedDrive, type SimStorageNode } from "../lab/harness/storage-node.ts";
@@ -625,63 +626,18 @@ function nexusAdmission(c: NVMePartition, node: string): NVMeVolumeAttachment {
 /**
  * Replicated volume `name` (32 MiB, two copies: <name>-r0 on drive `serials[0]` of node A,
  * <name>-r1 on `serials[1]` of node B), as the manager sets it up: both copies admitting node A's
- * nexus host, current at generation 1, served by A; and the consumer admitted. Resolves once A
- * exports it.
+ * nexus host, current at generation 1, served by A; and the consumer admitted
+ * (serveReplicatedVolume). Resolves once A exports it and the consumer's admission is enforced.
  */
 async function servedOnA(name: string, serials: readonly [string, string]) {
-  const parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
-  const vol = await parts.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name, namespace: ns },
-    spec: {
-      sizeBytes: 32 * MiB,
-      replicas: 2,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
-  const volUid = vol.metadata.uid as string;
-  const devices: NVMeDevice[] = [];
-  for (const [i, serial] of serials.entries()) {
-    devices.push(
-      await placeOnReportedDrive(tc.conn, ns, serial, [`${name}-r${i}`], 32 * MiB, (p) => {
-        p.spec.replicaOf = { name, uid: volUid };
-      }),
-    );
-  }
-  const copies = await eventually(
-    async () => {
-      const l = await Promise.all([0, 1].map((i) => parts.get(`${name}-r${i}`, ns)));
-      return l.every((p) => p?.status?.state === "Exported") ? (l as NVMePartition[]) : undefined;
-    },
-    30_000,
-    "both copies Exported",
-  );
-  for (const c of copies) await vas.create(nexusAdmission(c, NODE_A));
-  await parts.mergePatch(name, ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_A } });
-  await declareCopiesCurrent(lab as ReplicatedLab, name, copies, devices);
-  const vaName = attachmentNameFor(name, volUid);
-  await vas.create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMeVolumeAttachment",
-    metadata: { name: vaName, namespace: ns },
-    spec: {
-      partitionName: name,
-      partitionUID: volUid,
-      nodeId: `consumer-1/${CONSUMER}`,
-      hostNQN: CONSUMER,
-      attachmentId: `att-${name}`,
-    },
-  } as NVMeVolumeAttachment);
-  await eventually(
-    async () => (await parts.get(name, ns))?.status?.state === "Exported",
-    30_000,
-    "volume Exported on A",
-  );
-  return { volUid, copies, vaName, nqn: nqnFor(externalIdFor(volUid)) };
+  const { uid: volUid, copies } = await serveReplicatedVolume(lab as ReplicatedLab, {
+    name,
+    sizeBytes: 32 * MiB,
+    copies: serials.map((serial, i) => [serial, `${name}-r${i}`] as const),
+    servingNode: NODE_A,
+    consumer: { hostNQN: CONSUMER, nodeId: `consumer-1/${CONSUMER}` },
+  });
+  return { volUid, copies, vaName: attachmentNameFor(name, volUid), nqn: nqnFor(externalIdFor(volUid)) };
 }
 
 /** Fences node A from both copies and moves the volume to B, as a failover does. */

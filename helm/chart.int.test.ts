@@ -202,6 +202,14 @@ describe("helm lint", () => {
     ["agent.rebuild.perNode=1.5", "/agent/rebuild/perNode"],
     ["agent.rebuild.maxBandwidthMBps=-1", "/agent/rebuild/maxBandwidthMBps"],
     ["agent.rebuild.maxBandwidthMBps=1000001", "/agent/rebuild/maxBandwidthMBps"],
+    // Bounds of nested pipes (port(), ms(), the QoS limits), which the schema once dropped.
+    ["agent.portal.port=65536", "/agent/portal/port"],
+    ["agent.portal.port=0", "/agent/portal/port"],
+    ["agent.reportPeriodMs=999", "/agent/reportPeriodMs"],
+    [
+      "volumeAttributesClasses[0].name=x,volumeAttributesClasses[0].qos.rwMBps=-1",
+      "/volumeAttributesClasses/0/qos/rwMBps",
+    ],
   ])("refuses %s", async (set, where) => {
     const r = await runHelm(helm, ["lint", CHART_DIR, "--set", set]);
     expect(r.code).not.toBe(0);

@@ -621,8 +621,22 @@ export class ValuesSchemaError extends Error {
   override readonly name = "ValuesSchemaError";
 }
 
+/**
+ * The schema at the root of `schema`'s pipes and every action on the way, innermost first: a pipe
+ * whose first item is itself a pipe (port(), ms(), intRange() under a description) keeps the
+ * inner pipe's integer, minimum and maximum, which an outer action of the same kind then narrows.
+ */
+export function flattenPipe(schema: Walkable): Walkable[] {
+  const pipe = schema.pipe;
+  if (!pipe || pipe.length === 0) return [schema];
+  const [inner, ...actions] = pipe;
+  // valibot's pipe() puts the schema it was given first, itself maybe piped.
+  if (inner === undefined || inner === schema) return [schema, ...actions];
+  return [...flattenPipe(inner), ...actions];
+}
+
 function convert(schema: Walkable, path: string): JsonSchema {
-  const [base, ...actions] = schema.pipe ?? [schema];
+  const [base, ...actions] = flattenPipe(schema);
   if (base?.kind !== "schema") throw new ValuesSchemaError(`${path}: not a schema`);
   let out: JsonSchema;
   switch (base.type) {
@@ -673,6 +687,7 @@ function convert(schema: Walkable, path: string): JsonSchema {
     const req = a.requirement;
     switch (a.type) {
       case "ip":
+        if (out.pattern !== undefined) throw new ValuesSchemaError(`${path}: two patterns in one pipe`);
         // valibot's own expression (agent/config.ts uses v.ip()); helm's validator is Go RE2,
         // which takes the case-insensitive group.
         out.pattern = `(?i:${v.IP_REGEX.source})`;
@@ -696,24 +711,28 @@ function convert(schema: Walkable, path: string): JsonSchema {
       case "integer":
         out.type = "integer";
         break;
+      // Every action of a (flattened) pipe applies, so a bound given twice keeps the narrower.
       case "min_value":
-        out.minimum = req;
+        narrow(out, "minimum", req as number, Math.max);
         break;
       case "max_value":
-        if (req !== Number.MAX_SAFE_INTEGER) out.maximum = req;
+        if (req !== Number.MAX_SAFE_INTEGER) narrow(out, "maximum", req as number, Math.min);
         break;
       case "multiple_of":
+        if (out.multipleOf !== undefined && out.multipleOf !== req)
+          throw new ValuesSchemaError(`${path}: two multipleOf() have no single JSON Schema form`);
         out.multipleOf = req;
         break;
       case "min_length":
-        out[out.type === "array" ? "minItems" : "minLength"] = req;
+        narrow(out, out.type === "array" ? "minItems" : "minLength", req as number, Math.max);
         break;
       case "max_length":
-        out[out.type === "array" ? "maxItems" : "maxLength"] = req;
+        narrow(out, out.type === "array" ? "maxItems" : "maxLength", req as number, Math.min);
         break;
       case "regex": {
         const re = req as RegExp;
         if (re.flags !== "") throw new ValuesSchemaError(`${path}: regex flags have no JSON Schema form`);
+        if (out.pattern !== undefined) throw new ValuesSchemaError(`${path}: two patterns in one pipe`);
         out.pattern = re.source;
         break;
       }
@@ -722,6 +741,20 @@ function convert(schema: Walkable, path: string): JsonSchema {
     }
   }
   return out;
+}
+
+/** Sets bound `key` of `out` to `value`, or to `pick` of it and the bound already there. */
+function narrow(out: JsonSchema, key: string, value: number, pick: (a: number, b: number) => number): void {
+  const have = out[key];
+  out[key] = typeof have === "number" ? pick(have, value) : value;
+}
+
+/**
+ * The JSON Schema of any valibot schema the chart's values may use, named `path` in errors.
+ * Throws ValuesSchemaError for a construct it has no faithful mapping for. Pure.
+ */
+export function jsonSchemaOf(schema: v.GenericSchema, path = "value"): JsonSchema {
+  return convert(schema as unknown as Walkable, path);
 }
 
 /** The JSON Schema of ValuesSchema. Pure and deterministic. */

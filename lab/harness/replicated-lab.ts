@@ -132,7 +132,7 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
  * `copies[i]`). Nothing is served before it.
  */
 export async function declareCopiesCurrent(
-  lab: ReplicatedLab,
+  lab: Pick<ReplicatedLab, "tc" | "ns">,
   name: string,
   copies: readonly NVMePartition[],
   devices: readonly NVMeDevice[],
@@ -167,10 +167,11 @@ export interface ServedVolume {
  * `copies` entry (the drive's serial and the copy's name), waits until every copy is Exported,
  * then plays the manager: admits `servingNode`'s nexus host on each copy, names it the serving
  * node, declares the copies current, and waits until the volume is Exported. With `consumer`,
- * the consumer's attachment record is made and waited for (its lifetime `att-1`).
+ * the consumer's attachment record is made and waited for (its lifetime `att-1`). Needs only a
+ * control plane and a namespace whose storage nodes run agents (a ReplicatedLab, or a test's own).
  */
 export async function serveReplicatedVolume(
-  lab: ReplicatedLab,
+  lab: Pick<ReplicatedLab, "tc" | "ns">,
   o: {
     name: string;
     sizeBytes: number;

@@ -28,6 +28,7 @@ import {
   isReplicated,
   REPLICA_OF_LABEL,
   REPLICAS_FINALIZER,
+  type ReplicaOutcome,
   SERVING,
 } from "./replica-core.ts";
 
@@ -116,7 +117,7 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
       await writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, volume, (latest) =>
         latest.metadata.uid !== uid || generationsOf(latest) !== basis
           ? undefined
-          : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, patch, now),
+          : applyStatusPatch(latest.status, INITIAL_PARTITION_STATUS, unlessServing(latest, patch), now),
       );
     }
     if (out.finalizer === false) {
@@ -200,6 +201,19 @@ async function admit(
   } catch (err) {
     if (!(err instanceof StorageError && err.kind === "already-exists")) throw err;
   }
+}
+
+/**
+ * `patch` without its Serving True when `latest` already says True: a failover's own FailedOver
+ * (written just now, past the cache the decision read) is not overwritten by a plainer Served.
+ */
+function unlessServing(
+  latest: NVMePartition,
+  patch: NonNullable<ReplicaOutcome["status"]>,
+): NonNullable<ReplicaOutcome["status"]> {
+  const have = latest.status?.conditions?.find((c) => c.type === SERVING);
+  if (have?.status !== "True") return patch;
+  return { ...patch, conditions: patch.conditions.filter((c) => c.type !== SERVING) };
 }
 
 /** What a replica decision depends on that others write: the data generation and each copy's state. */

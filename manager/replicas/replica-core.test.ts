@@ -3,13 +3,15 @@
 import { describe, expect, test } from "bun:test";
 import type { NVMePartition, ReplicaStatus } from "../../api/index.ts";
 import { Inventory } from "../inventory.ts";
-import { GiB, partition, storageNode, T0 } from "../testdata/fixtures.ts";
+import { cond, GiB, partition, storageNode, T0 } from "../testdata/fixtures.ts";
 import {
   decideReplicas,
   REPLICAS_FINALIZER,
   replicaIndex,
   replicaName,
   replicaSpec,
+  SERVING,
+  servingCondition,
 } from "./replica-core.ts";
 
 const NS = "distort-system";
@@ -297,6 +299,102 @@ describe("decideReplicas", () => {
     const again = decideReplicas(v, rs, nodes({ a: {}, b: {}, c: {} }), NOW, CFG);
     expect(again.status).toBeUndefined();
     expect(again.events).toEqual([]);
+  });
+});
+
+describe("servingCondition: a Serving False left by a failover clears once the volume serves", () => {
+  /** A two-copy volume at generation 2 served from `node`, with Serving as `serving` says. */
+  function served(node: string, serving?: "True" | "False", reason = "NoLiveCurrentCopy") {
+    const v = volume({
+      replicas: 2,
+      status: {
+        state: "Exported",
+        dataGeneration: 2,
+        conditions: serving ? [{ ...cond(SERVING, serving, reason), message: "was" }] : [],
+        replicas: [
+          { name: "vol-r0", uid: "uid-r0", nodeName: "a", state: "Online", generation: 2 },
+          { name: "vol-r1", uid: "uid-r1", nodeName: "b", state: "Faulted", generation: 1 },
+        ],
+      },
+    });
+    v.spec.nodeName = node;
+    v.spec.failoverAfterSeconds = 5;
+    v.metadata.generation = 4;
+    return v;
+  }
+  const rs = [replica(0, { node: "a", state: "Exported" }), replica(1, { node: "b", state: "Exported" })];
+  const back = { stalenessMs: 60_000 };
+
+  test.each([["NoLiveCurrentCopy"], ["Fencing"], ["AcceptDataLossInvalid"]])(
+    "False (%s) with the serving node alive again: True, Served, naming the node",
+    (reason) => {
+      const v = served("a", "False", reason);
+      const inv = new Inventory();
+      inv.setNode(storageNode("a", { heartbeat: NOW - 1_000 }));
+      inv.setNode(storageNode("b", { heartbeat: NOW - 1_000 }));
+      expect(servingCondition(v, inv, NOW, back)).toEqual({
+        type: SERVING,
+        status: "True",
+        reason: "Served",
+        message: "served from node a",
+        observedGeneration: 4,
+      });
+      // decideReplicas writes it beside ReplicasReady, even when nothing else changed.
+      const out = decideReplicas(v, rs, inv, NOW, back);
+      expect(out.status?.conditions.find((c) => c.type === SERVING)).toMatchObject({
+        status: "True",
+        reason: "Served",
+        message: "served from node a",
+      });
+    },
+  );
+
+  test("another node named by a failover serves: its name is the message", () => {
+    const inv = new Inventory();
+    inv.setNode(storageNode("a", { heartbeat: NOW - 60_000 }));
+    inv.setNode(storageNode("b", { heartbeat: NOW - 1_000 }));
+    expect(servingCondition(served("b", "False", "Fencing"), inv, NOW, back)?.message).toBe(
+      "served from node b",
+    );
+  });
+
+  test("still lost, or alive but unhealthy: the False stays", () => {
+    const lost = new Inventory();
+    // Past the volume's 5 s failover bound, though within the staleness window.
+    lost.setNode(storageNode("a", { heartbeat: NOW - 6_000 }));
+    expect(servingCondition(served("a", "False"), lost, NOW, back)).toBeUndefined();
+    const missing = new Inventory();
+    expect(servingCondition(served("a", "False"), missing, NOW, back)).toBeUndefined();
+    const notReady = new Inventory();
+    notReady.setNode(storageNode("a", { heartbeat: NOW - 1_000, ready: false }));
+    expect(servingCondition(served("a", "False"), notReady, NOW, back)).toBeUndefined();
+  });
+
+  test("nothing to write when Serving is True, absent, or the volume is not served", () => {
+    const inv = new Inventory();
+    inv.setNode(storageNode("a", { heartbeat: NOW - 1_000 }));
+    inv.setNode(storageNode("b", { heartbeat: NOW - 1_000 }));
+    expect(servingCondition(served("a", "True", "FailedOver"), inv, NOW, back)).toBeUndefined();
+    expect(servingCondition(served("a", "True", "Served"), inv, NOW, back)).toBeUndefined();
+    expect(servingCondition(served("a"), inv, NOW, back)).toBeUndefined();
+    const unnamed = served("a", "False");
+    delete unnamed.spec.nodeName;
+    expect(servingCondition(unnamed, inv, NOW, back)).toBeUndefined();
+    const deleting = served("a", "False");
+    deleting.metadata.deletionTimestamp = new Date(T0).toISOString();
+    expect(servingCondition(deleting, inv, NOW, back)).toBeUndefined();
+    // Once written, deciding again on what it says writes nothing more (no write storm).
+    const v = served("a", "False");
+    const first = decideReplicas(v, rs, inv, NOW, back);
+    v.status = {
+      ...(v.status as NonNullable<NVMePartition["status"]>),
+      ...first.status?.set,
+      conditions: (first.status?.conditions ?? []).map((c) => ({
+        ...c,
+        lastTransitionTime: "2026-02-01T10:00:00Z",
+      })),
+    };
+    expect(decideReplicas(v, rs, inv, NOW, back).status).toBeUndefined();
   });
 });
 

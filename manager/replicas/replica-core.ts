@@ -39,6 +39,8 @@ export const REPLICA_OF_LABEL = "storage.distort.io/replica-of";
 export const REPLICAS_READY = "ReplicasReady";
 /** Condition type on a replicated volume: whether its serving node serves (False during a failover). */
 export const SERVING = "Serving";
+/** Serving reason once a volume that was not served (a failover, a stuck one) is served again. */
+export const SERVED = "Served";
 
 /** A volume holds copies in spec.replicas > 1; a replica names its volume in spec.replicaOf. */
 export function isReplicated(p: NVMePartition): boolean {
@@ -334,12 +336,16 @@ export function decideReplicas(
   const placedAll = entries.length >= want && entries.every((e) => e.nodeName);
   const state = volume.status?.state ?? "Pending";
   if (state === "Pending" && placedAll) set.state = "Placed";
+  const conditions = [cond];
+  const servingNow = servingCondition(volume, view, nowMs, cfg);
+  if (servingNow) conditions.push(servingNow);
   const changed =
     JSON.stringify(volume.status?.replicas ?? []) !== JSON.stringify(entries) ||
     (set.dataGeneration !== undefined && set.dataGeneration !== volume.status?.dataGeneration) ||
     (set.state !== undefined && set.state !== state) ||
-    !sameCondition(volume, cond);
-  if (changed) out.status = { set, conditions: [cond] };
+    !sameCondition(volume, cond) ||
+    servingNow !== undefined;
+  if (changed) out.status = { set, conditions };
   if (startGeneration !== undefined && !served)
     out.events.push({
       type: "Normal",
@@ -347,6 +353,36 @@ export function decideReplicas(
       note: `${want} replicas exported on ${entries.map((e) => e.nodeName).join(", ")}; data generation 1`,
     });
   return out;
+}
+
+/**
+ * The Serving condition to write once volume `volume` is served again, or undefined when there is
+ * nothing to change. Every path that says Serving False (a failover fencing, a stuck failover, a
+ * refused accept-data-loss) writes it while the serving node counts as lost; when that node is
+ * back (its heartbeat within the volume's failover bound and healthy), or another node was named
+ * and is, the volume serves and a False left behind is stale: it becomes True (Served, naming the
+ * node). Only a False is replaced: a True (Served, FailedOver) or no condition at all is left as
+ * it is, so this never writes twice. Pure.
+ */
+export function servingCondition(
+  volume: NVMePartition,
+  view: ReplicaView,
+  nowMs: number,
+  cfg: ReplicaConfig,
+): ConditionInput | undefined {
+  const have = volume.status?.conditions?.find((c) => c.type === SERVING);
+  const node = volume.spec.nodeName;
+  if (have?.status !== "False" || !node || volume.metadata.deletionTimestamp) return undefined;
+  if (volume.status?.dataGeneration === undefined) return undefined;
+  if (servingNodeLost(volume, view, nowMs)) return undefined;
+  if (!nodeHealth(node, view.node(node), nowMs, cfg.stalenessMs).ok) return undefined;
+  return {
+    type: SERVING,
+    status: "True",
+    reason: SERVED,
+    message: `served from node ${node}`,
+    observedGeneration: volume.metadata.generation,
+  };
 }
 
 function sameCondition(volume: NVMePartition, c: ConditionInput): boolean {
