@@ -22,6 +22,8 @@ import {
   parseByteCount,
   parseWorkloadArgs,
   patternBytes,
+  roundSeed,
+  runRounds,
   runWorkload,
   targetFile,
   verifyPattern,
@@ -84,6 +86,9 @@ describe("arguments", () => {
     [["write", "--bytes=1.5", "--seed=a", "--dir=/v"], "--bytes"],
     [["write", "--bytes=1Ti", "--seed=a", "--dir=/v"], "--bytes"],
     [["hold", "--bytes=1"], "hold takes no"],
+    [["write", "--bytes=1", "--seed=a", "--dir=/v", "--rounds=3"], "write-verify only"],
+    [["write-verify", "--bytes=1", "--seed=a", "--dir=/v", "--rounds=-1"], "whole number"],
+    [["write-verify", "--bytes=1", "--seed=a", "--dir=/v", "--rounds=x"], "whole number"],
   ])("%j is refused (%s)", (argv, why) => {
     expect(() => parseWorkloadArgs(argv)).toThrow(WorkloadUsageError);
     expect(() => parseWorkloadArgs(argv)).toThrow(why);
@@ -137,6 +142,53 @@ describe("write and verify", () => {
     expect((await runWorkload({ mode: "write-verify", bytes, seed: "s", thenHold: false, target })).ok).toBe(
       true,
     );
+  });
+
+  test("rounds: each round writes and verifies its own seed, one line each, and stops when asked", async () => {
+    const target = { kind: "dir" as const, path: join(dir, "rounds") };
+    mkdirSync(target.path, { recursive: true });
+    const args = parseWorkloadArgs([
+      "write-verify",
+      "--bytes=64Ki",
+      "--seed=r",
+      `--dir=${target.path}`,
+      "--rounds=3",
+    ]);
+    expect(args.rounds).toBe(3);
+    expect(parseWorkloadArgs(formatWorkloadArgs(args))).toEqual(args);
+    const lines: { round?: number; ok: boolean; sha256: string }[] = [];
+    const last = await runRounds(
+      args,
+      (l) => lines.push(l),
+      () => false,
+    );
+    expect(lines.map((l) => [l.round, l.ok])).toEqual([
+      [0, true],
+      [1, true],
+      [2, true],
+    ]);
+    // The file holds the last round's pattern, and each round's differs.
+    expect(last?.sha256).toBe(sha(patternBytes(roundSeed("r", 2), 64 * 1024)));
+    expect(new Set(lines.map((l) => l.sha256)).size).toBe(3);
+    expect((await verifyPattern(target, 64 * 1024, roundSeed("r", 2))).ok).toBe(true);
+    // 0: until stopped; the stop is seen between rounds.
+    const seen: number[] = [];
+    await runRounds(
+      { ...args, rounds: 0 },
+      (l) => seen.push(l.round ?? -1),
+      () => seen.length >= 2,
+    );
+    expect(seen).toEqual([0, 1]);
+    // A round that fails ends the loop with its line.
+    const broken = { ...args, target: { kind: "dir" as const, path: join(dir, "no-such-dir") } };
+    const failed: boolean[] = [];
+    const end = await runRounds(
+      broken,
+      (l) => failed.push(l.ok),
+      () => false,
+    );
+    expect(failed).toEqual([false]);
+    expect(end?.ok).toBe(false);
   });
 
   test("a changed byte, a short file, another seed and a missing file are caught", async () => {

@@ -31,6 +31,12 @@ export interface WorkloadArgs {
   target?: WorkloadTarget;
   /** After the result line, keep running until terminated (the Pod stays Running). */
   thenHold: boolean;
+  /**
+   * write-verify only: that many rounds (0: until terminated), round i with seed `<seed>#<i>`,
+   * one result line each; a SIGTERM ends the loop after the round under way. Absent: one round
+   * with the seed itself.
+   */
+  rounds?: number;
 }
 
 /** One result line, as printed on stdout (the first line of the Pod's log, and its termination message). */
@@ -44,6 +50,8 @@ export interface WorkloadResult {
   firstMismatchAt?: number;
   /** Set when an I/O call failed; ok is false then. */
   error?: string;
+  /** With --rounds: the round this line reports (its seed is `<seed>#<round>`). */
+  round?: number;
 }
 
 /** A command line that is not in the workload protocol; the CLI exits 2 on it. */
@@ -54,6 +62,7 @@ export class WorkloadUsageError extends Error {
 /** The CLI's usage text. */
 export const WORKLOAD_USAGE =
   "usage: workload.ts <write|verify|write-verify> --bytes=<n>[Ki|Mi|Gi] --seed=<s> (--dir=<d> | --device=<f>) [--then-hold]\n" +
+  "       workload.ts write-verify ... --rounds=<n>   (n rounds, 0: until terminated; round i uses seed <s>#<i>)\n" +
   "       workload.ts hold";
 
 const SIZE_UNITS: Record<string, number> = { "": 1, Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3 };
@@ -89,7 +98,7 @@ export function parseWorkloadArgs(
       thenHold = true;
       continue;
     }
-    const m = /^--(bytes|seed|dir|device)=(.*)$/.exec(arg);
+    const m = /^--(bytes|seed|dir|device|rounds)=(.*)$/.exec(arg);
     if (!m) throw new WorkloadUsageError(`unknown argument ${JSON.stringify(arg)}`);
     const [, name, value] = m as unknown as [string, string, string];
     if (flags.has(name)) throw new WorkloadUsageError(`--${name} is given twice`);
@@ -118,12 +127,21 @@ export function parseWorkloadArgs(
   if (seed === undefined || seed === "") throw new WorkloadUsageError(`${mode} needs a non-empty --seed`);
   if (target === undefined && opts.requireTarget !== false)
     throw new WorkloadUsageError(`${mode} needs --dir or --device`);
+  const roundsText = flags.get("rounds");
+  let rounds: number | undefined;
+  if (roundsText !== undefined) {
+    if (mode !== "write-verify") throw new WorkloadUsageError("--rounds is for write-verify only");
+    if (!/^\d{1,9}$/.test(roundsText))
+      throw new WorkloadUsageError("--rounds must be a whole number (0: until terminated)");
+    rounds = Number(roundsText);
+  }
   return {
     mode: mode as WorkloadMode,
     bytes: parseByteCount(bytesText),
     seed,
     thenHold,
     ...(target ? { target } : {}),
+    ...(rounds === undefined ? {} : { rounds }),
   };
 }
 
@@ -132,6 +150,7 @@ export function formatWorkloadArgs(args: WorkloadArgs): string[] {
   const out: string[] = [args.mode];
   if (args.mode !== "hold") out.push(`--bytes=${args.bytes}`, `--seed=${args.seed}`);
   if (args.target) out.push(`--${args.target.kind}=${args.target.path}`);
+  if (args.rounds !== undefined) out.push(`--rounds=${args.rounds}`);
   if (args.thenHold) out.push("--then-hold");
   return out;
 }
@@ -280,6 +299,33 @@ export async function runWorkload(args: WorkloadArgs): Promise<WorkloadResult> {
   return { ...(await verifyPattern(args.target, args.bytes, args.seed)), mode: "write-verify" };
 }
 
+/** The seed of round `round` of a --rounds workload seeded `seed`. Pure. */
+export function roundSeed(seed: string, round: number): string {
+  return `${seed}#${round}`;
+}
+
+/**
+ * A --rounds workload: write-verify round after round (round i with roundSeed(seed, i)), each
+ * result line passed to `report`, until `rounds` are done (0: no limit), a round fails, or
+ * `stopped()` says so between rounds. Returns the last line (undefined when none ran). Never throws.
+ */
+export async function runRounds(
+  args: WorkloadArgs,
+  report: (line: WorkloadResult) => void,
+  stopped: () => boolean,
+): Promise<WorkloadResult | undefined> {
+  let last: WorkloadResult | undefined;
+  for (let i = 0; (args.rounds === 0 || i < (args.rounds ?? 1)) && !stopped(); i++) {
+    last = {
+      ...(await runWorkload({ ...args, seed: roundSeed(args.seed, i), rounds: undefined })),
+      round: i,
+    };
+    report(last);
+    if (!last.ok) break;
+  }
+  return last;
+}
+
 /** Resolves on SIGTERM or SIGINT: how a container is asked to stop. */
 function terminated(): Promise<string> {
   return new Promise((resolve) => {
@@ -299,6 +345,20 @@ if (import.meta.main) {
   if (args.mode === "hold") {
     await terminated();
     process.exit(0);
+  }
+  if (args.rounds !== undefined) {
+    let stopping = false;
+    const stop = terminated().then(() => {
+      stopping = true;
+    });
+    const last = await runRounds(
+      args,
+      (r) => process.stdout.write(`${JSON.stringify(r)}\n`),
+      () => stopping,
+    );
+    if (last && existsSync(TERMINATION_LOG)) writeFileSync(TERMINATION_LOG, `${JSON.stringify(last)}\n`);
+    if (args.thenHold && last?.ok) await stop;
+    process.exit(last === undefined || last.ok ? 0 : 1);
   }
   const stop = args.thenHold ? terminated() : undefined;
   const result = await runWorkload(args);
