@@ -76,6 +76,13 @@ export const ReplicaStatusSchema = v.pipe(
     ),
     message: v.optional(str("Why the replica is in its state.", 1024)),
     rebuild: v.optional(RebuildProgressSchema),
+    retiring: v.optional(
+      str(
+        "Set by the manager on a copy to be removed (e.g. drain of <node>) once its replacement is current: the serving node records it Stale at a raised data generation and takes it out of its raid; then the manager withdraws its admission and deletes it.",
+        256,
+        1,
+      ),
+    ),
   }),
   v.description("One copy of a replicated volume."),
 );
