@@ -21,7 +21,7 @@ export const DrainSchema = v.pipe(
 );
 
 const contradiction =
-  "spec.drain: true implies cordon; spec.unschedulable: false contradicts it (remove spec.unschedulable or set it true)";
+  "spec.unschedulable must not be false while spec.drain is true (a drain implies cordon): remove spec.unschedulable or set it true";
 
 /** The cordon/drain fields every drainable spec carries, and the rule between them. */
 export const drainFields = {
