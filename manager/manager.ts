@@ -18,6 +18,7 @@ import { CAPACITY, capacityReconciler, capacityTriggers } from "./capacity/capac
 import { CLAIMS, claimReconciler, claimTriggers } from "./claims/claim-controller.ts";
 import type { ManagerConfig } from "./config.ts";
 import type { Clients, ManagerContext, Triggers } from "./context.ts";
+import { DRAIN, drainReconciler, drainTriggers } from "./drain/drain-controller.ts";
 import { EventPort, type EventSink } from "./events.ts";
 import { Inventory } from "./inventory.ts";
 import { LOST_NODES, lostNodeReconciler, lostNodeTriggers } from "./lost-nodes/lost-node-controller.ts";
@@ -143,6 +144,7 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
       reconcile: nodeReconciler(ctx),
       triggers: nodeTriggers(),
     },
+    { name: DRAIN, workers: config.workers, reconcile: drainReconciler(ctx), triggers: drainTriggers() },
   ];
   const queues = new Map(specs.map((s) => [s.name, new WorkQueue({ name: s.name, clock })]));
 

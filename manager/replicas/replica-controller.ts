@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto";
 import {
   API_VERSION,
   DEFAULT_FAILOVER_AFTER_SECONDS,
+  isDraining,
   type NVMePartition,
   type NVMePartitionStatus,
   type NVMeVolumeAttachment,
@@ -90,7 +91,10 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
       await clients.partitions.delete(d.name, namespace, { uid: d.uid });
       rctx.log.info("replica deleted", { volume: key, replica: d.name, why: d.why });
     }
-    for (const e of out.events) ctx.events.emit(volume, e.type, e.reason, "Replicate", e.note);
+    for (const e of out.events) {
+      ctx.events.emit(volume, e.type, e.reason, "Replicate", e.note);
+      if (e.reason === "ReplicaMoved") ctx.metrics.replicasMoved.inc();
+    }
     if (out.serve) {
       // Guarded by the resourceVersion the decision saw: two managers never both choose.
       try {
@@ -366,11 +370,25 @@ export function replicaTriggers(ctx: ManagerContext): Triggers {
     node: (old, n) => {
       const now = ctx.clock.now();
       const was = old ? nodeHealth(old.spec.nodeName, old, now, ctx.config.stalenessMs).ok : undefined;
-      if (was === nodeHealth(n.spec.nodeName, n, now, ctx.config.stalenessMs).ok) return [];
+      const drainChanged = isDraining(old) !== isDraining(n);
+      if (!drainChanged && was === nodeHealth(n.spec.nodeName, n, now, ctx.config.stalenessMs).ok) return [];
       const out: string[] = [];
       for (const key of inventory.replicatedKeys()) {
         const v = inventory.partition(key);
         if (v?.status?.replicas?.some((r) => r.nodeName === n.spec.nodeName)) out.push(key);
+      }
+      return out;
+    },
+    // A drive's drain decides whether its copies are replaced and retired.
+    device: (old, d) => {
+      if (isDraining(old) === isDraining(d)) return [];
+      const out: string[] = [];
+      for (const key of inventory.replicatedKeys()) {
+        const v = inventory.partition(key);
+        if (
+          v?.status?.replicas?.some((r) => r.nodeName === d.spec.nodeName && r.deviceSerial === d.spec.serial)
+        )
+          out.push(key);
       }
       return out;
     },
