@@ -104,6 +104,8 @@ export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-remove
 export const NEXUS_STEPS = [
   "nexus-raid",
   "nexus-degrade",
+  "nexus-retire",
+  "nexus-retired",
   "nexus-teardown",
   "standby-export",
   "standby-acl",
@@ -805,6 +807,10 @@ export class PartitionController {
         const unreachable = look.down;
         const degraded = await this.degradeNexus(key, p, plan, unreachable, log, look.checked);
         if (degraded) return degraded;
+        if (p.status?.state === "Exported") {
+          const retired = await this.retireCopies(key, p, plan, log);
+          if (retired) return retired;
+        }
         let raid: Awaited<ReturnType<NexusAssembler["ensureRaid"]>>;
         try {
           raid = await (nexus as NexusAssembler).ensureRaid(
@@ -1142,6 +1148,64 @@ export class PartitionController {
 
   /** Copy key -> when this agent first found it unreachable from the volume it serves. */
   private readonly memberDown = new Map<string, number>();
+
+  /**
+   * Copies of `p` the manager marked retiring (a drain, once their replacement is current): the
+   * serving node is the one that lowers a copy, so it records them Stale ("retired: <why>") at a
+   * raised data generation over the copies that go on (a status write guarded by the generation
+   * it read), and only then takes them out of its raid (bdev_raid_remove_base_bdev) and detaches
+   * them: until the record is stored the copy still receives every write, so a crash between the
+   * steps leaves nothing current that missed writes. Never the last current copy. Returns the
+   * requeue when it acted; undefined when nothing retires.
+   */
+  private async retireCopies(
+    key: string,
+    p: NVMePartition,
+    plan: NexusPlan,
+    log: Logger,
+  ): Promise<{ requeueAfterMs: number } | undefined> {
+    const g = p.status?.dataGeneration;
+    if (g === undefined) return undefined;
+    const current = currentCopies(p);
+    const retiring = current.filter((e) => e.retiring !== undefined);
+    if (retiring.length === 0) return undefined;
+    if (retiring.length >= current.length) {
+      log.warn("every current copy is marked retiring: none is retired (one must go on)", {
+        copies: retiring.map((e) => e.name),
+      });
+      return undefined;
+    }
+    const uid = p.metadata.uid as string;
+    const names = new Set(retiring.map((e) => e.name));
+    await this.step("nexus-retire", key);
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+      const s = latest.status;
+      if (latest.metadata.uid !== uid || !s || s.dataGeneration !== g) return undefined;
+      const entries = s.replicas ?? [];
+      const isCurrent = (e: (typeof entries)[number]) =>
+        e.generation === g && (e.state === "Online" || e.state === "Degraded");
+      const still = entries.filter((e) => names.has(e.name) && isCurrent(e) && e.retiring !== undefined);
+      if (still.length !== names.size) return undefined;
+      if (!entries.some((e) => isCurrent(e) && !names.has(e.name))) return undefined;
+      return {
+        ...s,
+        dataGeneration: g + 1,
+        replicas: entries.map((e) => {
+          if (names.has(e.name))
+            return { ...e, state: "Stale" as const, message: `retired: ${e.retiring}`.slice(0, 1024) };
+          return isCurrent(e) ? { ...e, generation: g + 1 } : e;
+        }),
+      };
+    });
+    if (stored?.status?.dataGeneration !== g + 1) return { requeueAfterMs: 500 };
+    for (const m of plan.members)
+      if (names.has(m.name)) await (this.nexus as NexusAssembler).retireMember(plan.raidBdev, m);
+    await this.step("nexus-retired", key);
+    const note = `copies ${[...names].join(", ")} retired (${retiring.map((e) => e.retiring).join("; ")}): recorded Stale at data generation ${g + 1}, then taken out of raid ${plan.raidBdev}; writes go on on the others`;
+    log.info("copies retired", { copies: [...names], generation: g + 1 });
+    await this.o.events?.record(p, "Normal", "CopyRetired", "Serve", note);
+    return { requeueAfterMs: 500 };
+  }
 
   /**
    * Records copies of `p` unreachable past the bound as Faulted at a raised data generation (a
