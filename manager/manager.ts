@@ -2,7 +2,7 @@
 // storage nodes) over one set of watch caches and one inventory, and runs them until stopped.
 // main.ts calls it while this process leads; integration tests call it directly.
 import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from "../api/index.ts";
-import { kinds } from "../api/index.ts";
+import { HANDOVER_ANNOTATION, kinds } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
 import { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
 import type { CacheHandlers, WatchCache } from "../lib/kube/cache.ts";
@@ -60,11 +60,16 @@ export interface RunningManager {
 /**
  * What the manager drops before caching (managedFields are gone already): the annotations of
  * NVMePartitions (the CSI controller's request records, the bulk of a partition's metadata),
- * which no manager controller reads; every manager write of a partition is a patch or a status
+ * which no manager controller reads (but storage.distort.io/handover-from, kept: the replica
+ * controller's planned handover reads it); every manager write of a partition is a patch or a status
  * write, never a whole-object replace from the cache. Other kinds are kept whole.
  */
 export const managerTransform: ObjectTransform = (kind, obj) => {
-  if (kind.kind === kinds.NVMePartition.kind) delete obj.metadata.annotations;
+  if (kind.kind === kinds.NVMePartition.kind) {
+    const handover = obj.metadata.annotations?.[HANDOVER_ANNOTATION];
+    delete obj.metadata.annotations;
+    if (handover !== undefined) obj.metadata.annotations = { [HANDOVER_ANNOTATION]: handover };
+  }
   return obj;
 };
 

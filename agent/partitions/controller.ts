@@ -10,7 +10,7 @@ import type {
   NVMeVolumeAttachment,
   PortalStatus,
 } from "../../api/index.ts";
-import { kinds } from "../../api/index.ts";
+import { HANDOVER_ANNOTATION, kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { dropLeftover, markLeftover } from "../../lib/device-ledger.ts";
 import { StorageError } from "../../lib/errors.ts";
@@ -106,6 +106,8 @@ export const NEXUS_STEPS = [
   "nexus-degrade",
   "nexus-retire",
   "nexus-retired",
+  "nexus-release",
+  "nexus-released",
   "nexus-teardown",
   "standby-export",
   "standby-acl",
@@ -775,6 +777,20 @@ export class PartitionController {
         return;
       }
       case "assemble": {
+        // A planned handover names this node: it stops taking writes and says so, nothing more.
+        if (p.metadata.annotations?.[HANDOVER_ANNOTATION] === this.o.nodeName)
+          return this.releaseNexus(key, p, d.plan, log);
+        // A release recorded for an earlier request that was withdrawn: cleared before this node
+        // serves again, so that it never speaks for a node that takes writes.
+        if (p.status?.releasedBy === this.o.nodeName) {
+          await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+            if (latest.metadata.uid !== p.metadata.uid || latest.status?.releasedBy !== this.o.nodeName)
+              return undefined;
+            const { releasedBy: _, ...rest } = latest.status;
+            return rest;
+          });
+          return { requeueAfterMs: 200 };
+        }
         // Fenced by this agent (its heartbeats stopped going through): serving again needs a
         // newer heartbeat and the volume, read afresh, still naming this node.
         const fencedAt = this.selfFenced.get(key);
@@ -1145,6 +1161,64 @@ export class PartitionController {
     if (now) await this.o.events?.record(now, "Normal", "NexusRetired", "Serve", note);
     return;
   }
+
+  /**
+   * Planned handover (HANDOVER_ANNOTATION names this node): stop taking writes FIRST (the
+   * export turns standby: listeners ANA inaccessible, then the raid's namespace out; without a
+   * local copy the export goes), then tear the raid down (so nothing on this node can write to a
+   * copy, local or remote), and only then record status.releasedBy, guarded by the volume still
+   * being served here and the request still naming this node. The manager fences, promotes and
+   * serves elsewhere on that record. Repeatable: every step treats done as done.
+   */
+  private async releaseNexus(
+    key: string,
+    p: NVMePartition,
+    plan: NexusPlan,
+    log: Logger,
+  ): Promise<{ requeueAfterMs: number }> {
+    const backend = this.o.backends.spdk as TargetBackend;
+    const nexus = this.nexus as NexusAssembler;
+    const me = this.o.nodeName;
+    if (p.status?.releasedBy === me && this.released.has(key)) return { requeueAfterMs: 2000 };
+    await this.step("nexus-release", key);
+    const copy = this.localCopyOf(key);
+    if (copy && backend.ensureStandby) await this.standbyExport(key, copy, p, backend);
+    else {
+      await backend.removeExport(plan.nqn);
+      await this.step("unexport", key);
+    }
+    const t: NexusTeardown = this.nexusServed.get(key) ?? {
+      nqn: plan.nqn,
+      raidBdev: plan.raidBdev,
+      controllers: plan.members.map((m) => m.controller),
+    };
+    const detached = await nexus.teardown(t);
+    // Kept as served: once the volume is served elsewhere the usual retire removes what is left.
+    this.nexusServed.set(key, t);
+    this.rebuilds?.forget(p.metadata.uid as string);
+    const uid = p.metadata.uid;
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+      if (
+        latest.metadata.uid !== uid ||
+        latest.spec.nodeName !== me ||
+        latest.metadata.annotations?.[HANDOVER_ANNOTATION] !== me ||
+        !latest.status
+      )
+        return undefined;
+      if (latest.status.releasedBy === me) return undefined;
+      return { ...latest.status, releasedBy: me };
+    });
+    if (stored?.status?.releasedBy !== me) return { requeueAfterMs: 500 };
+    this.released.add(key);
+    await this.step("nexus-released", key);
+    const note = `planned handover: this node released the volume (export ${copy ? "standby" : "removed"}, raid ${t.raidBdev} torn down, ${detached.length} controller(s) detached); it takes no more writes`;
+    log.info("nexus released for a handover", { raid: t.raidBdev, detached });
+    await this.o.events?.record(p, "Normal", "Released", "Handover", note);
+    return { requeueAfterMs: 2000 };
+  }
+
+  /** Volumes this node released in a planned handover (in memory; the API record is the proof). */
+  private readonly released = new Set<string>();
 
   /** Copy key -> when this agent first found it unreachable from the volume it serves. */
   private readonly memberDown = new Map<string, number>();

@@ -12,7 +12,12 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash, randomUUID } from "node:crypto";
 import * as k8s from "@kubernetes/client-node";
 import { externalIdFor, nqnFor } from "../../agent/partitions/identity.ts";
-import { kinds, type NVMePartition, type RDMAStorageNode } from "../../api/index.ts";
+import {
+  kinds,
+  type NVMePartition,
+  type NVMeVolumeAttachment,
+  type RDMAStorageNode,
+} from "../../api/index.ts";
 import { eventually, type TestCluster } from "../../lab/cluster/test-support.ts";
 import {
   type ReplicatedLab,
@@ -26,7 +31,7 @@ import { EventRecorder } from "../../lib/kube/events.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { createLogger, silentLogger } from "../../lib/log.ts";
 import { Registry } from "../../lib/metrics.ts";
-import { nexusHostNqnFor } from "../../lib/volume-identity.ts";
+import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import { parseConfig } from "../config.ts";
 import { type RunningManager, startManager } from "../manager.ts";
 
@@ -108,6 +113,25 @@ function block(seed: number, n: number, len: number): Buffer {
 const parts = () => new ResourceClient(tc.conn, kinds.NVMePartition);
 const storageNodes = () => new ResourceClient(tc.conn, kinds.RDMAStorageNode);
 const drained = (n: RDMAStorageNode | undefined) => n?.status?.conditions?.find((c) => c.type === "Drained");
+
+/** On a failure: the volume, its copies and the Events, to see where it stopped. */
+async function dump(name: string): Promise<void> {
+  const all = (await parts().list({ namespace: ns })).items;
+  const strip = (p: NVMePartition) => ({
+    name: p.metadata.name,
+    node: p.spec.nodeName,
+    del: p.metadata.deletionTimestamp,
+    ann: p.metadata.annotations,
+    state: p.status?.state,
+    gen: p.status?.dataGeneration,
+    replicas: p.status?.replicas,
+    released: p.status?.releasedBy,
+    conds: p.status?.conditions?.map((c) => `${c.type}=${c.status} ${c.reason}: ${c.message}`),
+  });
+  for (const p of all.filter((x) => x.metadata.name === name || x.spec.replicaOf?.name === name))
+    process.stderr.write(`${JSON.stringify(strip(p))}\n`);
+  for (const e of (await eventsIn(ns)).slice(-40)) process.stderr.write(`event ${e.reason}: ${e.note}\n`);
+}
 
 async function setDrain(node: string, drain: boolean): Promise<void> {
   await storageNodes().mergePatch(node, ns, { spec: { drain } });
@@ -195,7 +219,10 @@ test("draining a copy node: replacement on the third node first, then the old co
     },
     120_000,
     "vd-r1 replaced and removed",
-  );
+  ).catch(async (err) => {
+    await dump("vd");
+    throw err;
+  });
   stop = true;
   await writer;
   expect(writeErrors).toBe(0);
@@ -325,5 +352,167 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
   expect(refused.message).toContain(`node ${NODES[0]} cordoned`);
   await setDrain(NODES[2], false);
   for (const n of [NODES[0], NODES[1]])
-    await storageNodes().mergePatch(n, ns, { spec: { unschedulable: false } });
+    await storageNodes().mergePatch(n, ns, { spec: { unschedulable: null } } as never);
 }, 120_000);
+
+test("draining the serving node: replacement first, its own copy retired, then a planned handover (release, fence, serve elsewhere); every acknowledged write reads back through the new serving node", async () => {
+  const CONSUMER2_ID = randomUUID();
+  const CONSUMER2 = `nqn.2014-08.org.nvmexpress:uuid:${CONSUMER2_ID}`;
+  // Made by the manager this time: A cordoned while the copies are placed, so they go to B and
+  // C; the volume is served from its first copy's node, which then drains.
+  await storageNodes().mergePatch(NODES[0], ns, { spec: { unschedulable: true } });
+  const vh = await parts().create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name: "vh", namespace: ns },
+    spec: {
+      sizeBytes: VOL_BYTES,
+      replicas: 2,
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition);
+  const uid = vh.metadata.uid as string;
+  const first = await eventually(
+    async () => {
+      const p = await parts().get("vh", ns);
+      return p?.spec.nodeName && p.status?.state === "Exported" ? p : undefined;
+    },
+    60_000,
+    "vh served and Exported",
+  );
+  await storageNodes().mergePatch(NODES[0], ns, { spec: { unschedulable: null } } as never);
+  const S = first.spec.nodeName as string;
+  expect([NODES[1] as string, NODES[2] as string]).toContain(S);
+  const vas = new ResourceClient(tc.conn, kinds.NVMeVolumeAttachment);
+  const vaName = attachmentNameFor("vh", uid);
+  await vas.create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMeVolumeAttachment",
+    metadata: { name: vaName, namespace: ns },
+    spec: {
+      partitionName: "vh",
+      partitionUID: uid,
+      nodeId: `consumer-2/${CONSUMER2}`,
+      hostNQN: CONSUMER2,
+      attachmentId: "att-vh",
+    },
+  } as NVMeVolumeAttachment);
+  await eventually(
+    async () => (await vas.get(vaName, ns))?.status?.observedAttachmentId === "att-vh",
+    20_000,
+    "consumer of vh admitted",
+  );
+  const served = { uid };
+  const subnqn = nqnFor(externalIdFor(served.uid));
+  const connectTo = async (node: string) =>
+    connectController(lab!.fabric, {
+      trtype: "TCP",
+      traddr: ADDR[NODES.indexOf(node as (typeof NODES)[number])] as string,
+      trsvcid: String(PORT),
+      subnqn,
+      hostnqn: CONSUMER2,
+      hostid: CONSUMER2_ID,
+      connectTimeoutMs: 2000,
+    });
+  let consumer = await connectTo(S);
+  const acked = new Map<number, string>();
+  const BLOCK = 256 * 1024;
+  for (let n = 0; n < 16; n++) {
+    const b = block(5, n, BLOCK);
+    await consumer.write(1, n * BLOCK, b);
+    acked.set(n * BLOCK, sha(b));
+  }
+  await consumer.flush(1);
+
+  await setDrain(S, true);
+  // The writer: each write is retried (on whichever node serves now) until acknowledged; only
+  // acknowledged writes are logged. Like a multipath initiator moving to the new path.
+  let stop = false;
+  let retries = 0;
+  let writes = 0;
+  const writer = (async () => {
+    const deadline = Date.now() + 60_000;
+    for (let i = 0; i < 3000 && !stop && Date.now() < deadline; i++) {
+      const n = i % 200;
+      const at = n * BLOCK;
+      const b = block(6 + i, n, BLOCK);
+      for (let attempt = 0; attempt < 300 && Date.now() < deadline; attempt++) {
+        try {
+          await Promise.race([
+            consumer.write(1, at, b),
+            Bun.sleep(5000).then(() => Promise.reject(new Error("write timed out"))),
+          ]);
+          acked.set(at, sha(b));
+          writes++;
+          break;
+        } catch {
+          // Not acknowledged: no promise either way; the retry overwrites it.
+          acked.delete(at);
+          retries++;
+          consumer.close();
+          await Bun.sleep(200);
+          const v = await parts().get("vh", ns);
+          try {
+            consumer = await connectTo(v?.spec.nodeName as string);
+          } catch {}
+        }
+      }
+      await Bun.sleep(5);
+    }
+  })();
+
+  const done = await eventually(
+    async () => {
+      const v = await parts().get("vh", ns);
+      const rs = v?.status?.replicas ?? [];
+      const online = rs.filter((e) => e.state === "Online" && e.generation === v?.status?.dataGeneration);
+      return v?.spec.nodeName !== S &&
+        !(await parts().list({ namespace: ns })).items.some(
+          (p) => p.spec.replicaOf?.uid === uid && p.spec.nodeName === S,
+        ) &&
+        rs.length === 2 &&
+        online.length === 2
+        ? v
+        : undefined;
+    },
+    60_000,
+    "vh handed over and its copy on B removed",
+  ).catch(async (err) => {
+    await dump("vh");
+    throw err;
+  });
+  stop = true;
+  await writer;
+  expect(writes).toBeGreaterThan(0);
+  expect(done.spec.nodeName).not.toBe(S);
+  expect(done.status?.replicas?.every((e) => e.nodeName !== S)).toBe(true);
+  expect(done.metadata.annotations?.["storage.distort.io/handover-from"]).toBeUndefined();
+  expect(done.status?.releasedBy).toBeUndefined();
+  const reasons = new Set((await eventsIn(ns)).map((e) => e.reason));
+  for (const r of ["HandoverRequested", "Released", "HandedOver", "CopyRetired"])
+    expect(reasons.has(r), `event ${r}`).toBe(true);
+
+  // Every acknowledged write reads back through the new serving node.
+  consumer.close();
+  consumer = await connectTo(done.spec.nodeName as string);
+  for (const [at, want] of acked) expect(sha(await consumer.read(1, at, BLOCK)), `block at ${at}`).toBe(want);
+  consumer.close();
+
+  // B ends with nothing of DISTORT.
+  const nodeB = await eventually(
+    async () => {
+      const n = await storageNodes().get(S, ns);
+      return drained(n)?.status === "True" ? n : undefined;
+    },
+    60_000,
+    "the old serving node Drained",
+  );
+  expect(nodeB.status?.exportCount ?? 0).toBe(0);
+  const subsystemsB =
+    lab?.nodes[NODES.indexOf(S as (typeof NODES)[number])]?.emulator.state().subsystems ?? [];
+  expect(subsystemsB.filter((s) => s.subtype === "NVMe").map((s) => s.nqn)).toEqual([]);
+  process.stderr.write(`handover: ${writes} writes acknowledged, ${retries} retried\n`);
+  await setDrain(S, false);
+}, 300_000);

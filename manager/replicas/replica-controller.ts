@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto";
 import {
   API_VERSION,
   DEFAULT_FAILOVER_AFTER_SECONDS,
+  HANDOVER_ANNOTATION,
   isDraining,
   type NVMePartition,
   type NVMePartitionStatus,
@@ -23,7 +24,13 @@ import { INITIAL_PARTITION_STATUS } from "../placement/placement-core.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";
 import { carryOutDataLoss, dataLossStep } from "./accept-data-loss.ts";
-import { decideFailover, type FailoverStep, failoverDeadlineMs, servingNodeLost } from "./failover.ts";
+import {
+  decideFailover,
+  type FailoverStep,
+  failoverDeadlineMs,
+  servingNodeLost,
+  servingReleased,
+} from "./failover.ts";
 import {
   decideReplicas,
   isReplicated,
@@ -110,6 +117,21 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
       }
     }
     for (const a of out.admit) await admit(ctx, namespace as string, a, rctx.log);
+    if (out.handover) {
+      try {
+        volume = await clients.partitions.mergePatch(name, namespace, {
+          metadata: {
+            uid,
+            resourceVersion: volume.metadata.resourceVersion,
+            annotations: { [HANDOVER_ANNOTATION]: out.handover },
+          },
+        });
+        rctx.log.info("planned handover asked", { volume: key, from: out.handover });
+      } catch (err) {
+        if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) return {};
+        throw err;
+      }
+    }
     if (out.status) {
       const patch = out.status;
       const now = new Date(ctx.clock.now());
@@ -335,14 +357,44 @@ async function carryOut(
       return {};
     }
     case "serve": {
+      const planned = servingReleased(v);
+      let moved: NVMePartition;
       try {
-        await clients.partitions.mergePatch(name, namespace, {
-          metadata: { uid, resourceVersion: v.metadata.resourceVersion },
+        moved = await clients.partitions.mergePatch(name, namespace, {
+          metadata: {
+            uid,
+            resourceVersion: v.metadata.resourceVersion,
+            // The handover is done: the request goes with the move (one write).
+            ...(planned ? { annotations: { [HANDOVER_ANNOTATION]: null } } : {}),
+          },
           spec: { nodeName: step.to },
         });
       } catch (err) {
         if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) return {};
         throw err;
+      }
+      if (planned) {
+        // releasedBy speaks for the node it names only while that node serves: cleared now, so a
+        // later handover from it needs a fresh release.
+        await writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, moved, (latest) =>
+          latest.metadata.uid !== uid
+            ? undefined
+            : applyStatusPatch(
+                latest.status,
+                INITIAL_PARTITION_STATUS,
+                { set: { releasedBy: undefined } },
+                now,
+              ),
+        );
+        const note = `planned handover: served from ${step.to}; ${step.from} released the volume (no more writes) and is fenced from every current copy`;
+        log.info("replicated volume handed over", {
+          volume: `${namespace}/${name}`,
+          from: step.from,
+          to: step.to,
+        });
+        ctx.events.emit(moved, "Normal", "HandedOver", "Handover", note);
+        await serving("True", "HandedOver", note);
+        return {};
       }
       const note = `served from ${step.to} after ${step.from} missed heartbeats for ${v.spec.failoverAfterSeconds ?? DEFAULT_FAILOVER_AFTER_SECONDS} s; ${step.from} is fenced from every current copy`;
       log.warn("replicated volume failed over", {

@@ -15,13 +15,15 @@
 //   writes) by raising status.dataGeneration over the copies that go on. The manager never raises
 //   a copy's generation: a copy that is behind stays behind until a rebuild says otherwise.
 import { createHash } from "node:crypto";
-import type {
-  NVMePartition,
-  NVMePartitionSpec,
-  NVMePartitionStatus,
-  RDMAStorageNode,
-  ReplicaState,
-  ReplicaStatus,
+import {
+  HANDOVER_ANNOTATION,
+  isDraining,
+  type NVMePartition,
+  type NVMePartitionSpec,
+  type NVMePartitionStatus,
+  type RDMAStorageNode,
+  type ReplicaState,
+  type ReplicaStatus,
 } from "../../api/index.ts";
 import { replicaIndex } from "../../lib/volume-identity.ts";
 import { copyDrain } from "../drain/drain-core.ts";
@@ -110,6 +112,11 @@ export interface ReplicaOutcome {
   admit: { copy: string; uid: string; node: string; move?: true }[];
   /** Copies whose admission of a serving node is withdrawn (their NVMeVolumeAttachment deleted). */
   unadmit: { copy: string; uid: string }[];
+  /**
+   * Ask the serving node named here for a planned handover (HANDOVER_ANNOTATION): its node drains,
+   * it holds no current copy any more, and spec.replicas current copies are on other nodes.
+   */
+  handover?: string;
 }
 
 /** What a replica partition's own status says, before the volume's generation is considered. */
@@ -366,6 +373,29 @@ export function decideReplicas(
         !drainOf.has(e.name)
       )
         out.admit.push({ copy: e.name, uid: e.uid, node: serving, move: true });
+    }
+  }
+
+  // A serving node that drains hands the volume over, once its own copy is replaced and retired
+  // (so the copies that go on are spec.replicas without it): a planned failover, see failover.ts.
+  const sv = volume.spec.nodeName;
+  if (
+    sv &&
+    dataGeneration !== undefined &&
+    isDraining(view.node(sv)) &&
+    volume.metadata.annotations?.[HANDOVER_ANNOTATION] !== sv
+  ) {
+    const localCurrent = entries.some((e) => e.nodeName === sv && isCurrent(e));
+    const elsewhere = entries.filter(
+      (e) => isCurrent(e) && !e.retiring && e.nodeName !== sv && !drainOf.has(e.name),
+    );
+    if (!localCurrent && elsewhere.length >= want) {
+      out.handover = sv;
+      out.events.push({
+        type: "Normal",
+        reason: "HandoverRequested",
+        note: `serving node ${sv} drains: asked to release the volume so that ${elsewhere[0]?.nodeName} serves it`,
+      });
     }
   }
 
