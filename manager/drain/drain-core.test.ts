@@ -4,6 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import type { RDMAStorageNode, ReplicaStatus } from "../../api/index.ts";
 import { Inventory } from "../inventory.ts";
+import { servingNodeLost, servingReleased } from "../replicas/failover.ts";
 import { decideReplicas, REPLICAS_FINALIZER } from "../replicas/replica-core.ts";
 import { device, GiB, partition, storageNode, T0 } from "../testdata/fixtures.ts";
 import { copyDrain, decideDrained, drainLeft } from "./drain-core.ts";
@@ -152,6 +153,53 @@ describe("decideReplicas under a drain", () => {
     const out = decideReplicas(v, [...copies, replica(2, "node-c")], view(), NOW, CFG);
     expect(out.status?.set.replicas?.find((x) => x.name === "vol-r0")?.retiring).toBeUndefined();
     expect(out.delete).toEqual([]);
+  });
+});
+
+describe("planned handover of a draining serving node", () => {
+  const three = [replica(0, "node-a"), replica(1, "node-b"), replica(2, "node-c")];
+
+  test("not while the serving node still holds a current copy (it is replaced and retired first)", () => {
+    const v = volume([online(0, "node-a"), online(1, "node-b"), online(2, "node-c")], { node: "node-a" });
+    const out = decideReplicas(v, three, view({ nodes: ["node-a"] }), NOW, CFG);
+    expect(out.handover).toBeUndefined();
+    expect(out.status?.set.replicas?.find((e) => e.name === "vol-r0")?.retiring).toBe("drain of node node-a");
+  });
+
+  test("asked once its copy is gone and spec.replicas current copies are elsewhere", () => {
+    const v = volume([online(1, "node-b", 4), online(2, "node-c", 4)], { node: "node-a", gen: 4 });
+    const out = decideReplicas(v, three.slice(1), view({ nodes: ["node-a"] }), NOW, CFG);
+    expect(out.handover).toBe("node-a");
+    expect(out.events.map((e) => e.reason)).toContain("HandoverRequested");
+    // Asked already: not again.
+    v.metadata.annotations = { "storage.distort.io/handover-from": "node-a" };
+    expect(decideReplicas(v, three.slice(1), view({ nodes: ["node-a"] }), NOW, CFG).handover).toBeUndefined();
+  });
+
+  test("not with fewer current copies elsewhere than spec.replicas", () => {
+    const v = volume([online(1, "node-b", 4), online(2, "node-c", 3, { state: "Stale" })], {
+      node: "node-a",
+      gen: 4,
+    });
+    expect(decideReplicas(v, three.slice(1), view({ nodes: ["node-a"] }), NOW, CFG).handover).toBeUndefined();
+  });
+
+  test("the release counts as lost only with the request and the record naming the serving node", () => {
+    const v = volume([online(1, "node-b")], { node: "node-a" });
+    const inv = view();
+    expect(servingNodeLost(v, inv, NOW)).toBe(false);
+    v.metadata.annotations = { "storage.distort.io/handover-from": "node-a" };
+    expect(servingReleased(v)).toBe(false);
+    expect(servingNodeLost(v, inv, NOW)).toBe(false);
+    v.status = { ...(v.status as NonNullable<typeof v.status>), releasedBy: "node-a" };
+    expect(servingReleased(v)).toBe(true);
+    expect(servingNodeLost(v, inv, NOW)).toBe(true);
+    // A record naming another node (an earlier handover) proves nothing about this one.
+    v.status = { ...(v.status as NonNullable<typeof v.status>), releasedBy: "node-b" };
+    expect(servingNodeLost(v, inv, NOW)).toBe(false);
+    v.status = { ...(v.status as NonNullable<typeof v.status>), releasedBy: "node-a" };
+    v.metadata.annotations = {};
+    expect(servingNodeLost(v, inv, NOW)).toBe(false);
   });
 });
 
