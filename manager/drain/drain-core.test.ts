@@ -113,6 +113,28 @@ describe("decideReplicas under a drain", () => {
     expect(out.events.map((e) => e.reason)).toContain("ReplicaMoved");
   });
 
+  test("a copy being deleted is admitted to nobody, and its admission keeps being withdrawn", () => {
+    const v = volume(
+      [
+        online(0, "node-a", 3, { state: "Faulted", message: "replica partition is being deleted" }),
+        online(1, "node-b", 4),
+        online(2, "node-c", 4),
+      ],
+      { gen: 4 },
+    );
+    const going = replica(0, "node-a");
+    going.metadata.deletionTimestamp = "2026-02-01T10:00:00Z";
+    const out = decideReplicas(
+      v,
+      [going, copies[1]!, replica(2, "node-c")],
+      view({ nodes: ["node-a"] }),
+      NOW,
+      CFG,
+    );
+    expect(out.admit.map((a) => a.copy)).not.toContain("vol-r0");
+    expect(out.unadmit.map((u) => u.copy)).toEqual(["vol-r0"]);
+  });
+
   test("never fewer current copies: with the other copy Faulted, the draining one is not retired", () => {
     const v = volume([
       online(0, "node-a"),

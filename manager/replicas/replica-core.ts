@@ -360,10 +360,20 @@ export function decideReplicas(
       ) ?? entries.find((e) => e.state === "Online" && e.generation === dataGeneration && e.nodeName);
     if (first?.nodeName) out.serve = first.nodeName;
   }
+  // A copy being deleted (or deleted now) is admitted to nobody: its deletion waits for its
+  // admission to go, so the withdrawal is repeated until it is gone.
+  const goingAway = new Set([
+    ...mine.filter((r) => r.metadata.deletionTimestamp && served).map((r) => r.metadata.name),
+    ...out.delete.map((d) => d.name),
+  ]);
+  for (const r of mine)
+    if (r.metadata.deletionTimestamp && served && !out.unadmit.some((u) => u.copy === r.metadata.name))
+      out.unadmit.push({ copy: r.metadata.name, uid: r.metadata.uid as string });
   const serving = out.serve ?? volume.spec.nodeName;
   if (serving) {
     const settled = !servingNodeLost({ ...volume, spec: { ...volume.spec, nodeName: serving } }, view, nowMs);
     for (const e of entries) {
+      if (goingAway.has(e.name)) continue;
       if (isCurrent(e) && e.uid) out.admit.push({ copy: e.name, uid: e.uid, node: serving });
       else if (
         settled &&
