@@ -468,7 +468,10 @@ test("draining the serving node: replacement first, its own copy retired, then a
       const v = await parts().get("vh", ns);
       const rs = v?.status?.replicas ?? [];
       const online = rs.filter((e) => e.state === "Online" && e.generation === v?.status?.dataGeneration);
+      // Done: served elsewhere, the request and the release record cleared, the old copy gone.
       return v?.spec.nodeName !== S &&
+        v?.status?.releasedBy === undefined &&
+        v?.metadata.annotations?.["storage.distort.io/handover-from"] === undefined &&
         !(await parts().list({ namespace: ns })).items.some(
           (p) => p.spec.replicaOf?.uid === uid && p.spec.nodeName === S,
         ) &&
