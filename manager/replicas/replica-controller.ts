@@ -318,8 +318,9 @@ async function carryOut(
           });
         log.warn("copy fenced from the lost serving node", { copy: m.copy, from: step.from, to: step.to });
       }
-      const note = `serving node ${step.from} lost: fencing it from ${step.moves.map((m) => m.copy).join(", ")} before ${step.to} serves`;
-      ctx.events.emit(v, "Warning", "Fencing", "Failover", note);
+      const planned = servingReleased(v);
+      const note = `${planned ? `planned handover: serving node ${step.from} released the volume` : `serving node ${step.from} lost`}: fencing it from ${step.moves.map((m) => m.copy).join(", ")} before ${step.to} serves`;
+      ctx.events.emit(v, planned ? "Normal" : "Warning", "Fencing", planned ? "Handover" : "Failover", note);
       await serving("False", "Fencing", note);
       return { requeueAfterMs: FAILOVER_POLL_MS };
     }
