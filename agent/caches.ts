@@ -1,6 +1,6 @@
 // What the agent caches of each kind it watches: the scope (the release namespace, and this node's
 // objects where a kind has a node field) and the transform that drops the fields no agent reads.
-import { kinds } from "../api/index.ts";
+import { HANDOVER_ANNOTATION, kinds } from "../api/index.ts";
 import type { CacheScope, ObjectTransform } from "../lib/kube/cache-set.ts";
 import type { KubeObject } from "../lib/kube/resource.ts";
 
@@ -48,7 +48,7 @@ function withOnlyCondition<T extends WithStatus>(obj: T, type: string): T {
  *   that its write would change nothing (a new agent has not stored any status yet, and a GET per
  *   export made its restart replay wait on the API server). Finalizers are added by a JSON patch
  *   testing only the finalizers and removed from a fresh read; no decision reads a condition or
- *   an annotation.
+ *   an annotation, except storage.distort.io/handover-from (a planned handover), which is kept.
  * - NVMeVolumeAttachment, NVMeSnapshot: status.conditions. Their status is written from a fresh
  *   read; the attachment's finalizer is added by a whole-object replace from the cache, which is
  *   why its metadata is kept whole (the status subresource makes the server ignore status there).
@@ -57,7 +57,9 @@ function withOnlyCondition<T extends WithStatus>(obj: T, type: string): T {
  */
 export const agentTransform: ObjectTransform = (kind, obj) => {
   if (kind.kind === kinds.NVMePartition.kind) {
+    const handover = obj.metadata.annotations?.[HANDOVER_ANNOTATION];
     delete obj.metadata.annotations;
+    if (handover !== undefined) obj.metadata.annotations = { [HANDOVER_ANNOTATION]: handover };
     return withOnlyCondition(obj as WithStatus, "Ready");
   }
   if (kind.kind === kinds.NVMeVolumeAttachment.kind || kind.kind === kinds.NVMeSnapshot.kind) {

@@ -357,6 +357,18 @@ describe("CEL rules required by the design", () => {
       "self.phase != 'Claimed' || has(self.claimRef)",
       "status.claimRef is required when status.phase is Claimed",
     ],
+    [
+      "NVMeDevice",
+      ".spec",
+      "!(has(self.drain) && self.drain && has(self.unschedulable) && !self.unschedulable)",
+      "spec.unschedulable must not be false while spec.drain is true (a drain implies cordon): remove spec.unschedulable or set it true",
+    ],
+    [
+      "RDMAStorageNode",
+      ".spec",
+      "!(has(self.drain) && self.drain && has(self.unschedulable) && !self.unschedulable)",
+      "spec.unschedulable must not be false while spec.drain is true (a drain implies cordon): remove spec.unschedulable or set it true",
+    ],
     ["NVMeDeviceClaim", ".spec.serial", "self == oldSelf", "spec.serial is immutable"],
     ["NVMePartition", ".spec.sizeBytes", "self >= oldSelf", "spec.sizeBytes may not shrink"],
     ["NVMePartition", ".spec.backend", "self == oldSelf", "spec.backend is immutable"],

@@ -2,6 +2,7 @@
 // Import from "api/index.ts" (or the specific file) rather than reaching into helpers.
 export * from "./common.ts";
 export * from "./crd.ts";
+export * from "./drain.ts";
 export * from "./examples.ts";
 export * from "./kinds.ts";
 export * from "./nvme-device.ts";

@@ -21,6 +21,7 @@ import {
   type SelectableField,
   str,
 } from "./common.ts";
+import { drainCheck, drainFields, drainRule } from "./drain.ts";
 
 export const NVMeDevicePhaseSchema = v.pipe(
   v.picklist(["Available", "Claimed", "Unavailable"]),
@@ -52,8 +53,13 @@ export const NVMeDeviceSpecSchema = v.pipe(
       "Capacity of namespace ID 1 offered for placement: 1% reserved for backend metadata, rounded down to 4 MiB.",
     ),
     numaNode: v.pipe(intRange(-1, 4095), v.description("NUMA node of the PCI device; -1 when unknown.")),
+    ...drainFields,
   }),
-  v.description("Hardware facts discovered by the agent."),
+  drainCheck(),
+  drainRule(),
+  v.description(
+    "Hardware facts discovered by the agent, and the operator's cordon (unschedulable) and drain of this drive; the agent never writes those two.",
+  ),
 );
 export type NVMeDeviceSpec = v.InferOutput<typeof NVMeDeviceSpecSchema>;
 

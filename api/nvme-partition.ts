@@ -525,6 +525,11 @@ export const NVMePartitionStatusSchema = v.pipe(
     ),
     replicas: v.optional(ReplicaStatusListSchema),
     rebuildSlot: v.optional(RebuildSlotSchema),
+    releasedBy: v.optional(
+      name(
+        "Replicated volumes, planned handover: the serving node that released the volume (its listener ANA inaccessible, its raid torn down: it takes no more writes) after storage.distort.io/handover-from named it. Written by that node's agent; the manager then fences, promotes and serves from another node, and clears it.",
+      ),
+    ),
     conditions: conditions("Observations, including claim-authorization and export failures."),
     observedGeneration: ObservedGenerationSchema,
   }),

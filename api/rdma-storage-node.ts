@@ -17,6 +17,7 @@ import {
   str,
   TransportSchema,
 } from "./common.ts";
+import { drainCheck, drainFields, drainRule } from "./drain.ts";
 
 /** Condition types written on RDMAStorageNode.status. */
 export const RDMAStorageNodeConditionTypes = {
@@ -33,8 +34,13 @@ export const RDMAStorageNodeConditionTypes = {
 export const RDMAStorageNodeSpecSchema = v.pipe(
   v.object({
     nodeName: v.pipe(name("Kubernetes node this record describes."), immutable("spec.nodeName")),
+    ...drainFields,
   }),
-  v.description("Which node, written by the agent at creation."),
+  drainCheck(),
+  drainRule(),
+  v.description(
+    "Which node (written by the agent at creation), and the operator's cordon (unschedulable) and drain; the agent never writes those two.",
+  ),
 );
 export type RDMAStorageNodeSpec = v.InferOutput<typeof RDMAStorageNodeSpecSchema>;
 
@@ -100,6 +106,7 @@ export const RDMAStorageNodePrinterColumns: readonly PrinterColumn[] = [
     priority: 1,
   },
   { name: "Free", type: "string", jsonPath: ".status.free" },
+  { name: "Drain", type: "string", jsonPath: '.status.conditions[?(@.type=="Drained")].reason', priority: 1 },
   { name: "Total", type: "string", jsonPath: ".status.total", priority: 1 },
   { name: "Exports", type: "integer", jsonPath: ".status.exportCount" },
   { name: "Heartbeat", type: "date", jsonPath: ".status.lastHeartbeatTime", priority: 1 },

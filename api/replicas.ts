@@ -76,6 +76,13 @@ export const ReplicaStatusSchema = v.pipe(
     ),
     message: v.optional(str("Why the replica is in its state.", 1024)),
     rebuild: v.optional(RebuildProgressSchema),
+    retiring: v.optional(
+      str(
+        "Set by the manager on a copy to be removed (e.g. drain of <node>) once its replacement is current: the serving node records it Stale at a raised data generation and takes it out of its raid; then the manager withdraws its admission and deletes it.",
+        256,
+        1,
+      ),
+    ),
   }),
   v.description("One copy of a replicated volume."),
 );
@@ -135,3 +142,13 @@ export const FailoverAfterSchema = v.pipe(
 export const ACCEPT_DATA_LOSS_ANNOTATION = "storage.distort.io/accept-data-loss";
 /** The ACCEPT_DATA_LOSS_ANNOTATION value that picks the newest stale copy on a live node. */
 export const ACCEPT_NEWEST = "newest";
+
+/**
+ * Annotation on a replicated volume asking for a planned handover: its value names the serving
+ * node to leave (spec.nodeName). That node's agent stops taking writes first (listener ANA
+ * inaccessible, raid torn down) and records status.releasedBy; only then does the manager fence
+ * it from every copy, raise the generation over the copies that go on and serve from another node
+ * holding a current copy. The manager removes it once the volume is served elsewhere. A drain of
+ * the serving node sets it; an operator may too.
+ */
+export const HANDOVER_ANNOTATION = "storage.distort.io/handover-from";

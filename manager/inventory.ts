@@ -286,6 +286,11 @@ export class Inventory implements PlacementView {
   }
 
   /** The replica partitions of the replicated volume with UID `uid` (spec.replicaOf.uid). */
+  /** Every partition the cache holds (the drain controller counts what is left on a node). */
+  allPartitions(): IterableIterator<NVMePartition> {
+    return this.#partitions.values();
+  }
+
   replicasOf(uid: string): NVMePartition[] {
     return [...(this.#replicas.get(uid) ?? [])].map((k) => this.#partitions.get(k) as NVMePartition);
   }

@@ -2,7 +2,7 @@
 // storage nodes) over one set of watch caches and one inventory, and runs them until stopped.
 // main.ts calls it while this process leads; integration tests call it directly.
 import type { NVMeDevice, NVMeDeviceClaim, NVMePartition, RDMAStorageNode } from "../api/index.ts";
-import { kinds } from "../api/index.ts";
+import { HANDOVER_ANNOTATION, kinds } from "../api/index.ts";
 import type { Clock } from "../lib/clock.ts";
 import { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
 import type { CacheHandlers, WatchCache } from "../lib/kube/cache.ts";
@@ -18,6 +18,7 @@ import { CAPACITY, capacityReconciler, capacityTriggers } from "./capacity/capac
 import { CLAIMS, claimReconciler, claimTriggers } from "./claims/claim-controller.ts";
 import type { ManagerConfig } from "./config.ts";
 import type { Clients, ManagerContext, Triggers } from "./context.ts";
+import { DRAIN, drainReconciler, drainTriggers } from "./drain/drain-controller.ts";
 import { EventPort, type EventSink } from "./events.ts";
 import { Inventory } from "./inventory.ts";
 import { LOST_NODES, lostNodeReconciler, lostNodeTriggers } from "./lost-nodes/lost-node-controller.ts";
@@ -59,11 +60,16 @@ export interface RunningManager {
 /**
  * What the manager drops before caching (managedFields are gone already): the annotations of
  * NVMePartitions (the CSI controller's request records, the bulk of a partition's metadata),
- * which no manager controller reads; every manager write of a partition is a patch or a status
+ * which no manager controller reads (but storage.distort.io/handover-from, kept: the replica
+ * controller's planned handover reads it); every manager write of a partition is a patch or a status
  * write, never a whole-object replace from the cache. Other kinds are kept whole.
  */
 export const managerTransform: ObjectTransform = (kind, obj) => {
-  if (kind.kind === kinds.NVMePartition.kind) delete obj.metadata.annotations;
+  if (kind.kind === kinds.NVMePartition.kind) {
+    const handover = obj.metadata.annotations?.[HANDOVER_ANNOTATION];
+    delete obj.metadata.annotations;
+    if (handover !== undefined) obj.metadata.annotations = { [HANDOVER_ANNOTATION]: handover };
+  }
   return obj;
 };
 
@@ -143,6 +149,7 @@ export async function startManager(opts: StartOptions): Promise<RunningManager> 
       reconcile: nodeReconciler(ctx),
       triggers: nodeTriggers(),
     },
+    { name: DRAIN, workers: config.workers, reconcile: drainReconciler(ctx), triggers: drainTriggers() },
   ];
   const queues = new Map(specs.map((s) => [s.name, new WorkQueue({ name: s.name, clock })]));
 

@@ -26,6 +26,10 @@ export interface ManagerMetrics {
   rebuildGrants: Counter<never>;
   /** Rebuild slots the manager released because what they were for was gone. */
   rebuildSlotReleases: Counter<never>;
+  /** 1 while a storage node or drive drains with something left on it, 0 once drained. */
+  draining: Gauge<"kind" | "name">;
+  /** Copies of replicated volumes removed by a drain after their replacement was current. */
+  replicasMoved: Counter<never>;
 }
 
 const LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
@@ -85,6 +89,17 @@ export function managerMetrics(registry: Registry): ManagerMetrics {
     rebuildSlotReleases: registry.counter({
       name: "distort_rebuild_slot_releases_total",
       help: "Rebuild slots the manager released because their copy, volume or serving node was gone or moved (slots of finished or failed rebuilds are released by the serving node).",
+      reuse: true,
+    }),
+    draining: registry.gauge({
+      name: "distort_drain_in_progress",
+      help: "1 while a storage node (kind RDMAStorageNode) or drive (kind NVMeDevice) drains with something of DISTORT left on it; 0 once drained.",
+      labelNames: ["kind", "name"],
+      reuse: true,
+    }),
+    replicasMoved: registry.counter({
+      name: "distort_drain_replicas_moved_total",
+      help: "Copies of replicated volumes a drain removed after their replacement elsewhere was current.",
       reuse: true,
     }),
   };

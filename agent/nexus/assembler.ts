@@ -413,6 +413,22 @@ export class NexusAssembler {
     await this.detach(m.controller);
   }
 
+  /**
+   * Takes copy `m` out of raid `raidBdev` gracefully (bdev_raid_remove_base_bdev: the raid stops
+   * writing to it), then detaches its controller. A member already out, or a raid or controller
+   * already gone, counts as done. The caller has recorded the copy out of the current set first.
+   */
+  async retireMember(raidBdev: string, m: CopyEndpoint): Promise<void> {
+    const raid = await this.findRaid(raidBdev);
+    const bdev = nexusMemberBdevFor(m.controller);
+    if (raid?.base_bdevs_list.some((b) => b.name === bdev)) {
+      await this.spdk.bdevRaidRemoveBaseBdev(bdev).catch((err) => {
+        if (!isKind(err, "not-found")) throw err;
+      });
+    }
+    await this.detach(m.controller);
+  }
+
   private async findRaid(name: string): Promise<RaidBdev | undefined> {
     return (await this.spdk.bdevRaidGetBdevs("all")).find((r) => r.name === name);
   }

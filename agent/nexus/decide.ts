@@ -64,9 +64,9 @@ export interface NexusPlan {
   /** The copies the raid is built from, in status.replicas order. */
   members: CopyEndpoint[];
   /**
-   * Slots a raid made now gets: the volume's copies (spec.replicas), so that a copy not current
-   * at creation can join later through a rebuild (SPDK adds a base bdev only into an empty
-   * slot). Default: the members, at least two.
+   * Slots a raid made now gets: the volume's copies (spec.replicas) plus one spare, so that a copy
+   * not current at creation, or a drain's replacement beside every copy, can join later through a
+   * rebuild (SPDK adds a base bdev only into an empty slot). Default: the members, at least two.
    */
   slots?: number;
   /** Transport of the volume's own export. */
@@ -246,7 +246,9 @@ export function decideNexus(o: NexusObserved): NexusDecision {
       raidUuid: nexusRaidUuidFor(uid),
       hostNqn: nexusHostNqnFor(o.nodeName),
       members,
-      slots: Math.max(2, v.spec.replicas ?? members.length, members.length),
+      // One slot more than the volume's copies: the spare a replacement copy joins (a drain
+      // rebuilds it while the copy it replaces still serves) before the old one is retired.
+      slots: Math.max(2, (v.spec.replicas ?? members.length) + 1, members.length),
       transport: v.spec.targetOptions?.transport ?? "rdma",
       sizeBytes: roundUpToUnit(v.spec.sizeBytes),
       qos: qosLimitsOf(v),

@@ -90,12 +90,14 @@ const BEHIND: ReadonlySet<ReplicaStatus["state"]> = new Set(["Stale", "Faulted",
 
 /**
  * The entries of `v` a rebuild is for: they have a UID, are not current, and are Stale, Faulted
- * or Rebuilding (Pending copies are not exported yet; the manager makes an exported one Stale).
+ * or Rebuilding (Pending copies are not exported yet; the manager makes an exported one Stale),
+ * and are not retiring (a drain removes them).
  */
 export function rebuildCandidates(v: NVMePartition): ReplicaStatus[] {
   const current = new Set(currentCopies(v).map((c) => c.name));
   return (v.status?.replicas ?? []).filter(
-    (r) => r.uid !== undefined && !current.has(r.name) && BEHIND.has(r.state),
+    // A retiring copy (a drain) is lowered on purpose and deleted next: never rebuilt.
+    (r) => r.uid !== undefined && !current.has(r.name) && BEHIND.has(r.state) && !r.retiring,
   );
 }
 

@@ -10,7 +10,7 @@ import type {
   NVMeVolumeAttachment,
   PortalStatus,
 } from "../../api/index.ts";
-import { kinds } from "../../api/index.ts";
+import { HANDOVER_ANNOTATION, kinds } from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
 import { dropLeftover, markLeftover } from "../../lib/device-ledger.ts";
 import { StorageError } from "../../lib/errors.ts";
@@ -104,6 +104,10 @@ export const DEPROVISION_STEPS = ["unexport", "delete-volume", "finalizer-remove
 export const NEXUS_STEPS = [
   "nexus-raid",
   "nexus-degrade",
+  "nexus-retire",
+  "nexus-retired",
+  "nexus-release",
+  "nexus-released",
   "nexus-teardown",
   "standby-export",
   "standby-acl",
@@ -773,6 +777,20 @@ export class PartitionController {
         return;
       }
       case "assemble": {
+        // A planned handover names this node: it stops taking writes and says so, nothing more.
+        if (p.metadata.annotations?.[HANDOVER_ANNOTATION] === this.o.nodeName)
+          return this.releaseNexus(key, p, d.plan, log);
+        // A release recorded for an earlier request that was withdrawn: cleared before this node
+        // serves again, so that it never speaks for a node that takes writes.
+        if (p.status?.releasedBy === this.o.nodeName) {
+          await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+            if (latest.metadata.uid !== p.metadata.uid || latest.status?.releasedBy !== this.o.nodeName)
+              return undefined;
+            const { releasedBy: _, ...rest } = latest.status;
+            return rest;
+          });
+          return { requeueAfterMs: 200 };
+        }
         // Fenced by this agent (its heartbeats stopped going through): serving again needs a
         // newer heartbeat and the volume, read afresh, still naming this node.
         const fencedAt = this.selfFenced.get(key);
@@ -805,6 +823,10 @@ export class PartitionController {
         const unreachable = look.down;
         const degraded = await this.degradeNexus(key, p, plan, unreachable, log, look.checked);
         if (degraded) return degraded;
+        if (p.status?.state === "Exported") {
+          const retired = await this.retireCopies(key, p, plan, log);
+          if (retired) return retired;
+        }
         let raid: Awaited<ReturnType<NexusAssembler["ensureRaid"]>>;
         try {
           raid = await (nexus as NexusAssembler).ensureRaid(
@@ -1140,8 +1162,124 @@ export class PartitionController {
     return;
   }
 
+  /**
+   * Planned handover (HANDOVER_ANNOTATION names this node): stop taking writes FIRST (the
+   * export turns standby: listeners ANA inaccessible, then the raid's namespace out; without a
+   * local copy the export goes), then tear the raid down (so nothing on this node can write to a
+   * copy, local or remote), and only then record status.releasedBy, guarded by the volume still
+   * being served here and the request still naming this node. The manager fences, promotes and
+   * serves elsewhere on that record. Repeatable: every step treats done as done.
+   */
+  private async releaseNexus(
+    key: string,
+    p: NVMePartition,
+    plan: NexusPlan,
+    log: Logger,
+  ): Promise<{ requeueAfterMs: number }> {
+    const backend = this.o.backends.spdk as TargetBackend;
+    const nexus = this.nexus as NexusAssembler;
+    const me = this.o.nodeName;
+    if (p.status?.releasedBy === me && this.released.has(key)) return { requeueAfterMs: 2000 };
+    await this.step("nexus-release", key);
+    const copy = this.localCopyOf(key);
+    if (copy && backend.ensureStandby) await this.standbyExport(key, copy, p, backend);
+    else {
+      await backend.removeExport(plan.nqn);
+      await this.step("unexport", key);
+    }
+    const t: NexusTeardown = this.nexusServed.get(key) ?? {
+      nqn: plan.nqn,
+      raidBdev: plan.raidBdev,
+      controllers: plan.members.map((m) => m.controller),
+    };
+    const detached = await nexus.teardown(t);
+    // Kept as served: once the volume is served elsewhere the usual retire removes what is left.
+    this.nexusServed.set(key, t);
+    this.rebuilds?.forget(p.metadata.uid as string);
+    const uid = p.metadata.uid;
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+      if (
+        latest.metadata.uid !== uid ||
+        latest.spec.nodeName !== me ||
+        latest.metadata.annotations?.[HANDOVER_ANNOTATION] !== me ||
+        !latest.status
+      )
+        return undefined;
+      if (latest.status.releasedBy === me) return undefined;
+      return { ...latest.status, releasedBy: me };
+    });
+    if (stored?.status?.releasedBy !== me) return { requeueAfterMs: 500 };
+    this.released.add(key);
+    await this.step("nexus-released", key);
+    const note = `planned handover: this node released the volume (export ${copy ? "standby" : "removed"}, raid ${t.raidBdev} torn down, ${detached.length} controller(s) detached); it takes no more writes`;
+    log.info("nexus released for a handover", { raid: t.raidBdev, detached });
+    await this.o.events?.record(p, "Normal", "Released", "Handover", note);
+    return { requeueAfterMs: 2000 };
+  }
+
+  /** Volumes this node released in a planned handover (in memory; the API record is the proof). */
+  private readonly released = new Set<string>();
+
   /** Copy key -> when this agent first found it unreachable from the volume it serves. */
   private readonly memberDown = new Map<string, number>();
+
+  /**
+   * Copies of `p` the manager marked retiring (a drain, once their replacement is current): the
+   * serving node is the one that lowers a copy, so it records them Stale ("retired: <why>") at a
+   * raised data generation over the copies that go on (a status write guarded by the generation
+   * it read), and only then takes them out of its raid (bdev_raid_remove_base_bdev) and detaches
+   * them: until the record is stored the copy still receives every write, so a crash between the
+   * steps leaves nothing current that missed writes. Never the last current copy. Returns the
+   * requeue when it acted; undefined when nothing retires.
+   */
+  private async retireCopies(
+    key: string,
+    p: NVMePartition,
+    plan: NexusPlan,
+    log: Logger,
+  ): Promise<{ requeueAfterMs: number } | undefined> {
+    const g = p.status?.dataGeneration;
+    if (g === undefined) return undefined;
+    const current = currentCopies(p);
+    const retiring = current.filter((e) => e.retiring !== undefined);
+    if (retiring.length === 0) return undefined;
+    if (retiring.length >= current.length) {
+      log.warn("every current copy is marked retiring: none is retired (one must go on)", {
+        copies: retiring.map((e) => e.name),
+      });
+      return undefined;
+    }
+    const uid = p.metadata.uid as string;
+    const names = new Set(retiring.map((e) => e.name));
+    await this.step("nexus-retire", key);
+    const stored = await updateStatus(this.partClient, p.metadata.name, p.metadata.namespace, (latest) => {
+      const s = latest.status;
+      if (latest.metadata.uid !== uid || !s || s.dataGeneration !== g) return undefined;
+      const entries = s.replicas ?? [];
+      const isCurrent = (e: (typeof entries)[number]) =>
+        e.generation === g && (e.state === "Online" || e.state === "Degraded");
+      const still = entries.filter((e) => names.has(e.name) && isCurrent(e) && e.retiring !== undefined);
+      if (still.length !== names.size) return undefined;
+      if (!entries.some((e) => isCurrent(e) && !names.has(e.name))) return undefined;
+      return {
+        ...s,
+        dataGeneration: g + 1,
+        replicas: entries.map((e) => {
+          if (names.has(e.name))
+            return { ...e, state: "Stale" as const, message: `retired: ${e.retiring}`.slice(0, 1024) };
+          return isCurrent(e) ? { ...e, generation: g + 1 } : e;
+        }),
+      };
+    });
+    if (stored?.status?.dataGeneration !== g + 1) return { requeueAfterMs: 500 };
+    for (const m of plan.members)
+      if (names.has(m.name)) await (this.nexus as NexusAssembler).retireMember(plan.raidBdev, m);
+    await this.step("nexus-retired", key);
+    const note = `copies ${[...names].join(", ")} retired (${retiring.map((e) => e.retiring).join("; ")}): recorded Stale at data generation ${g + 1}, then taken out of raid ${plan.raidBdev}; writes go on on the others`;
+    log.info("copies retired", { copies: [...names], generation: g + 1 });
+    await this.o.events?.record(p, "Normal", "CopyRetired", "Serve", note);
+    return { requeueAfterMs: 500 };
+  }
 
   /**
    * Records copies of `p` unreachable past the bound as Faulted at a raised data generation (a

@@ -70,6 +70,15 @@ describe("decidePlacement picks", () => {
   }[] = [
     { name: "the device with most free bytes", setup: () => twoDevices(), want: "d1" },
     {
+      name: "a schedulable device over a cordoned one with more free bytes",
+      setup: () => {
+        const s = twoDevices();
+        s.devices[0] = { ...s.devices[0]!, spec: { ...s.devices[0]!.spec, unschedulable: true } };
+        return s;
+      },
+      want: "d2",
+    },
+    {
       name: "most free after counting placed partitions",
       setup: () => ({
         ...twoDevices(),
@@ -290,6 +299,34 @@ describe("decidePlacement refuses", () => {
       setup: () => ({ ...pair(one()), nodes: node({ inventory: false }) }),
       reason: "NodeNotReady",
       message: /node-a: InventoryNotReady/,
+    },
+    {
+      name: "a cordoned node",
+      setup: () => {
+        const [n] = node({});
+        return { ...pair(one()), nodes: [{ ...n!, spec: { ...n!.spec, unschedulable: true } }] };
+      },
+      reason: "Cordoned",
+      message: /1 cordoned or draining \(node node-a cordoned\)/,
+    },
+    {
+      name: "a draining node",
+      setup: () => {
+        const [n] = node({});
+        return { ...pair(one()), nodes: [{ ...n!, spec: { ...n!.spec, drain: true } }] };
+      },
+      reason: "Cordoned",
+      message: /node node-a draining/,
+    },
+    {
+      name: "a draining drive",
+      setup: () => {
+        const s = pair(one());
+        const [d] = s.devices;
+        return { ...s, devices: [{ ...d!, spec: { ...d!.spec, drain: true } }], nodes: node({}) };
+      },
+      reason: "Cordoned",
+      message: /device d1 draining/,
     },
     {
       name: "a device locked to the other backend",

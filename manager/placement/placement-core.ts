@@ -1,13 +1,14 @@
 // The placement decision for one NVMePartition, as a pure function of the partition and what the
 // manager observes: which claimed device on a healthy node gets it, or why none can. The
 // controller carries out the decision (reserve in the device ledger, then write the spec).
-import type {
-  ClaimRef,
-  NVMeDevice,
-  NVMeDeviceClaim,
-  NVMePartition,
-  NVMePartitionStatus,
-  RDMAStorageNode,
+import {
+  type ClaimRef,
+  isCordoned,
+  type NVMeDevice,
+  type NVMeDeviceClaim,
+  type NVMePartition,
+  type NVMePartitionStatus,
+  type RDMAStorageNode,
 } from "../../api/index.ts";
 import { type DeviceUsage, lvstoreFullness, overcommitRatioOf, roomFor } from "../../lib/device-ledger.ts";
 import { findCondition } from "../../lib/kube/conditions.ts";
@@ -56,6 +57,8 @@ export type UnschedulableReason =
   | "NoClaimedDevice"
   | "NodeStale"
   | "NodeNotReady"
+  /** The drive or its storage node is cordoned (spec.unschedulable) or draining (spec.drain). */
+  | "Cordoned"
   | "BackendLocked"
   | "TopologyMismatch"
   | "InsufficientCapacity"
@@ -142,6 +145,7 @@ const STAGE: Record<UnschedulableReason, number> = {
   NoClaimedDevice: 0,
   NodeStale: 1,
   NodeNotReady: 1,
+  Cordoned: 1,
   BackendLocked: 2,
   TopologyMismatch: 3,
   ReplicaAntiAffinity: 3,
@@ -188,6 +192,7 @@ export function decidePlacement(
     NoClaimedDevice: [],
     NodeStale: [],
     NodeNotReady: [],
+    Cordoned: [],
     BackendLocked: [],
     TopologyMismatch: [],
     InsufficientCapacity: [],
@@ -204,6 +209,7 @@ export function decidePlacement(
     return unschedulable(p, scheduled, nowMs, cfg, "SourceUnavailable", pin.why);
   const nodeDetail = new Map<string, string>();
   const lockedTo = new Set<string>();
+  const cordoned = new Set<string>();
   let mostFree = Number.NEGATIVE_INFINITY;
   let total = 0;
   let settling = 0;
@@ -229,6 +235,14 @@ export function decidePlacement(
       const stale = health.reason === "HeartbeatStale" || health.reason === "NoHeartbeat";
       rejected[stale ? "NodeStale" : "NodeNotReady"].push(d.metadata.name);
       nodeDetail.set(nodeName, health.reason);
+      continue;
+    }
+    // Cordoned or draining (the node, or this drive): nothing new goes there.
+    if (isCordoned(node) || isCordoned(d)) {
+      rejected.Cordoned.push(d.metadata.name);
+      const what = isCordoned(node) ? `node ${nodeName}` : `device ${d.metadata.name}`;
+      const how = (isCordoned(node) ? node?.spec.drain : d.spec.drain) ? "draining" : "cordoned";
+      cordoned.add(`${what} ${how}`);
       continue;
     }
     const locked = d.status?.activeBackend;
@@ -334,6 +348,7 @@ export function decidePlacement(
     parts.push(
       `${n("NodeNotReady")} on unusable nodes (${listed(nodesWith((r) => r !== "HeartbeatStale" && r !== "NoHeartbeat"))})`,
     );
+  if (n("Cordoned")) parts.push(`${n("Cordoned")} cordoned or draining (${listed([...cordoned].sort())})`);
   if (n("NoClaimedDevice")) parts.push(`${n("NoClaimedDevice")} not owned by a live bound claim`);
   if (pin && total === 0)
     return unschedulable(

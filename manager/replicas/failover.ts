@@ -18,6 +18,7 @@ import {
   ACCEPT_DATA_LOSS_ANNOTATION,
   ACCEPT_NEWEST,
   DEFAULT_FAILOVER_AFTER_SECONDS,
+  HANDOVER_ANNOTATION,
 } from "../../api/index.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../../lib/volume-identity.ts";
 import { heartbeatMs, nodeHealth } from "../node-health.ts";
@@ -42,10 +43,28 @@ export interface FailoverConfig {
   stalenessMs: number;
 }
 
-/** When the serving node counts as lost: no heartbeat for the volume's failoverAfterSeconds. */
+/**
+ * A planned handover the serving node has carried out: storage.distort.io/handover-from names it
+ * and it recorded status.releasedBy (it takes no more writes). Its proof does not rest on its
+ * heartbeat: the agent wrote it after its export turned standby and its raid went.
+ */
+export function servingReleased(v: NVMePartition): boolean {
+  const serving = v.spec.nodeName;
+  return (
+    serving !== undefined &&
+    v.metadata.annotations?.[HANDOVER_ANNOTATION] === serving &&
+    v.status?.releasedBy === serving
+  );
+}
+
+/**
+ * When the serving node counts as lost: no heartbeat for the volume's failoverAfterSeconds, or it
+ * released the volume in a planned handover (the same fence, promote, serve sequence follows).
+ */
 export function servingNodeLost(v: NVMePartition, view: ReplicaView, nowMs: number): boolean {
   const serving = v.spec.nodeName;
   if (!serving) return false;
+  if (servingReleased(v)) return true;
   const node = view.node(serving);
   const hb = node ? heartbeatMs(node) : undefined;
   const boundMs = (v.spec.failoverAfterSeconds ?? DEFAULT_FAILOVER_AFTER_SECONDS) * 1000;

@@ -6,6 +6,8 @@ import { randomUUID } from "node:crypto";
 import {
   API_VERSION,
   DEFAULT_FAILOVER_AFTER_SECONDS,
+  HANDOVER_ANNOTATION,
+  isDraining,
   type NVMePartition,
   type NVMePartitionStatus,
   type NVMeVolumeAttachment,
@@ -22,7 +24,13 @@ import { INITIAL_PARTITION_STATUS } from "../placement/placement-core.ts";
 import { applyStatusPatch } from "../status-patch.ts";
 import { writeStatus } from "../status-write.ts";
 import { carryOutDataLoss, dataLossStep } from "./accept-data-loss.ts";
-import { decideFailover, type FailoverStep, failoverDeadlineMs, servingNodeLost } from "./failover.ts";
+import {
+  decideFailover,
+  type FailoverStep,
+  failoverDeadlineMs,
+  servingNodeLost,
+  servingReleased,
+} from "./failover.ts";
 import {
   decideReplicas,
   isReplicated,
@@ -91,7 +99,10 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
       await clients.partitions.delete(d.name, namespace, { uid: d.uid });
       rctx.log.info("replica deleted", { volume: key, replica: d.name, why: d.why });
     }
-    for (const e of out.events) ctx.events.emit(volume, e.type, e.reason, "Replicate", e.note);
+    for (const e of out.events) {
+      ctx.events.emit(volume, e.type, e.reason, "Replicate", e.note);
+      if (e.reason === "ReplicaMoved") ctx.metrics.replicasMoved.inc();
+    }
     if (out.serve) {
       // Guarded by the resourceVersion the decision saw: two managers never both choose.
       try {
@@ -107,6 +118,21 @@ export function replicaReconciler(ctx: ManagerContext): Reconcile {
       }
     }
     for (const a of out.admit) await admit(ctx, namespace as string, a, rctx.log);
+    if (out.handover) {
+      try {
+        volume = await clients.partitions.mergePatch(name, namespace, {
+          metadata: {
+            uid,
+            resourceVersion: volume.metadata.resourceVersion,
+            annotations: { [HANDOVER_ANNOTATION]: out.handover },
+          },
+        });
+        rctx.log.info("planned handover asked", { volume: key, from: out.handover });
+      } catch (err) {
+        if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) return {};
+        throw err;
+      }
+    }
     if (out.status) {
       const patch = out.status;
       const now = new Date(ctx.clock.now());
@@ -306,8 +332,9 @@ async function carryOut(
           });
         log.warn("copy fenced from the lost serving node", { copy: m.copy, from: step.from, to: step.to });
       }
-      const note = `serving node ${step.from} lost: fencing it from ${step.moves.map((m) => m.copy).join(", ")} before ${step.to} serves`;
-      ctx.events.emit(v, "Warning", "Fencing", "Failover", note);
+      const planned = servingReleased(v);
+      const note = `${planned ? `planned handover: serving node ${step.from} released the volume` : `serving node ${step.from} lost`}: fencing it from ${step.moves.map((m) => m.copy).join(", ")} before ${step.to} serves`;
+      ctx.events.emit(v, planned ? "Normal" : "Warning", "Fencing", planned ? "Handover" : "Failover", note);
       await serving("False", "Fencing", note);
       return { requeueAfterMs: FAILOVER_POLL_MS };
     }
@@ -345,14 +372,44 @@ async function carryOut(
       return {};
     }
     case "serve": {
+      const planned = servingReleased(v);
+      let moved: NVMePartition;
       try {
-        await clients.partitions.mergePatch(name, namespace, {
-          metadata: { uid, resourceVersion: v.metadata.resourceVersion },
+        moved = await clients.partitions.mergePatch(name, namespace, {
+          metadata: {
+            uid,
+            resourceVersion: v.metadata.resourceVersion,
+            // The handover is done: the request goes with the move (one write).
+            ...(planned ? { annotations: { [HANDOVER_ANNOTATION]: null } } : {}),
+          },
           spec: { nodeName: step.to },
         });
       } catch (err) {
         if (err instanceof StorageError && (err.kind === "conflict" || err.kind === "not-found")) return {};
         throw err;
+      }
+      if (planned) {
+        // releasedBy speaks for the node it names only while that node serves: cleared now, so a
+        // later handover from it needs a fresh release.
+        await writeStatus<NVMePartitionStatus, NVMePartition>(clients.partitions, moved, (latest) =>
+          latest.metadata.uid !== uid
+            ? undefined
+            : applyStatusPatch(
+                latest.status,
+                INITIAL_PARTITION_STATUS,
+                { set: { releasedBy: undefined } },
+                now,
+              ),
+        );
+        const note = `planned handover: served from ${step.to}; ${step.from} released the volume (no more writes) and is fenced from every current copy`;
+        log.info("replicated volume handed over", {
+          volume: `${namespace}/${name}`,
+          from: step.from,
+          to: step.to,
+        });
+        ctx.events.emit(moved, "Normal", "HandedOver", "Handover", note);
+        await serving("True", "HandedOver", note);
+        return {};
       }
       const note = `served from ${step.to} after ${step.from} missed heartbeats for ${v.spec.failoverAfterSeconds ?? DEFAULT_FAILOVER_AFTER_SECONDS} s; ${step.from} is fenced from every current copy`;
       log.warn("replicated volume failed over", {
@@ -380,11 +437,25 @@ export function replicaTriggers(ctx: ManagerContext): Triggers {
     node: (old, n) => {
       const now = ctx.clock.now();
       const was = old ? nodeHealth(old.spec.nodeName, old, now, ctx.config.stalenessMs).ok : undefined;
-      if (was === nodeHealth(n.spec.nodeName, n, now, ctx.config.stalenessMs).ok) return [];
+      const drainChanged = isDraining(old) !== isDraining(n);
+      if (!drainChanged && was === nodeHealth(n.spec.nodeName, n, now, ctx.config.stalenessMs).ok) return [];
       const out: string[] = [];
       for (const key of inventory.replicatedKeys()) {
         const v = inventory.partition(key);
         if (v?.status?.replicas?.some((r) => r.nodeName === n.spec.nodeName)) out.push(key);
+      }
+      return out;
+    },
+    // A drive's drain decides whether its copies are replaced and retired.
+    device: (old, d) => {
+      if (isDraining(old) === isDraining(d)) return [];
+      const out: string[] = [];
+      for (const key of inventory.replicatedKeys()) {
+        const v = inventory.partition(key);
+        if (
+          v?.status?.replicas?.some((r) => r.nodeName === d.spec.nodeName && r.deviceSerial === d.spec.serial)
+        )
+          out.push(key);
       }
       return out;
     },

@@ -15,15 +15,18 @@
 //   writes) by raising status.dataGeneration over the copies that go on. The manager never raises
 //   a copy's generation: a copy that is behind stays behind until a rebuild says otherwise.
 import { createHash } from "node:crypto";
-import type {
-  NVMePartition,
-  NVMePartitionSpec,
-  NVMePartitionStatus,
-  RDMAStorageNode,
-  ReplicaState,
-  ReplicaStatus,
+import {
+  HANDOVER_ANNOTATION,
+  isDraining,
+  type NVMePartition,
+  type NVMePartitionSpec,
+  type NVMePartitionStatus,
+  type RDMAStorageNode,
+  type ReplicaState,
+  type ReplicaStatus,
 } from "../../api/index.ts";
 import { replicaIndex } from "../../lib/volume-identity.ts";
+import { copyDrain } from "../drain/drain-core.ts";
 import { nodeHealth } from "../node-health.ts";
 import type { ConditionInput } from "../status-patch.ts";
 import { servingNodeLost } from "./failover.ts";
@@ -81,6 +84,8 @@ export function replicaSpec(volume: NVMePartition): NVMePartitionSpec {
 
 export interface ReplicaView {
   node(nodeName: string): RDMAStorageNode | undefined;
+  /** Devices with this serial (for a drive's spec.drain); absent: no drive drains. */
+  devicesWithSerial?(serial: string): import("../../api/index.ts").NVMeDevice[];
 }
 
 export interface ReplicaConfig {
@@ -109,6 +114,11 @@ export interface ReplicaOutcome {
   admit: { copy: string; uid: string; node: string; move?: true }[];
   /** Copies whose admission of a serving node is withdrawn (their NVMeVolumeAttachment deleted). */
   unadmit: { copy: string; uid: string }[];
+  /**
+   * Ask the serving node named here for a planned handover (HANDOVER_ANNOTATION): its node drains,
+   * it holds no current copy any more, and spec.replicas current copies are on other nodes.
+   */
+  handover?: string;
 }
 
 /** What a replica partition's own status says, before the volume's generation is considered. */
@@ -202,7 +212,46 @@ export function decideReplicas(
     }
   }
 
-  // Live copies: not being deleted and not failed. Missing ones are created at free indices.
+  // Drain (of the copy's node or drive). A draining copy that is not current holds nothing the
+  // volume needs: it is deleted (its admission withdrawn first). A current one stays until a
+  // replacement elsewhere is current too; then it is retired (below) and, once the serving node
+  // has lowered it, deleted here.
+  const drainOf = new Map<string, string>();
+  for (const r of mine) {
+    const why = r.metadata.deletionTimestamp ? undefined : copyDrain(r, view);
+    if (why) drainOf.set(r.metadata.name, why);
+  }
+  const dataGen0 = volume.status?.dataGeneration;
+  const currentPrev = (name: string) => {
+    const e = prior.get(name);
+    return (
+      e !== undefined &&
+      dataGen0 !== undefined &&
+      e.generation === dataGen0 &&
+      (e.state === "Online" || e.state === "Degraded")
+    );
+  };
+  for (const r of mine) {
+    const why = drainOf.get(r.metadata.name);
+    if (!why || out.delete.some((d) => d.name === r.metadata.name) || currentPrev(r.metadata.name)) continue;
+    const ruid = r.metadata.uid as string;
+    const retired = prior.get(r.metadata.name)?.retiring !== undefined;
+    out.unadmit.push({ copy: r.metadata.name, uid: ruid });
+    out.delete.push({
+      name: r.metadata.name,
+      uid: ruid,
+      why: retired ? `retired (${why})` : `not current (${why}): holds nothing the volume needs`,
+    });
+    out.events.push({
+      type: "Normal",
+      reason: "ReplicaMoved",
+      note: `replica ${r.metadata.name} on node ${r.spec.nodeName} removed for ${why}${retired ? " after its replacement became current and the serving node retired it" : " (it was not current)"}`,
+    });
+  }
+
+  // Live copies: not being deleted and not failed. Missing ones are created at free indices;
+  // while copies drain, one more than the volume has (the raid's spare slot), so the copies that
+  // stay reach spec.replicas before a draining one is retired.
   const live = mine.filter(
     (r) =>
       !r.metadata.deletionTimestamp &&
@@ -210,7 +259,16 @@ export function decideReplicas(
       !out.delete.some((d) => d.name === r.metadata.name),
   );
   const used = new Set(mine.map((r) => replicaIndex(r.metadata.name)));
-  for (let i = 0, missing = want - live.length; missing > 0 && i < 2 * want + 8; i++) {
+  const staying = live.filter((r) => !drainOf.has(r.metadata.name)).length;
+  const draining = live.length - staying;
+  const missing0 = draining > 0 ? Math.min(want - staying, want + 1 - live.length) : want - live.length;
+  if (draining > 0 && missing0 > 0)
+    out.events.push({
+      type: "Normal",
+      reason: "ReplicaReplacing",
+      note: `a replacement copy is created for ${[...new Set([...drainOf.values()])].join(", ")}; the draining copy stays until it is current`,
+    });
+  for (let i = 0, missing = missing0; missing > 0 && i < 2 * want + 8; i++) {
     if (used.has(i)) continue;
     out.create.push({ name: replicaName(volume.metadata.name, i), spec: replicaSpec(volume) });
     used.add(i);
@@ -261,6 +319,9 @@ export function decideReplicas(
       ...(message ? { message: message.slice(0, 1024) } : {}),
       // The serving node's progress of a running rebuild is its to write, not to be dropped here.
       ...(state === "Rebuilding" && prev?.rebuild ? { rebuild: prev.rebuild } : {}),
+      // Kept only while the copy still drains (a drain stopped before the serving node acted
+      // leaves the copy in place).
+      ...(prev?.retiring && drainOf.has(r.metadata.name) ? { retiring: prev.retiring } : {}),
     });
   }
   for (const c of out.create)
@@ -272,22 +333,81 @@ export function decideReplicas(
     dataGeneration !== undefined &&
     e.generation === dataGeneration &&
     (e.state === "Online" || e.state === "Degraded");
+  // Retire one draining current copy at a time, and only while the copies that go on without it
+  // (current, not retiring) are at least spec.replicas: redundancy never drops during a drain.
+  const deleting = new Set(out.delete.map((d) => d.name));
+  if (
+    dataGeneration !== undefined &&
+    !entries.some((e) => e.retiring && isCurrent(e)) &&
+    (volume.status?.replicas ?? []).length > 0
+  ) {
+    for (const e of entries) {
+      const why = drainOf.get(e.name);
+      if (!why || !isCurrent(e) || deleting.has(e.name)) continue;
+      const others = entries.filter((x) => x !== e && isCurrent(x) && !x.retiring && !deleting.has(x.name));
+      if (others.length < want) break;
+      e.retiring = why;
+      out.events.push({
+        type: "Normal",
+        reason: "ReplicaRetiring",
+        note: `replica ${e.name} on node ${e.nodeName} is retired for ${why}: ${others.map((x) => x.name).join(", ")} current; the serving node takes it out of its raid`,
+      });
+      break;
+    }
+  }
   if (dataGeneration !== undefined && !volume.spec.nodeName) {
-    const first = entries.find((e) => e.state === "Online" && e.generation === dataGeneration && e.nodeName);
+    const first =
+      entries.find(
+        (e) => e.state === "Online" && e.generation === dataGeneration && e.nodeName && !drainOf.has(e.name),
+      ) ?? entries.find((e) => e.state === "Online" && e.generation === dataGeneration && e.nodeName);
     if (first?.nodeName) out.serve = first.nodeName;
   }
+  // A copy being deleted (or deleted now) is admitted to nobody: its deletion waits for its
+  // admission to go, so the withdrawal is repeated until it is gone.
+  const goingAway = new Set([
+    ...mine.filter((r) => r.metadata.deletionTimestamp && served).map((r) => r.metadata.name),
+    ...out.delete.map((d) => d.name),
+  ]);
+  for (const r of mine)
+    if (r.metadata.deletionTimestamp && served && !out.unadmit.some((u) => u.copy === r.metadata.name))
+      out.unadmit.push({ copy: r.metadata.name, uid: r.metadata.uid as string });
   const serving = out.serve ?? volume.spec.nodeName;
   if (serving) {
     const settled = !servingNodeLost({ ...volume, spec: { ...volume.spec, nodeName: serving } }, view, nowMs);
     for (const e of entries) {
+      if (goingAway.has(e.name)) continue;
       if (isCurrent(e) && e.uid) out.admit.push({ copy: e.name, uid: e.uid, node: serving });
       else if (
         settled &&
         e.uid &&
         dataGeneration !== undefined &&
-        (e.state === "Stale" || e.state === "Faulted")
+        (e.state === "Stale" || e.state === "Faulted") &&
+        !drainOf.has(e.name)
       )
         out.admit.push({ copy: e.name, uid: e.uid, node: serving, move: true });
+    }
+  }
+
+  // A serving node that drains hands the volume over, once its own copy is replaced and retired
+  // (so the copies that go on are spec.replicas without it): a planned failover, see failover.ts.
+  const sv = volume.spec.nodeName;
+  if (
+    sv &&
+    dataGeneration !== undefined &&
+    isDraining(view.node(sv)) &&
+    volume.metadata.annotations?.[HANDOVER_ANNOTATION] !== sv
+  ) {
+    const localCurrent = entries.some((e) => e.nodeName === sv && isCurrent(e));
+    const elsewhere = entries.filter(
+      (e) => isCurrent(e) && !e.retiring && e.nodeName !== sv && !drainOf.has(e.name),
+    );
+    if (!localCurrent && elsewhere.length >= want) {
+      out.handover = sv;
+      out.events.push({
+        type: "Normal",
+        reason: "HandoverRequested",
+        note: `serving node ${sv} drains: asked to release the volume so that ${elsewhere[0]?.nodeName} serves it`,
+      });
     }
   }
 
