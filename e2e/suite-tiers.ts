@@ -25,6 +25,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/faults.e2e.test.ts",
   "e2e/multipath.e2e.test.ts",
   "e2e/replicated.e2e.test.ts",
+  "e2e/drain.e2e.test.ts",
 ];
 
 /** Every e2e/*.e2e.test.ts not in CLUSTER_SUITES, sorted (paths relative to the repository root). */
