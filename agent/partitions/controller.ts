@@ -193,6 +193,17 @@ export interface PartitionControllerOptions {
    * (agent/nexus/self-fence.ts). Absent: no self-fencing.
    */
   lastHeartbeatMs?: () => number | undefined;
+  /**
+   * Nexus exports the target watchdog fenced while this agent was away (its fence record,
+   * agent/watchdog/lease.ts), by NQN: when. Each stays fenced as a self-fence of that time does:
+   * served again only after a newer heartbeat and a fresh read of the volume naming this node.
+   */
+  fencedAtStart?: ReadonlyMap<string, number>;
+  /**
+   * Awaited after a nexus is assembled and before its export is set optimized, so the target
+   * watchdog's lease names it before consumers can be served through it. Must not throw.
+   */
+  beforeServing?: () => Promise<void>;
   /** Rebuilds onto copies of volumes this node serves (agent/nexus/rebuild-driver.ts). */
   rebuilds?: {
     maxPerNode: number;
@@ -255,6 +266,7 @@ export class PartitionController {
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
     this.startedMs = o.clock.now();
+    for (const [nqn, at] of o.fencedAtStart ?? []) this.watchdogFenced.set(nqn, at);
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
     this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
@@ -773,8 +785,21 @@ export class PartitionController {
         return;
       }
       case "assemble": {
-        // Fenced by this agent (its heartbeats stopped going through): serving again needs a
-        // newer heartbeat and the volume, read afresh, still naming this node.
+        // Fenced by this agent (its heartbeats stopped going through) or, while it was away, by
+        // the target watchdog: serving again needs a newer heartbeat and the volume, read
+        // afresh, still naming this node.
+        const byWatchdog = this.watchdogFenced.get(d.plan.nqn);
+        if (byWatchdog !== undefined && !this.selfFenced.has(key)) {
+          this.selfFenced.set(key, byWatchdog);
+          log.info(
+            "the target watchdog fenced this volume while the agent was away: serving waits for a heartbeat",
+            {
+              nqn: d.plan.nqn,
+              fencedAtMs: byWatchdog,
+            },
+          );
+        }
+        this.watchdogFenced.delete(d.plan.nqn);
         const fencedAt = this.selfFenced.get(key);
         if (fencedAt !== undefined) {
           const fresh = selfFenceLifted(this.o.lastHeartbeatMs?.(), fencedAt)
@@ -856,6 +881,7 @@ export class PartitionController {
           ].sort(),
         });
         await this.step("nexus-raid", key);
+        await this.o.beforeServing?.();
         const t: Target = {
           backend: "spdk",
           volumeManager: "spdk-lvol",
@@ -1026,6 +1052,25 @@ export class PartitionController {
   private readonly startedMs: number;
   /** Volumes this node fenced itself from serving, by key: when. */
   private readonly selfFenced = new Map<string, number>();
+  /** The target watchdog's fences found at start, by NQN, not yet taken over by a volume's pass. */
+  private readonly watchdogFenced = new Map<string, number>();
+
+  /**
+   * The nexus exports this node serves now, not fenced, with their volumes' bounds: what the
+   * target watchdog's lease lists. A nexus whose volume moved away is listed until it is
+   * retired: if the agent dies first, its listener must not stay optimized.
+   */
+  servingNexus(): { nqn: string; failoverAfterSeconds: number | undefined }[] {
+    const out: { nqn: string; failoverAfterSeconds: number | undefined }[] = [];
+    for (const [key, served] of this.nexusServed) {
+      if (this.selfFenced.has(key)) continue;
+      out.push({
+        nqn: served.nqn,
+        failoverAfterSeconds: this.partitions.get(key)?.spec.failoverAfterSeconds,
+      });
+    }
+    return out;
+  }
 
   /**
    * Fences this node from the volumes it serves over a local copy once its heartbeats have not
