@@ -44,7 +44,6 @@ function fakeTarget(subsystems: Record<string, string[]>) {
       }) {
         calls.push(`set ${p.nqn} ${p.listen_address.traddr} ${p.ana_state}`);
         ana.set(`${p.nqn} ${p.listen_address.traddr}`, p.ana_state);
-        return true;
       },
     },
   };
@@ -157,7 +156,7 @@ test("a failing call leaves the fence unheld (retried next poll) and no record w
   let fail = true;
   s.target.spdk.nvmfSubsystemListenerSetAnaState = async (p) => {
     if (fail) throw new Error("timeout");
-    return set(p);
+    await set(p);
   };
   s.writeLease({ version: 1, node: "n1", heartbeatMs: T, fenceAtMs: T + 3_000, nqns: ["nqn.a"] });
   s.clock.advance(3_001);
