@@ -1,0 +1,276 @@
+// The target watchdog, shown by I/O. Node A serves a replicated volume (two copies: A's local,
+// B's over NVMe-oF; failoverAfterSeconds 5) and a consumer writes through A. A's agent runs as a
+// child process and its emulated nvmf_tgt in this one, with the watchdog (distort-agent
+// --mode=target-watchdog, a child process too) beside the target, as in the target's Pod.
+// (1) While A's agent lives and renews its lease, the watchdog fences nothing: I/O through A goes
+// on past several deadlines. (2) A's agent is SIGKILLed and not restarted: nobody self-fences,
+// the target keeps serving A's local copy. Past the lease's deadline (the last heartbeat + 60%
+// of the bound) the watchdog sets A's listener inaccessible: a read through A is refused with a
+// path error, before the manager's failover bound. Then the failover, played as the manager does
+// it at its bound (A fenced from both copies, the volume moved to B): B serves, a write through
+// B is acknowledged, and no read through A returns the older data.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { randomUUID } from "node:crypto";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
+import { eventually } from "../lab/cluster/test-support.ts";
+import {
+  type ReplicatedLab,
+  serveReplicatedVolume,
+  startReplicatedLab,
+} from "../lab/harness/replicated-lab.ts";
+import { connectController } from "../lab/sim/spdk/fabric.ts";
+import { PATH_ERRNO } from "../lab/sim/spdk/rpc-error.ts";
+import { ResourceClient } from "../lib/kube/resource.ts";
+import { attachmentNameFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
+import { externalIdFor, nqnFor } from "./partitions/identity.ts";
+import { parseFenceRecord, parseLease, watchdogPaths } from "./watchdog/lease.ts";
+
+const MiB = 1024 ** 2;
+const GiB = 1024 ** 3;
+const A = "127.0.54.1";
+const B = "127.0.54.2";
+const PORT = 40000 + Math.floor(Math.random() * 3000);
+const NODE_A = "wd-a";
+const NODE_B = "wd-b";
+const CONSUMER_ID = randomUUID();
+const CONSUMER = `nqn.2014-08.org.nvmexpress:uuid:${CONSUMER_ID}`;
+const FAILOVER_AFTER_S = 5;
+const POLL_MS = 250;
+
+let lab: ReplicatedLab | undefined;
+let watchdog: ReturnType<typeof Bun.spawn> | undefined;
+let watchdogLog = "";
+
+beforeAll(async () => {
+  lab = await startReplicatedLab({
+    namespacePrefix: "watchdog",
+    nodes: [
+      {
+        name: NODE_A,
+        address: A,
+        drives: [{ serial: "SIMWDA01", pciAddress: "0000:3d:00.0", sizeBytes: 4 * GiB }],
+      },
+      {
+        name: NODE_B,
+        address: B,
+        drives: [{ serial: "SIMWDB01", pciAddress: "0000:3d:00.0", sizeBytes: 4 * GiB }],
+      },
+    ],
+    port: PORT,
+    agentEnv: {
+      DISTORT_HEARTBEAT_PERIOD_MS: "500",
+      DISTORT_REBUILDS_PER_NODE: "0",
+      DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
+    },
+    childAgents: [NODE_A],
+  });
+  const nodeA = lab.nodes[0];
+  if (!nodeA) throw new Error("no node A");
+  // The watchdog beside A's target: the agent binary's entry mode, its own SPDK connection.
+  watchdog = Bun.spawn([process.execPath, join(import.meta.dir, "main.ts"), "--mode=target-watchdog"], {
+    env: {
+      PATH: process.env.PATH ?? "",
+      DISTORT_SPDK_SOCKET: nodeA.spdkSocket,
+      NODE_NAME: NODE_A,
+      DISTORT_WATCHDOG_POLL_MS: String(POLL_MS),
+      DISTORT_LOG_LEVEL: "info",
+    },
+    stdout: "ignore",
+    stderr: "pipe",
+  });
+  void (async () => {
+    const dec = new TextDecoder();
+    for await (const chunk of watchdog.stderr as ReadableStream<Uint8Array>) watchdogLog += dec.decode(chunk);
+  })();
+}, 300_000);
+
+afterAll(async () => {
+  if (watchdog && watchdog.exitCode === null) {
+    watchdog.kill("SIGTERM");
+    await Promise.race([watchdog.exited, Bun.sleep(5_000)]);
+    if (watchdog.exitCode === null && watchdog.signalCode === null) watchdog.kill("SIGKILL");
+  }
+  await lab?.close();
+  if (process.env.DISTORT_TEST_LOG) process.stderr.write(watchdogLog);
+});
+
+test("a live agent's renewed lease is never fenced; a dead agent's target is fenced by the watchdog before the failover bound, and no read through it returns data older than the new serving node acknowledged", async () => {
+  const l = lab as ReplicatedLab;
+  const { fabric } = l;
+  const nodeA = l.nodes[0] as (typeof l.nodes)[number];
+  const paths = watchdogPaths(nodeA.spdkSocket);
+  const { uid: volUid, copies } = await serveReplicatedVolume(l, {
+    name: "vol",
+    sizeBytes: 64 * MiB,
+    copies: [
+      ["SIMWDA01", "vol-r0"],
+      ["SIMWDB01", "vol-r1"],
+    ],
+    servingNode: NODE_A,
+    spec: { failoverAfterSeconds: FAILOVER_AFTER_S },
+    consumer: { hostNQN: CONSUMER, nodeId: `consumer-1/${CONSUMER}` },
+  });
+  const nqn = nqnFor(externalIdFor(volUid));
+  const connect = (traddr: string) =>
+    connectController(fabric, {
+      trtype: "TCP",
+      traddr,
+      trsvcid: String(PORT),
+      subnqn: nqn,
+      hostnqn: CONSUMER,
+      hostid: CONSUMER_ID,
+    });
+  const lease = () => {
+    const r = parseLease(readFileSync(paths.lease, "utf8"), NODE_A);
+    if (r.kind !== "valid") throw new Error(`lease not valid: ${JSON.stringify(r)}`);
+    return r.lease;
+  };
+  const block = (v: number) => Buffer.alloc(64 * 1024, v);
+  const OFF = 8 * MiB;
+  const pathA = await connect(A);
+  /** A read through A: "data:<first byte>" or "refused:<errno>", or "no answer" within 3 s. */
+  const readA = () =>
+    Promise.race([
+      pathA.read(1, OFF, 64 * 1024).then(
+        (d) => `data:${d[0]}${d.equals(block(d[0] as number)) ? "" : " (mixed)"}`,
+        (err: Error & { errno?: number }) => `refused:${err.errno}`,
+      ),
+      Bun.sleep(3_000).then(() => "no answer"),
+    ]);
+  try {
+    // The lease names the served nexus with the agent's own self-fence deadline.
+    await eventually(
+      async () => (existsSync(paths.lease) && lease().nqns.includes(nqn) ? true : undefined),
+      20_000,
+      "A's lease naming the volume",
+    );
+    const first = lease();
+    expect(first.fenceAtMs).toBe(first.heartbeatMs + FAILOVER_AFTER_S * 1000 * 0.6);
+
+    // (1) Alive: I/O through A goes on across more than two lease deadlines (3 s each).
+    await pathA.write(1, OFF, block(1));
+    await pathA.flush(1);
+    const liveUntil = Date.now() + 7_000;
+    let liveIos = 0;
+    for (let i = 0; i < 200 && Date.now() < liveUntil; i++) {
+      expect(await readA()).toBe("data:1");
+      liveIos++;
+      await Bun.sleep(200);
+    }
+    expect(liveIos).toBeGreaterThan(10);
+    expect(lease().heartbeatMs).toBeGreaterThan(first.fenceAtMs as number);
+    expect(existsSync(paths.record)).toBe(false);
+    expect(pathA.anaState).toBe("optimized");
+
+    // (2) A's agent is killed; its target (in this process) and the watchdog go on.
+    await pathA.write(1, OFF, block(2));
+    await pathA.flush(1);
+    expect(await readA()).toBe("data:2");
+    const agentA = l.agents[0];
+    const pid = agentA?.pid;
+    if (!pid) throw new Error("A's agent is not a child process");
+    process.kill(pid, "SIGKILL");
+    await agentA.exited;
+    const killedAt = Date.now();
+    const last = lease();
+    const fenceAt = last.fenceAtMs as number;
+    const failoverAt = last.heartbeatMs + FAILOVER_AFTER_S * 1000;
+    // Until the deadline, A still serves its local copy (nobody fences it).
+    let refused = "";
+    let refusedAt = 0;
+    for (let i = 0; i < 400 && Date.now() < killedAt + 20_000; i++) {
+      const r = await readA();
+      if (r.startsWith("refused")) {
+        refused = r;
+        refusedAt = Date.now();
+        break;
+      }
+      expect(r).toBe("data:2");
+      await Bun.sleep(50);
+    }
+    process.stdout.write(
+      `target watchdog: a read through A refused ${refusedAt - fenceAt} ms after the lease's deadline, ${failoverAt - refusedAt} ms before the failover bound (${refused})\n`,
+    );
+    expect(refused).toBe(`refused:${PATH_ERRNO}`);
+    // Not before the deadline; within a poll and a loaded machine's slack after it; before the
+    // manager may fail over.
+    expect(refusedAt).toBeGreaterThanOrEqual(fenceAt);
+    expect(refusedAt - fenceAt).toBeLessThan(POLL_MS + 1_250);
+    expect(refusedAt).toBeLessThan(failoverAt);
+    await eventually(
+      async () => (pathA.anaState === "inaccessible" ? true : undefined),
+      5_000,
+      "ANA notice on A's path",
+    );
+    const record = parseFenceRecord(
+      await eventually(
+        async () => (existsSync(paths.record) ? readFileSync(paths.record, "utf8") : undefined),
+        5_000,
+        "fence record",
+      ),
+    );
+    expect("record" in record && record.record.nqns).toEqual([nqn]);
+    expect(watchdogLog).toContain("serving lease expired");
+
+    // The manager's failover at its bound: A fenced from both copies, then the volume moved to B.
+    await Bun.sleep(Math.max(0, failoverAt - Date.now()));
+    const parts = new ResourceClient(l.tc.conn, kinds.NVMePartition);
+    const vas = new ResourceClient(l.tc.conn, kinds.NVMeVolumeAttachment);
+    for (const c of copies as NVMePartition[]) {
+      const name = attachmentNameFor(c.metadata.name, c.metadata.uid as string);
+      const a = (await vas.get(name, l.ns)) as NVMeVolumeAttachment;
+      await vas.replace({
+        ...a,
+        spec: {
+          ...a.spec,
+          nodeId: `${NODE_B}/${nexusHostNqnFor(NODE_B)}`,
+          hostNQN: nexusHostNqnFor(NODE_B),
+          attachmentId: `nexus-${c.metadata.name}-${NODE_B}`,
+        },
+      });
+    }
+    await parts.mergePatch("vol", l.ns, { metadata: { uid: volUid }, spec: { nodeName: NODE_B } });
+    // B serves (A's copy is out of reach: its dead agent cannot admit B; B degrades to its own).
+    const pathB = await eventually(
+      async () => {
+        const c = await connect(B).catch(() => undefined);
+        if (c && c.anaState === "optimized" && c.namespaces.length === 1) return c;
+        c?.close();
+        return undefined;
+      },
+      60_000,
+      "B serving the volume",
+    );
+    try {
+      expect((await pathB.read(1, OFF, 64 * 1024)).equals(block(2))).toBe(true);
+      await pathB.write(1, OFF, block(3));
+      await pathB.flush(1);
+      expect((await pathB.read(1, OFF, 64 * 1024)).equals(block(3))).toBe(true);
+      // B acknowledged block 3; A's local copy still holds block 2. No read through A returns it.
+      const results = new Set<string>();
+      for (let i = 0; i < 10; i++) {
+        results.add(await readA());
+        await Bun.sleep(100);
+      }
+      expect([...results]).toEqual([`refused:${PATH_ERRNO}`]);
+      // A fresh connection to A is no way around it.
+      const again = await connect(A);
+      try {
+        expect(again.anaState).toBe("inaccessible");
+        const r = await again.read(1, OFF, 64 * 1024).then(
+          (d) => `data:${d[0]}`,
+          (err: Error & { errno?: number }) => `refused:${err.errno}`,
+        );
+        expect(r).toBe(`refused:${PATH_ERRNO}`);
+      } finally {
+        again.close();
+      }
+    } finally {
+      pathB.close();
+    }
+  } finally {
+    pathA.close();
+  }
+}, 240_000);
