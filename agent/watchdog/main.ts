@@ -13,11 +13,21 @@ import { TargetWatchdog } from "./watchdog.ts";
 /** The command-line flag that selects this mode of the agent binary. */
 export const TARGET_WATCHDOG_MODE = "--mode=target-watchdog";
 
+/** The poll period's range (ms): DISTORT_WATCHDOG_POLL_MS, chart value agent.spdk.targetWatchdog.pollMs. */
+export const WATCHDOG_POLL_MS = { min: 10, max: 10_000 } as const;
+
 const EnvSchema = v.object({
   DISTORT_SPDK_SOCKET: v.optional(v.pipe(v.string(), v.startsWith("/")), "/var/tmp/spdk.sock"),
   NODE_NAME: v.optional(v.string()),
   DISTORT_WATCHDOG_POLL_MS: v.optional(
-    v.pipe(v.string(), v.transform(Number), v.number(), v.integer(), v.minValue(10), v.maxValue(10_000)),
+    v.pipe(
+      v.string(),
+      v.transform(Number),
+      v.number(),
+      v.integer(),
+      v.minValue(WATCHDOG_POLL_MS.min),
+      v.maxValue(WATCHDOG_POLL_MS.max),
+    ),
     "250",
   ),
   DISTORT_LOG_LEVEL: v.optional(v.picklist(["debug", "info", "warn", "error"]), "info"),
