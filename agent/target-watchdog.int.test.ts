@@ -3,12 +3,14 @@
 // child process and its emulated nvmf_tgt in this one, with the watchdog (distort-agent
 // --mode=target-watchdog, a child process too) beside the target, as in the target's Pod.
 // (1) While A's agent lives and renews its lease, the watchdog fences nothing: I/O through A goes
-// on past several deadlines. (2) A's agent is SIGKILLed and not restarted: nobody self-fences,
-// the target keeps serving A's local copy. Past the lease's deadline (the last heartbeat + 60%
-// of the bound) the watchdog sets A's listener inaccessible: a read through A is refused with a
-// path error, before the manager's failover bound. Then the failover, played as the manager does
-// it at its bound (A fenced from both copies, the volume moved to B): B serves, a write through
-// B is acknowledged, and no read through A returns the older data.
+// on past several deadlines. (2) A's agent is SIGKILLed: nobody self-fences, the target keeps
+// serving A's local copy. Past the lease's deadline (the last heartbeat + 60% of the bound) the
+// watchdog sets A's listener inaccessible: a read through A is refused with a path error, before
+// the manager's failover bound. (3) A's agent restarted (the volume still names A) serves again
+// only after a heartbeat newer than the fence. (4) Killed again and not restarted: fenced again;
+// then the failover, played as the manager does it at its bound (A fenced from both copies, the
+// volume moved to B): B serves, a write through B is acknowledged, and no read through A returns
+// the older data. (5) A's agent back after that: still no read through A returns data.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
@@ -164,55 +166,95 @@ test("a live agent's renewed lease is never fenced; a dead agent's target is fen
     expect(existsSync(paths.record)).toBe(false);
     expect(pathA.anaState).toBe("optimized");
 
+    /**
+     * Kills A's agent (SIGKILL, by PID; not restarted) and shows the watchdog's fence by I/O: A
+     * serves block `v` until the lease's deadline, then refuses, before the failover bound.
+     */
+    const killAndShowFence = async (v: number) => {
+      const agentA = l.agents[0];
+      const pid = agentA?.pid;
+      if (!pid) throw new Error("A's agent is not a child process");
+      process.kill(pid, "SIGKILL");
+      await agentA.exited;
+      const killedAt = Date.now();
+      const last = lease();
+      const fenceAt = last.fenceAtMs as number;
+      const failoverAt = last.heartbeatMs + FAILOVER_AFTER_S * 1000;
+      // Until the deadline, A still serves its local copy (nobody else fences it).
+      let refused = "";
+      let refusedAt = 0;
+      for (let i = 0; i < 400 && Date.now() < killedAt + 20_000; i++) {
+        const r = await readA();
+        if (r.startsWith("refused")) {
+          refused = r;
+          refusedAt = Date.now();
+          break;
+        }
+        expect(r).toBe(`data:${v}`);
+        await Bun.sleep(50);
+      }
+      process.stdout.write(
+        `target watchdog: a read through A refused ${refusedAt - fenceAt} ms after the lease's deadline, ${failoverAt - refusedAt} ms before the failover bound (${refused})\n`,
+      );
+      expect(refused).toBe(`refused:${PATH_ERRNO}`);
+      // Not before the deadline; within a poll and a loaded machine's slack after it; before the
+      // manager may fail over.
+      expect(refusedAt).toBeGreaterThanOrEqual(fenceAt);
+      expect(refusedAt - fenceAt).toBeLessThan(POLL_MS + 1_250);
+      expect(refusedAt).toBeLessThan(failoverAt);
+      await eventually(
+        async () => (pathA.anaState === "inaccessible" ? true : undefined),
+        5_000,
+        "ANA notice on A's path",
+      );
+      const record = await eventually(
+        async () => {
+          if (!existsSync(paths.record)) return undefined;
+          const r = parseFenceRecord(readFileSync(paths.record, "utf8"));
+          return "record" in r && r.record.leaseHeartbeatMs === last.heartbeatMs ? r.record : undefined;
+        },
+        5_000,
+        "fence record of this lease",
+      );
+      expect(record.nqns).toEqual([nqn]);
+      expect(watchdogLog).toContain("serving lease expired");
+      return { failoverAt, record };
+    };
+
     // (2) A's agent is killed; its target (in this process) and the watchdog go on.
     await pathA.write(1, OFF, block(2));
     await pathA.flush(1);
     expect(await readA()).toBe("data:2");
-    const agentA = l.agents[0];
-    const pid = agentA?.pid;
-    if (!pid) throw new Error("A's agent is not a child process");
-    process.kill(pid, "SIGKILL");
-    await agentA.exited;
-    const killedAt = Date.now();
-    const last = lease();
-    const fenceAt = last.fenceAtMs as number;
-    const failoverAt = last.heartbeatMs + FAILOVER_AFTER_S * 1000;
-    // Until the deadline, A still serves its local copy (nobody fences it).
-    let refused = "";
-    let refusedAt = 0;
-    for (let i = 0; i < 400 && Date.now() < killedAt + 20_000; i++) {
+    const firstFence = await killAndShowFence(2);
+
+    // (3) A's agent comes back before any failover (the volume still names A). It read the fence
+    // record: A serves again only once a heartbeat newer than the fence went through.
+    const restartedAt = Date.now();
+    await l.startAgent(0);
+    let servedAgainAt = 0;
+    for (let i = 0; i < 600 && Date.now() < restartedAt + 60_000; i++) {
       const r = await readA();
-      if (r.startsWith("refused")) {
-        refused = r;
-        refusedAt = Date.now();
+      if (r === "data:2") {
+        servedAgainAt = Date.now();
         break;
       }
-      expect(r).toBe("data:2");
+      expect(r).toBe(`refused:${PATH_ERRNO}`);
       await Bun.sleep(50);
     }
+    expect(servedAgainAt).toBeGreaterThan(0);
+    const nodes = new ResourceClient(l.tc.conn, kinds.RDMAStorageNode);
+    const heartbeat = Date.parse((await nodes.get(NODE_A, l.ns))?.status?.lastHeartbeatTime ?? "");
+    expect(heartbeat).toBeGreaterThan(firstFence.record.fencedAtMs);
+    expect(lease().heartbeatMs).toBeGreaterThan(firstFence.record.fencedAtMs);
     process.stdout.write(
-      `target watchdog: a read through A refused ${refusedAt - fenceAt} ms after the lease's deadline, ${failoverAt - refusedAt} ms before the failover bound (${refused})\n`,
+      `target watchdog: A's restarted agent served again ${servedAgainAt - restartedAt} ms after its start\n`,
     );
-    expect(refused).toBe(`refused:${PATH_ERRNO}`);
-    // Not before the deadline; within a poll and a loaded machine's slack after it; before the
-    // manager may fail over.
-    expect(refusedAt).toBeGreaterThanOrEqual(fenceAt);
-    expect(refusedAt - fenceAt).toBeLessThan(POLL_MS + 1_250);
-    expect(refusedAt).toBeLessThan(failoverAt);
-    await eventually(
-      async () => (pathA.anaState === "inaccessible" ? true : undefined),
-      5_000,
-      "ANA notice on A's path",
-    );
-    const record = parseFenceRecord(
-      await eventually(
-        async () => (existsSync(paths.record) ? readFileSync(paths.record, "utf8") : undefined),
-        5_000,
-        "fence record",
-      ),
-    );
-    expect("record" in record && record.record.nqns).toEqual([nqn]);
-    expect(watchdogLog).toContain("serving lease expired");
+    await pathA.write(1, OFF, block(4));
+    await pathA.flush(1);
+    expect(await readA()).toBe("data:4");
+
+    // (4) Killed again, for good: fenced again at the new lease's deadline.
+    const { failoverAt } = await killAndShowFence(4);
 
     // The manager's failover at its bound: A fenced from both copies, then the volume moved to B.
     await Bun.sleep(Math.max(0, failoverAt - Date.now()));
@@ -244,11 +286,11 @@ test("a live agent's renewed lease is never fenced; a dead agent's target is fen
       "B serving the volume",
     );
     try {
-      expect((await pathB.read(1, OFF, 64 * 1024)).equals(block(2))).toBe(true);
+      expect((await pathB.read(1, OFF, 64 * 1024)).equals(block(4))).toBe(true);
       await pathB.write(1, OFF, block(3));
       await pathB.flush(1);
       expect((await pathB.read(1, OFF, 64 * 1024)).equals(block(3))).toBe(true);
-      // B acknowledged block 3; A's local copy still holds block 2. No read through A returns it.
+      // B acknowledged block 3; A's local copy still holds block 4. No read through A returns it.
       const results = new Set<string>();
       for (let i = 0; i < 10; i++) {
         results.add(await readA());
@@ -267,6 +309,18 @@ test("a live agent's renewed lease is never fenced; a dead agent's target is fen
       } finally {
         again.close();
       }
+
+      // (5) A's agent back after the failover: it reads the fence record, finds the volume served
+      // by B and turns A's export standby. Through none of it does a read through A return data.
+      await l.startAgent(0);
+      const seen = new Set<string>();
+      const until = Date.now() + 6_000;
+      for (let i = 0; i < 100 && Date.now() < until; i++) {
+        seen.add((await readA()).replace(/^refused:.*/, "refused"));
+        await Bun.sleep(100);
+      }
+      expect([...seen]).toEqual(["refused"]);
+      expect((await pathB.read(1, OFF, 64 * 1024)).equals(block(3))).toBe(true);
     } finally {
       pathB.close();
     }
