@@ -6,8 +6,10 @@
 // on past several deadlines. (2) A's agent is SIGKILLed: nobody self-fences, the target keeps
 // serving A's local copy. Past the lease's deadline (the last heartbeat + 60% of the bound) the
 // watchdog sets A's listener inaccessible: a read through A is refused with a path error, before
-// the manager's failover bound. (3) A's agent restarted (the volume still names A) serves again
-// only after a heartbeat newer than the fence. (4) Killed again and not restarted: fenced again;
+// the manager's failover bound. (3) A's agent restarted (the volume still names A) while the API
+// server refuses its heartbeats (an admission policy on its RDMAStorageNode's status) serves
+// nothing; once they go through it serves again, after a heartbeat newer than the fence (without
+// the fence record read at start, it served before any heartbeat). (4) Killed again and not restarted: fenced again;
 // then the failover, played as the manager does it at its bound (A fenced from both copies, the
 // volume moved to B): B serves, a write through B is acknowledged, and no read through A returns
 // the older data. (5) A's agent back after that: still no read through A returns data.
@@ -227,10 +229,86 @@ test("a live agent's renewed lease is never fenced; a dead agent's target is fen
     expect(await readA()).toBe("data:2");
     const firstFence = await killAndShowFence(2);
 
-    // (3) A's agent comes back before any failover (the volume still names A). It read the fence
-    // record: A serves again only once a heartbeat newer than the fence went through.
-    const restartedAt = Date.now();
+    // (3) A's agent comes back before any failover (the volume still names A). It reads the fence
+    // record: A serves again only once a heartbeat newer than the fence went through. To show the
+    // order, the API server refuses A's heartbeats at first (an admission policy on its
+    // RDMAStorageNode's status), and nothing is served through A meanwhile.
+    const policyName = `wd-no-heartbeat-${l.ns}`.slice(0, 63);
+    const vap = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
+    const vapb = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings";
+    const post = async (path: string, body: unknown) => {
+      const r = await l.tc.conn.request(path, {
+        method: "POST",
+        body: JSON.stringify(body),
+        contentType: "application/json",
+      });
+      if (!r.ok) throw new Error(`POST ${path}: ${r.status} ${await r.text()}`);
+    };
+    await post(vap, {
+      apiVersion: "admissionregistration.k8s.io/v1",
+      kind: "ValidatingAdmissionPolicy",
+      metadata: { name: policyName },
+      spec: {
+        failurePolicy: "Fail",
+        matchConstraints: {
+          resourceRules: [
+            {
+              apiGroups: ["storage.distort.io"],
+              apiVersions: ["*"],
+              operations: ["UPDATE"],
+              resources: ["rdmastoragenodes/status"],
+            },
+          ],
+        },
+        validations: [
+          {
+            expression: `!(object.metadata.name == '${NODE_A}' && object.metadata.namespace == '${l.ns}')`,
+            message: "heartbeats of this node are refused by the test",
+          },
+        ],
+      },
+    });
+    await post(vapb, {
+      apiVersion: "admissionregistration.k8s.io/v1",
+      kind: "ValidatingAdmissionPolicyBinding",
+      metadata: { name: policyName },
+      spec: { policyName, validationActions: ["Deny"] },
+    });
+    const statusPath = `/apis/storage.distort.io/v1alpha1/namespaces/${l.ns}/rdmastoragenodes/${NODE_A}/status`;
+    await eventually(
+      async () => {
+        const r = await l.tc.conn.request(statusPath, {
+          method: "PATCH",
+          body: "{}",
+          contentType: "application/merge-patch+json",
+        });
+        return r.status === 403 || r.status === 422 ? true : undefined;
+      },
+      30_000,
+      "A's heartbeats refused",
+    );
+    const startedBlindAt = Date.now();
     await l.startAgent(0);
+    const blindUntil = Date.now() + 4_000;
+    const blind = new Set<string>();
+    for (let i = 0; i < 100 && Date.now() < blindUntil; i++) {
+      blind.add(await readA());
+      await Bun.sleep(100);
+    }
+    // Reconciled (ready) and holding a fresh list naming A, but no heartbeat: nothing served.
+    expect([...blind]).toEqual([`refused:${PATH_ERRNO}`]);
+    expect(lease().heartbeatMs).toBeLessThan(startedBlindAt);
+    for (const path of [vapb, vap]) await l.tc.conn.request(`${path}/${policyName}`, { method: "DELETE" });
+    const restartedAt = Date.now();
+    // The restarted agent's first heartbeat, as its first lease names it.
+    let firstHeartbeatMs = 0;
+    const watchLease = (async () => {
+      for (let i = 0; i < 3000 && !firstHeartbeatMs && Date.now() < restartedAt + 60_000; i++) {
+        const r = parseLease(readFileSync(paths.lease, "utf8"), NODE_A);
+        if (r.kind === "valid" && r.lease.heartbeatMs > restartedAt) firstHeartbeatMs = r.lease.heartbeatMs;
+        await Bun.sleep(10);
+      }
+    })();
     let servedAgainAt = 0;
     for (let i = 0; i < 600 && Date.now() < restartedAt + 60_000; i++) {
       const r = await readA();
@@ -242,12 +320,16 @@ test("a live agent's renewed lease is never fenced; a dead agent's target is fen
       await Bun.sleep(50);
     }
     expect(servedAgainAt).toBeGreaterThan(0);
+    await watchLease;
+    // Served again only after that heartbeat (the agent read the watchdog's record).
+    expect(firstHeartbeatMs).toBeGreaterThan(0);
+    expect(servedAgainAt).toBeGreaterThan(firstHeartbeatMs);
     const nodes = new ResourceClient(l.tc.conn, kinds.RDMAStorageNode);
     const heartbeat = Date.parse((await nodes.get(NODE_A, l.ns))?.status?.lastHeartbeatTime ?? "");
     expect(heartbeat).toBeGreaterThan(firstFence.record.fencedAtMs);
     expect(lease().heartbeatMs).toBeGreaterThan(firstFence.record.fencedAtMs);
     process.stdout.write(
-      `target watchdog: A's restarted agent served again ${servedAgainAt - restartedAt} ms after its start\n`,
+      `target watchdog: A's restarted agent served again ${servedAgainAt - restartedAt} ms after its heartbeats were let through\n`,
     );
     await pathA.write(1, OFF, block(4));
     await pathA.flush(1);
