@@ -49,7 +49,7 @@ import { applySpaceReport, type SpaceMemory } from "./space/space-report.ts";
 import { agentPreflightPlan, assertUsable, fatalChecks } from "./startup-preflight.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
-import { buildLease, parseFenceRecord, watchdogPaths } from "./watchdog/lease.ts";
+import { buildLease, type FenceRecord, parseFenceRecord, watchdogPaths } from "./watchdog/lease.ts";
 import { LeaseWriter } from "./watchdog/lease-writer.ts";
 import { runTargetWatchdog, TARGET_WATCHDOG_MODE } from "./watchdog/main.ts";
 
@@ -352,8 +352,14 @@ export async function runAgent(
   const reporting = reporter.run(stopReporter.signal);
   const heartbeats = reporter.runHeartbeats(stopReporter.signal, cfg.heartbeatPeriodMs);
   // A serving node whose heartbeats stop going through fences itself (agent/nexus/self-fence.ts).
+  const recordSeen: { bad?: string } = {};
   const selfFencing = runPeriodically(clock, 1000, stopReporter.signal, async () => {
     try {
+      // A fence the target watchdog set while this agent runs (its lease went stale).
+      if (watchdogFiles) {
+        const record = await readFenceRecordFile(watchdogFiles.record, logger, recordSeen);
+        if (record) partitions.noteWatchdogFence(record);
+      }
       await partitions.checkSelfFence();
     } catch (err) {
       logger.error("self-fence check failed", { err: errorMessage(err) });
@@ -436,24 +442,40 @@ export async function runAgent(
  * it answered was this node's, and the volumes' own passes wait for a heartbeat regardless).
  */
 async function readFenceRecord(path: string, logger: Logger): Promise<Map<string, number>> {
+  const record = await readFenceRecordFile(path, logger);
+  if (!record) return new Map();
+  logger.warn("the target watchdog fenced exports while the agent was away", {
+    fencedAtMs: record.fencedAtMs,
+    nqns: record.nqns,
+  });
+  return new Map(record.nqns.map((n) => [n, record.fencedAtMs]));
+}
+
+/**
+ * The fence record at `path`; undefined when there is none or it is unusable (logged; once per
+ * text when `seen` is passed along between calls).
+ */
+async function readFenceRecordFile(
+  path: string,
+  logger: Logger,
+  seen: { bad?: string } = {},
+): Promise<FenceRecord | undefined> {
   let text: string;
   try {
     text = await readFile(path, "utf8");
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== "ENOENT")
       logger.error("target watchdog's fence record unreadable", { path, err: errorMessage(err) });
-    return new Map();
+    return undefined;
   }
   const r = parseFenceRecord(text);
   if ("why" in r) {
-    logger.error("target watchdog's fence record malformed; ignored", { path, why: r.why });
-    return new Map();
+    if (seen.bad !== text)
+      logger.error("target watchdog's fence record malformed; ignored", { path, why: r.why });
+    seen.bad = text;
+    return undefined;
   }
-  logger.warn("the target watchdog fenced exports while the agent was away", {
-    fencedAtMs: r.record.fencedAtMs,
-    nqns: r.record.nqns,
-  });
-  return new Map(r.record.nqns.map((n) => [n, r.record.fencedAtMs]));
+  return r.record;
 }
 
 /** NVMePartitions placed on this node (field selector spec.nodeName), for the preflight plan. */

@@ -3,7 +3,8 @@
 // child process and its emulated nvmf_tgt in this one, with the watchdog (distort-agent
 // --mode=target-watchdog, a child process too) beside the target, as in the target's Pod.
 // (1) While A's agent lives and renews its lease, the watchdog fences nothing: I/O through A goes
-// on past several deadlines. (2) A's agent is SIGKILLed: nobody self-fences, the target keeps
+// on past several deadlines; a fence the watchdog sets on it (a stale lease) is lifted by the agent
+// after its next heartbeat. (2) A's agent is SIGKILLed: nobody self-fences, the target keeps
 // serving A's local copy. Past the lease's deadline (the last heartbeat + 60% of the bound) the
 // watchdog sets A's listener inaccessible: a read through A is refused with a path error, before
 // the manager's failover bound. (3) A's agent restarted (the volume still names A) while the API
@@ -16,6 +17,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
+import { rm } from "node:fs/promises";
 import { join } from "node:path";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../api/index.ts";
 import { eventually } from "../lab/cluster/test-support.ts";
@@ -27,8 +29,12 @@ import {
 import { connectController } from "../lab/sim/spdk/fabric.ts";
 import { PATH_ERRNO } from "../lab/sim/spdk/rpc-error.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
+import { createLogger } from "../lib/log.ts";
+import { SpdkClient } from "../lib/spdk/client.ts";
+import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { attachmentNameFor, nexusHostNqnFor } from "../lib/volume-identity.ts";
 import { externalIdFor, nqnFor } from "./partitions/identity.ts";
+import { writeFileAtomic } from "./watchdog/atomic-file.ts";
 import { parseFenceRecord, parseLease, watchdogPaths } from "./watchdog/lease.ts";
 
 const MiB = 1024 ** 2;
@@ -67,6 +73,8 @@ beforeAll(async () => {
       DISTORT_HEARTBEAT_PERIOD_MS: "500",
       DISTORT_REBUILDS_PER_NODE: "0",
       DISTORT_NEXUS_DEGRADE_AFTER_MS: "2000",
+      // No verify pass puts a fenced export back on its own within the test's windows.
+      DISTORT_VERIFY_PERIOD_MS: "60000",
     },
     childAgents: [NODE_A],
   });
@@ -222,6 +230,41 @@ test("a live agent's renewed lease is never fenced; a dead agent's target is fen
       expect(watchdogLog).toContain("serving lease expired");
       return { failoverAt, record };
     };
+
+    // (1b) The watchdog fences a live agent (its lease went stale for a moment: a heartbeat
+    // slower than the deadline), played here as the watchdog does it: A's listener set
+    // inaccessible over A's RPC socket, then the fence record. The agent takes the record in and
+    // serves again after its next heartbeat, not at its next verify (a minute here).
+    const spdkA = new SpdkMethods(
+      new SpdkClient({ socketPath: nodeA.spdkSocket, logger: createLogger({ level: "error" }) }),
+    );
+    const fencedAt = Date.now();
+    for (const li of await spdkA.nvmfSubsystemGetListeners(nqn))
+      await spdkA.nvmfSubsystemListenerSetAnaState({
+        nqn,
+        listen_address: {
+          trtype: li.address.trtype,
+          adrfam: (li.address.adrfam ?? "IPv4") as "IPv4",
+          traddr: li.address.traddr,
+          trsvcid: li.address.trsvcid ?? "",
+        },
+        ana_state: "inaccessible",
+      });
+    expect(await readA()).toBe(`refused:${PATH_ERRNO}`);
+    const cur = lease();
+    await writeFileAtomic(
+      paths.record,
+      `${JSON.stringify({ version: 1, node: NODE_A, fencedAtMs: fencedAt, leaseHeartbeatMs: cur.heartbeatMs, fenceAtMs: cur.heartbeatMs, nqns: [nqn] })}\n`,
+    );
+    const back = await eventually(
+      async () => ((await readA()) === "data:1" ? Date.now() : undefined),
+      10_000,
+      "A serving again after the watchdog's fence on a live agent",
+    );
+    process.stdout.write(
+      `target watchdog: a live agent served again ${back - fencedAt} ms after the watchdog's fence\n`,
+    );
+    await rm(paths.record);
 
     // (2) A's agent is killed; its target (in this process) and the watchdog go on.
     await pathA.write(1, OFF, block(2));

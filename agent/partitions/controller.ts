@@ -266,7 +266,10 @@ export class PartitionController {
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
     this.startedMs = o.clock.now();
-    for (const [nqn, at] of o.fencedAtStart ?? []) this.watchdogFenced.set(nqn, at);
+    for (const [nqn, at] of o.fencedAtStart ?? []) {
+      this.watchdogFenced.set(nqn, at);
+      this.watchdogSeenMs = Math.max(this.watchdogSeenMs, at);
+    }
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
     this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
@@ -1054,6 +1057,42 @@ export class PartitionController {
   private readonly selfFenced = new Map<string, number>();
   /** The target watchdog's fences found at start, by NQN, not yet taken over by a volume's pass. */
   private readonly watchdogFenced = new Map<string, number>();
+
+  /** The newest target-watchdog fence this controller has taken in (its fencedAtMs). */
+  private watchdogSeenMs = 0;
+
+  /**
+   * Takes in a fence the target watchdog recorded (agent/watchdog/lease.ts) while this agent
+   * runs: its lease went stale (a heartbeat slower than the deadline, a lease write that
+   * failed). Each listed volume this node serves counts as self-fenced at that time, so its pass
+   * serves it again only after a newer heartbeat and a fresh read naming this node, instead of
+   * at the next verify. A record already taken in is ignored. Returns the keys fenced now.
+   */
+  noteWatchdogFence(record: { fencedAtMs: number; nqns: readonly string[] }): string[] {
+    if (record.fencedAtMs <= this.watchdogSeenMs) return [];
+    this.watchdogSeenMs = record.fencedAtMs;
+    const fenced: string[] = [];
+    for (const nqn of record.nqns) {
+      const key = [...this.nexusServed].find(([, t]) => t.nqn === nqn)?.[0];
+      if (key === undefined) {
+        this.watchdogFenced.set(nqn, record.fencedAtMs);
+        continue;
+      }
+      if (this.selfFenced.has(key)) continue;
+      this.selfFenced.set(key, record.fencedAtMs);
+      fenced.push(key);
+      this.queue.add(key);
+    }
+    if (fenced.length > 0)
+      this.o.logger.warn(
+        "the target watchdog fenced volumes this node serves: serving waits for a heartbeat",
+        {
+          partitions: fenced,
+          fencedAtMs: record.fencedAtMs,
+        },
+      );
+    return fenced;
+  }
 
   /**
    * The nexus exports this node serves now, not fenced, with their volumes' bounds: what the
