@@ -2,6 +2,7 @@
 // and the kernel target into discovery + reporter and the partition, attachment and snapshot
 // reconcilers (one ControllerManager over one cache per kind), and serves /healthz, /readyz and
 // /metrics. Stops cleanly on SIGTERM.
+import { readFile } from "node:fs/promises";
 import { hostname } from "node:os";
 import { kinds, type NVMePartition } from "../api/index.ts";
 import { realClock } from "../lib/clock.ts";
@@ -48,6 +49,9 @@ import { applySpaceReport, type SpaceMemory } from "./space/space-report.ts";
 import { agentPreflightPlan, assertUsable, fatalChecks } from "./startup-preflight.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
+import { buildLease, type FenceRecord, parseFenceRecord, watchdogPaths } from "./watchdog/lease.ts";
+import { LeaseWriter } from "./watchdog/lease-writer.ts";
+import { runTargetWatchdog, TARGET_WATCHDOG_MODE } from "./watchdog/main.ts";
 
 export interface RunningAgent {
   healthPort: number;
@@ -189,6 +193,14 @@ export async function runAgent(
     registry,
   });
   let reporterRef: Reporter | undefined;
+  // The target watchdog (agent/watchdog/) beside nvmf_tgt: what it fenced while this agent was
+  // away stays fenced until a heartbeat goes through; the lease it watches is renewed below.
+  const watchdogFiles = spdk ? watchdogPaths(cfg.spdkSocket) : undefined;
+  const fencedAtStart = watchdogFiles ? await readFenceRecord(watchdogFiles.record, logger) : new Map();
+  const leaseWriter = watchdogFiles
+    ? new LeaseWriter({ path: watchdogFiles.lease, logger: logger.with({ component: "lease" }) })
+    : undefined;
+  let renewLease = async (_heartbeatMs?: number): Promise<void> => {};
   const partitions = new PartitionController({
     conn,
     manager: controllers,
@@ -213,6 +225,8 @@ export async function runAgent(
     // The reporter is made below; its heartbeats are what the manager's failover bound counts.
     lastHeartbeatMs: () => reporterRef?.lastHeartbeatMs(),
     lostDriveReleaseAfterMs: cfg.lostDriveReleaseAfterMs,
+    fencedAtStart,
+    beforeServing: () => renewLease(),
     rebuilds: {
       maxPerNode: cfg.rebuildsPerNode,
       bandwidthMbSec: cfg.rebuildBandwidthMbSec,
@@ -266,6 +280,7 @@ export async function runAgent(
       events,
       clock,
       logger: logger.with({ component: "reporter" }),
+      afterHeartbeat: (heartbeatMs) => void renewLease(heartbeatMs),
     },
     {
       nodeName: cfg.nodeName,
@@ -276,6 +291,12 @@ export async function runAgent(
     },
   );
   reporterRef = reporter;
+  renewLease = async (heartbeatMs = reporter.lastHeartbeatMs()) => {
+    if (!leaseWriter || heartbeatMs === undefined) return;
+    await leaseWriter.write(
+      buildLease({ node: cfg.nodeName, heartbeatMs, serving: partitions.servingNexus() }),
+    );
+  };
 
   // nvmf_tgt: started and kept alive by the agent when a command is configured; adopted, initialised
   // and watched when it runs in a container of its own (external); else adopted as is. A restarted
@@ -331,8 +352,14 @@ export async function runAgent(
   const reporting = reporter.run(stopReporter.signal);
   const heartbeats = reporter.runHeartbeats(stopReporter.signal, cfg.heartbeatPeriodMs);
   // A serving node whose heartbeats stop going through fences itself (agent/nexus/self-fence.ts).
+  const recordSeen: { bad?: string } = {};
   const selfFencing = runPeriodically(clock, 1000, stopReporter.signal, async () => {
     try {
+      // A fence the target watchdog set while this agent runs (its lease went stale).
+      if (watchdogFiles) {
+        const record = await readFenceRecordFile(watchdogFiles.record, logger, recordSeen);
+        if (record) partitions.noteWatchdogFence(record);
+      }
       await partitions.checkSelfFence();
     } catch (err) {
       logger.error("self-fence check failed", { err: errorMessage(err) });
@@ -409,6 +436,48 @@ export async function runAgent(
   };
 }
 
+/**
+ * The target watchdog's fence record (agent/watchdog/lease.ts), as NQN -> when it fenced. A
+ * missing record is none; an unreadable or malformed one is logged and read as none (the lease
+ * it answered was this node's, and the volumes' own passes wait for a heartbeat regardless).
+ */
+async function readFenceRecord(path: string, logger: Logger): Promise<Map<string, number>> {
+  const record = await readFenceRecordFile(path, logger);
+  if (!record) return new Map();
+  logger.warn("the target watchdog fenced exports while the agent was away", {
+    fencedAtMs: record.fencedAtMs,
+    nqns: record.nqns,
+  });
+  return new Map(record.nqns.map((n) => [n, record.fencedAtMs]));
+}
+
+/**
+ * The fence record at `path`; undefined when there is none or it is unusable (logged; once per
+ * text when `seen` is passed along between calls).
+ */
+async function readFenceRecordFile(
+  path: string,
+  logger: Logger,
+  seen: { bad?: string } = {},
+): Promise<FenceRecord | undefined> {
+  let text: string;
+  try {
+    text = await readFile(path, "utf8");
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT")
+      logger.error("target watchdog's fence record unreadable", { path, err: errorMessage(err) });
+    return undefined;
+  }
+  const r = parseFenceRecord(text);
+  if ("why" in r) {
+    if (seen.bad !== text)
+      logger.error("target watchdog's fence record malformed; ignored", { path, why: r.why });
+    seen.bad = text;
+    return undefined;
+  }
+  return r.record;
+}
+
 /** NVMePartitions placed on this node (field selector spec.nodeName), for the preflight plan. */
 async function listPlaced(conn: ReturnType<typeof connect>, cfg: AgentConfig): Promise<NVMePartition[]> {
   const k = kinds.NVMePartition;
@@ -418,7 +487,10 @@ async function listPlaced(conn: ReturnType<typeof connect>, cfg: AgentConfig): P
   return ((await res.json()) as { items?: NVMePartition[] }).items ?? [];
 }
 
-if (import.meta.main) {
+if (import.meta.main && process.argv.includes(TARGET_WATCHDOG_MODE)) {
+  // The same binary, beside nvmf_tgt in the target's Pod (agent/watchdog/main.ts).
+  await runTargetWatchdog(process.env);
+} else if (import.meta.main) {
   const cfg = (() => {
     try {
       return parseAgentConfig(process.env);

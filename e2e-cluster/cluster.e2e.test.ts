@@ -73,12 +73,16 @@ test("every DISTORT process is a container under a real kubelet", async () => {
   const outside = procs.filter((p) => !p.cgroup.includes("kubepods"));
   expect(outside.map((p) => `${p.pid} ${p.cmd}`)).toEqual([]);
   const count = (re: RegExp) => procs.filter((p) => re.test(p.cmd)).length;
-  // Two managers, a CSI node per node but the DPU, an agent and an emulated target per SPDK
-  // storage node, the kernel agent variant (distort-agent-kernel-lab) on the kernel-backend node,
+  // Two managers, a CSI node per node but the DPU, an agent, an emulated target and its watchdog
+  // per SPDK storage node, the kernel agent variant (distort-agent-kernel-lab) on the kernel-backend node,
   // the DPU plugin on the DPU node (whose SNAP stand-in runs as snap-emulator: not DISTORT's).
   const dpus = lab.specs.filter((s) => s.dpu).length;
   expect(count(/distort-manager/)).toBe(2);
-  expect(count(/distort-agent(\s|$)/)).toBe(lab.specs.filter((s) => s.storage).length);
+  expect(count(/distort-agent(\s|$)(?!.*--mode=target-watchdog)/)).toBe(
+    lab.specs.filter((s) => s.storage).length,
+  );
+  // The target watchdog beside each emulated nvmf_tgt (the agent binary in its watchdog mode).
+  expect(count(/distort-agent\s.*--mode=target-watchdog/)).toBe(lab.specs.filter((s) => s.storage).length);
   expect(count(/distort-agent-kernel-lab(\s|$)/)).toBe(lab.specs.filter((s) => s.kernel).length);
   expect(count(/nvmf_tgt/)).toBe(lab.specs.filter((s) => s.storage).length);
   expect(count(/distort-csi(-lab)?\b.*--mode=node/)).toBe(lab.nodes.length - dpus);

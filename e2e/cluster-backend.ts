@@ -56,8 +56,10 @@ const CONSUMER_ORDER = ["node-c", "node-b", "node-a"];
 
 /** What a role's container process looks like, by the prefix of the name pid() takes. */
 const ROLE_COMMAND: Record<string, RegExp> = {
-  // The SPDK nodes' agent, or the kernel node's (the agent with the lab's configfs and drive ports).
-  agent: /distort-agent(-kernel-lab)?(\s|$)/,
+  // The SPDK nodes' agent, or the kernel node's (the agent with the lab's configfs and drive ports);
+  // not the same binary in its target-watchdog mode, beside nvmf_tgt.
+  agent: /distort-agent(-kernel-lab)?(\s|$)(?!.*--mode=target-watchdog)/,
+  "target-watchdog": /distort-agent\s.*--mode=target-watchdog/,
   nvmf_tgt: /(^|\/)nvmf_tgt(\s|$)/,
   "csi-node": /distort-csi(-lab)?\s.*--mode=node/,
   // The DPF vendor plugin on a DPU node.

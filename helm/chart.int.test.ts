@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
+import { parseWatchdogConfig, TARGET_WATCHDOG_MODE } from "../agent/watchdog/main.ts";
 import { parseCsiConfig } from "../csi/config.ts";
 import { parseParameters } from "../csi/controller/parameters.ts";
 import { parseLivenessConfig, parseRegistrarConfig, sidecarModeOf } from "../csi/sidecar/config.ts";
@@ -296,6 +297,22 @@ describe("what the templates hand the binaries", () => {
         envOf(agent, { NODE_NAME: "node-a", DISTORT_PORTAL_ADDRESS: "198.18.0.11" }),
       );
       expect(agentCfg.namespace).toBe("distort-system");
+      // The target watchdog runs in the Pod that runs nvmf_tgt (the agent's, or the separate
+      // target's), on the agent's socket, and nowhere else.
+      const dogs = byKind(objs, "DaemonSet").flatMap((w) =>
+        podSpec(w)
+          .containers.filter((c) => c.name === "target-watchdog")
+          .map((c) => ({ at: w.metadata.name, c })),
+      );
+      if (agentCfg.backends.includes("spdk")) {
+        const where = agentCfg.nvmfTgtExternal ? "-agent-nvmf-tgt" : "-agent";
+        expect(dogs.map((d) => d.at)).toEqual([named(objs, "DaemonSet", where).metadata.name]);
+        const dog = (dogs[0] as { c: Container }).c;
+        expect(dog.command).toEqual(["/usr/local/bin/distort-agent", TARGET_WATCHDOG_MODE]);
+        const dogCfg = parseWatchdogConfig(envOf(dog, { NODE_NAME: "node-a" }));
+        expect(dogCfg.spdkSocket).toBe(agentCfg.spdkSocket);
+        expect(dogCfg.node).toBe("node-a");
+      } else expect(dogs).toEqual([]);
       const ctl = podSpec(named(objs, "Deployment", "-csi-controller")).containers.find(
         (c) => c.name === "distort-csi",
       ) as Container;

@@ -7,6 +7,7 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { dirname } from "node:path";
 import { parseAgentConfig } from "../agent/config.ts";
+import { parseWatchdogConfig, TARGET_WATCHDOG_MODE } from "../agent/watchdog/main.ts";
 import { parseCsiConfig } from "../csi/config.ts";
 import { parseDpuConfig } from "../dpu/config.ts";
 import { DPU_NODE_PATHS, DPU_ROLE_LABEL } from "../lab/cluster/dpu-node.ts";
@@ -128,7 +129,8 @@ describe("lab-cluster.yaml", () => {
     const spec = podSpec(agentSet);
     const tspec = podSpec(tgtSet);
     expect(spec.containers.map((c) => c.name)).toEqual(["agent"]);
-    expect(tspec.containers.map((c) => c.name)).toEqual(["nvmf-tgt"]);
+    // The target watchdog beside the emulated nvmf_tgt, in the Pod that outlives the agent's.
+    expect(tspec.containers.map((c) => c.name)).toEqual(["nvmf-tgt", "target-watchdog"]);
     // An agent rollout never replaces the target: only a deleted target Pod is.
     expect((tgtSet.spec as { updateStrategy: { type: string } }).updateStrategy.type).toBe("OnDelete");
     const nodes = (o: KubeDoc) =>
@@ -199,12 +201,29 @@ describe("lab-cluster.yaml", () => {
     }
     expect(mountOf(tgt, "state")?.readOnly).toBe(true);
 
+    // The watchdog: the agent binary of the same image in its watchdog mode, on the agent's
+    // socket directory (lease, socket, fence record), unprivileged and without an API token.
+    const dog = container(tspec, "target-watchdog");
+    expect(dog.image).toBe(agent.image);
+    expect(dog.command).toEqual(["/usr/local/bin/distort-agent", TARGET_WATCHDOG_MODE]);
+    const dogCfg = parseWatchdogConfig(envOf(dog));
+    expect(dogCfg.spdkSocket).toBe(cfg.spdkSocket);
+    expect(dogCfg.node).toBe(cfg.nodeName);
+    expect(dogCfg.pollMs).toBe(250);
+    expect(mountOf(dog, "spdk-socket")?.mountPath).toBe(socketDir);
+    expect(
+      (dog as Container & { securityContext?: { privileged?: boolean } }).securityContext?.privileged,
+    ).not.toBe(true);
+    expect((tspec as PodSpec & { automountServiceAccountToken?: boolean }).automountServiceAccountToken).toBe(
+      false,
+    );
+
     // No hugepages and no modules directory, which the lab's nodes do not have.
     for (const ps of [spec, tspec]) {
       expect(ps.volumes?.some((v) => v.emptyDir?.medium?.startsWith("HugePages"))).toBe(false);
       expect(ps.volumes?.some((v) => v.hostPath?.path === "/lib/modules")).toBe(false);
     }
-    for (const c of [agent, tgt]) {
+    for (const c of [agent, tgt, dog]) {
       const keys = [...Object.keys(c.resources?.requests ?? {}), ...Object.keys(c.resources?.limits ?? {})];
       expect({ c: c.name, huge: keys.filter((k) => k.startsWith("hugepages")) }).toEqual({
         c: c.name,
@@ -401,10 +420,16 @@ describe("the production render", () => {
     expect(hostPathOf(node, "modules")?.path).toBe("/lib/modules");
   });
 
-  test("the agent alone in its Pod, with hugepages, the modules directory and nvmf_tgt's -s", () => {
+  test("the agent and the target watchdog in its Pod (nvmf_tgt embedded), with hugepages, the modules directory and nvmf_tgt's -s", () => {
     const spec = podSpec(workload(prod, "DaemonSet", "agent"));
-    expect(spec.containers.map((c) => c.name)).toEqual(["agent"]);
+    expect(spec.containers.map((c) => c.name)).toEqual(["agent", "target-watchdog"]);
     const agent = container(spec, "agent");
+    // The watchdog: the agent's socket directory, no hugepages, and the Pod's API token shadowed.
+    const dog = container(spec, "target-watchdog");
+    expect(parseWatchdogConfig(envOf(dog)).spdkSocket).toBe(parseAgentConfig(envOf(agent)).spdkSocket);
+    expect(JSON.stringify(dog.resources)).not.toContain("hugepages");
+    expect(mountOf(dog, "no-api-token")?.mountPath).toBe("/var/run/secrets/kubernetes.io/serviceaccount");
+    expect(spec.volumes?.find((v) => v.name === "no-api-token")?.emptyDir).toBeDefined();
     expect(agent.resources?.limits?.["hugepages-2Mi"]).toBe("2048Mi");
     expect(agent.resources?.requests?.["hugepages-2Mi"]).toBe("2048Mi");
     expect(parseAgentConfig(envOf(agent)).spdkMemSizeMb).toBe(2048);
@@ -458,6 +483,27 @@ describe("the knobs", () => {
     expect(r.code).not.toBe(0);
   });
 
+  test("targetWatchdog.enabled=false: no watchdog container (nor its token-shadowing volume) in either layout", async () => {
+    for (const set of [[], ["agent.spdk.separateTarget.enabled=true"]]) {
+      const objs = await objectsOf({
+        name: "no-watchdog",
+        files: [],
+        set: ["agent.spdk.targetWatchdog.enabled=false", ...set],
+      });
+      for (const w of workloads(objs)) {
+        const spec = podSpec(w);
+        expect({
+          w: w.metadata.name,
+          dog: spec.containers.some((c) => c.name === "target-watchdog"),
+        }).toEqual({
+          w: w.metadata.name,
+          dog: false,
+        });
+        expect(spec.volumes?.some((v) => v.name === "no-api-token") ?? false).toBe(false);
+      }
+    }
+  });
+
   test("separateTarget: nvmf_tgt in an OnDelete DaemonSet with the hugepages and -s; the agent adopts it and holds none", async () => {
     const objs = await objectsOf({
       name: "separate",
@@ -473,6 +519,10 @@ describe("the knobs", () => {
     const tgt = container(tspec, "nvmf-tgt");
     const cfg = parseAgentConfig(envOf(agent));
     expect([cfg.nvmfTgtExternal, cfg.nvmfTgtCommand, cfg.spdkMemSizeMb]).toEqual([true, [], undefined]);
+    // The watchdog goes with nvmf_tgt, out of the agent's Pod.
+    expect(agentSpec.containers.map((c) => c.name)).toEqual(["agent"]);
+    expect(tspec.containers.map((c) => c.name)).toEqual(["nvmf-tgt", "target-watchdog"]);
+    expect(parseWatchdogConfig(envOf(container(tspec, "target-watchdog"))).spdkSocket).toBe(cfg.spdkSocket);
     expect(JSON.stringify(agent.resources)).not.toContain("hugepages");
     expect(agentSpec.volumes?.some((v) => v.name === "hugepages")).toBe(false);
     // The target runs as the supervisor would have started it: mask, socket, --wait-for-rpc, -s.

@@ -11,6 +11,7 @@ import {
   REBUILD_MAX_BANDWIDTH_MB_SEC,
   SPDK_MEM_SIZE_MB,
 } from "../agent/config.ts";
+import { WATCHDOG_POLL_MS } from "../agent/watchdog/main.ts";
 import { BackendSchema, intRange, TransportSchema } from "../api/common.ts";
 import {
   MAX_PORTALS,
@@ -265,6 +266,24 @@ const AGENT_ENTRIES = {
       extraVolumes: anyList("more volumes of the nvmf_tgt Pod"),
       extraVolumeMounts: anyList("more volume mounts of the nvmf_tgt container"),
       resources: resources("nvmf_tgt container"),
+    }),
+    targetWatchdog: v.strictObject({
+      enabled: v.pipe(
+        v.boolean(),
+        v.description(
+          "a target-watchdog container beside nvmf_tgt that fences the served replicated volumes' listeners when the agent stops renewing its lease",
+        ),
+      ),
+      command: v.pipe(
+        v.array(v.string()),
+        v.minLength(1),
+        v.description("the watchdog's command: the agent binary with --mode=target-watchdog"),
+      ),
+      pollMs: v.pipe(
+        int(WATCHDOG_POLL_MS.min, WATCHDOG_POLL_MS.max),
+        v.description("how often the lease is read (ms)"),
+      ),
+      resources: resources("target-watchdog container"),
     }),
     // Removed: thin provisioning is per StorageClass (storageClasses[].thinProvisioning). Still
     // accepted so templates/agent.yaml can name the replacement when an old values file sets it.

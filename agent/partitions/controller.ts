@@ -197,6 +197,17 @@ export interface PartitionControllerOptions {
    * (agent/nexus/self-fence.ts). Absent: no self-fencing.
    */
   lastHeartbeatMs?: () => number | undefined;
+  /**
+   * Nexus exports the target watchdog fenced while this agent was away (its fence record,
+   * agent/watchdog/lease.ts), by NQN: when. Each stays fenced as a self-fence of that time does:
+   * served again only after a newer heartbeat and a fresh read of the volume naming this node.
+   */
+  fencedAtStart?: ReadonlyMap<string, number>;
+  /**
+   * Awaited after a nexus is assembled and before its export is set optimized, so the target
+   * watchdog's lease names it before consumers can be served through it. Must not throw.
+   */
+  beforeServing?: () => Promise<void>;
   /** Rebuilds onto copies of volumes this node serves (agent/nexus/rebuild-driver.ts). */
   rebuilds?: {
     maxPerNode: number;
@@ -259,6 +270,10 @@ export class PartitionController {
   /** Registers with o.manager, which starts and stops it; reconciles begin once every cache synced. */
   constructor(private readonly o: PartitionControllerOptions) {
     this.startedMs = o.clock.now();
+    for (const [nqn, at] of o.fencedAtStart ?? []) {
+      this.watchdogFenced.set(nqn, at);
+      this.watchdogSeenMs = Math.max(this.watchdogSeenMs, at);
+    }
     this.partClient = new ResourceClient(o.conn, kinds.NVMePartition);
     this.devClient = new ResourceClient(o.conn, kinds.NVMeDevice);
     this.snapClient = new ResourceClient(o.conn, kinds.NVMeSnapshot);
@@ -791,8 +806,21 @@ export class PartitionController {
           });
           return { requeueAfterMs: 200 };
         }
-        // Fenced by this agent (its heartbeats stopped going through): serving again needs a
-        // newer heartbeat and the volume, read afresh, still naming this node.
+        // Fenced by this agent (its heartbeats stopped going through) or, while it was away, by
+        // the target watchdog: serving again needs a newer heartbeat and the volume, read
+        // afresh, still naming this node.
+        const byWatchdog = this.watchdogFenced.get(d.plan.nqn);
+        if (byWatchdog !== undefined && !this.selfFenced.has(key)) {
+          this.selfFenced.set(key, byWatchdog);
+          log.info(
+            "the target watchdog fenced this volume while the agent was away: serving waits for a heartbeat",
+            {
+              nqn: d.plan.nqn,
+              fencedAtMs: byWatchdog,
+            },
+          );
+        }
+        this.watchdogFenced.delete(d.plan.nqn);
         const fencedAt = this.selfFenced.get(key);
         if (fencedAt !== undefined) {
           const fresh = selfFenceLifted(this.o.lastHeartbeatMs?.(), fencedAt)
@@ -878,6 +906,7 @@ export class PartitionController {
           ].sort(),
         });
         await this.step("nexus-raid", key);
+        await this.o.beforeServing?.();
         const t: Target = {
           backend: "spdk",
           volumeManager: "spdk-lvol",
@@ -1048,6 +1077,61 @@ export class PartitionController {
   private readonly startedMs: number;
   /** Volumes this node fenced itself from serving, by key: when. */
   private readonly selfFenced = new Map<string, number>();
+  /** The target watchdog's fences found at start, by NQN, not yet taken over by a volume's pass. */
+  private readonly watchdogFenced = new Map<string, number>();
+
+  /** The newest target-watchdog fence this controller has taken in (its fencedAtMs). */
+  private watchdogSeenMs = 0;
+
+  /**
+   * Takes in a fence the target watchdog recorded (agent/watchdog/lease.ts) while this agent
+   * runs: its lease went stale (a heartbeat slower than the deadline, a lease write that
+   * failed). Each listed volume this node serves counts as self-fenced at that time, so its pass
+   * serves it again only after a newer heartbeat and a fresh read naming this node, instead of
+   * at the next verify. A record already taken in is ignored. Returns the keys fenced now.
+   */
+  noteWatchdogFence(record: { fencedAtMs: number; nqns: readonly string[] }): string[] {
+    if (record.fencedAtMs <= this.watchdogSeenMs) return [];
+    this.watchdogSeenMs = record.fencedAtMs;
+    const fenced: string[] = [];
+    for (const nqn of record.nqns) {
+      const key = [...this.nexusServed].find(([, t]) => t.nqn === nqn)?.[0];
+      if (key === undefined) {
+        this.watchdogFenced.set(nqn, record.fencedAtMs);
+        continue;
+      }
+      if (this.selfFenced.has(key)) continue;
+      this.selfFenced.set(key, record.fencedAtMs);
+      fenced.push(key);
+      this.queue.add(key);
+    }
+    if (fenced.length > 0)
+      this.o.logger.warn(
+        "the target watchdog fenced volumes this node serves: serving waits for a heartbeat",
+        {
+          partitions: fenced,
+          fencedAtMs: record.fencedAtMs,
+        },
+      );
+    return fenced;
+  }
+
+  /**
+   * The nexus exports this node serves now, not fenced, with their volumes' bounds: what the
+   * target watchdog's lease lists. A nexus whose volume moved away is listed until it is
+   * retired: if the agent dies first, its listener must not stay optimized.
+   */
+  servingNexus(): { nqn: string; failoverAfterSeconds: number | undefined }[] {
+    const out: { nqn: string; failoverAfterSeconds: number | undefined }[] = [];
+    for (const [key, served] of this.nexusServed) {
+      if (this.selfFenced.has(key)) continue;
+      out.push({
+        nqn: served.nqn,
+        failoverAfterSeconds: this.partitions.get(key)?.spec.failoverAfterSeconds,
+      });
+    }
+    return out;
+  }
 
   /**
    * Fences this node from the volumes it serves over a local copy once its heartbeats have not

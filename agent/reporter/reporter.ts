@@ -67,6 +67,12 @@ export interface ReporterDeps {
   readonly events: EventSink;
   readonly clock: Clock;
   readonly logger: Logger;
+  /**
+   * Called (synchronously, not awaited) each time a heartbeat the API server took moves
+   * lastHeartbeatMs() forward, with its time: the agent renews the target watchdog's lease here.
+   * It must not throw or block.
+   */
+  readonly afterHeartbeat?: (heartbeatMs: number) => void;
 }
 
 /** What one pass did, by NVMeDevice name; for logs and tests. */
@@ -142,8 +148,18 @@ export class Reporter {
         : undefined,
     );
     const ok = written?.status?.lastHeartbeatTime === new Date(now).toISOString();
-    if (ok) this.#lastHeartbeatMs = Math.max(this.#lastHeartbeatMs ?? 0, now);
+    if (ok) this.#advance(now);
     return ok;
+  }
+
+  #advance(ms: number): void {
+    if (this.#lastHeartbeatMs !== undefined && ms <= this.#lastHeartbeatMs) return;
+    this.#lastHeartbeatMs = ms;
+    try {
+      this.deps.afterHeartbeat?.(ms);
+    } catch (err) {
+      this.deps.logger.error("after-heartbeat hook failed", { err: errorMessage(err) });
+    }
   }
 
   /** Clock time of the newest heartbeat the API server took (a full pass's or heartbeat()'s), undefined before the first. */
@@ -414,8 +430,7 @@ export class Reporter {
         ? { ...next, lastHeartbeatTime: prev }
         : next;
     });
-    if (written?.status?.lastHeartbeatTime === now.toISOString())
-      this.#lastHeartbeatMs = Math.max(this.#lastHeartbeatMs ?? 0, now.getTime());
+    if (written?.status?.lastHeartbeatTime === now.toISOString()) this.#advance(now.getTime());
     const after = written ? findCondition(written.status?.conditions ?? [], type) : undefined;
     if (written && after && after.status !== before) {
       await deps.events.record(

@@ -3,6 +3,7 @@
 // nvmf_tgt) on a shared loopback TCP fabric, and an agent per node exporting on its own address.
 // Also the manager's step that declares a volume's copies current, which these tests play by hand.
 
+import { join } from "node:path";
 import { parseAgentConfig } from "../../agent/config.ts";
 import { type AgentHooks, type RunningAgent, runAgent } from "../../agent/main.ts";
 import type { NVMeDevice, NVMePartition, NVMeVolumeAttachment } from "../../api/index.ts";
@@ -43,7 +44,16 @@ export interface ReplicatedLabOptions {
   beforeNodes?: (tc: TestCluster) => void | Promise<void>;
   /** Step hooks of one node's agent, asked again each time that agent starts. */
   hooks?: (nodeName: string) => AgentHooks | undefined;
+  /**
+   * Nodes whose agent runs as a child process (agent/main.ts, its environment as the others'),
+   * so a test can SIGKILL it by PID while the node's emulated nvmf_tgt, in this process, goes
+   * on. Hooks do not reach such an agent.
+   */
+  childAgents?: readonly string[];
 }
+
+/** A node's agent; `pid` is set when it runs as a child process. */
+export type LabAgent = RunningAgent & { pid?: number; exited?: Promise<number> };
 
 export interface ReplicatedLab {
   tc: TestCluster;
@@ -53,9 +63,9 @@ export interface ReplicatedLab {
   /** In the order of the options' nodes. */
   nodes: SimStorageNode[];
   /** The running agent of each node, by index; startAgent replaces an entry. */
-  agents: RunningAgent[];
+  agents: LabAgent[];
   /** Starts node i's agent again (after agents[i].stop()) and makes it agents[i]. */
-  startAgent(i: number): Promise<RunningAgent>;
+  startAgent(i: number): Promise<LabAgent>;
   /** Stops every agent, then every node, then the control plane if this lab started it. */
   close(): Promise<void>;
 }
@@ -68,8 +78,8 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
   const tc = await testCluster();
   const fabric = createTcpFabric();
   const nodes: SimStorageNode[] = [];
-  const agents: RunningAgent[] = [];
-  const starts: (() => Promise<RunningAgent>)[] = [];
+  const agents: LabAgent[] = [];
+  const starts: (() => Promise<LabAgent>)[] = [];
   const close = async () => {
     for (const a of agents) await a.stop();
     for (const n of nodes) await n.close();
@@ -86,22 +96,23 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
         hostAddresses: [spec.address],
       });
       nodes.push(node);
-      const cfg = parseAgentConfig(
-        node.agentEnv(o.kubeconfigFor?.(spec.name) ?? tc.kubeconfigPath, ns, {
-          DISTORT_PORTAL_ADDRESS: spec.address,
-          DISTORT_PORTAL_PORT: String(o.port),
-          ...o.agentEnv,
-        }),
-      );
-      const start = () =>
-        runAgent(
-          cfg,
-          createLogger({
-            level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
-            fields: { node: spec.name },
-          }),
-          o.hooks?.(spec.name),
-        );
+      const env = node.agentEnv(o.kubeconfigFor?.(spec.name) ?? tc.kubeconfigPath, ns, {
+        DISTORT_PORTAL_ADDRESS: spec.address,
+        DISTORT_PORTAL_PORT: String(o.port),
+        ...o.agentEnv,
+      });
+      const cfg = parseAgentConfig(env);
+      const start = o.childAgents?.includes(spec.name)
+        ? () => spawnAgent(env, spec.name)
+        : () =>
+            runAgent(
+              cfg,
+              createLogger({
+                level: (process.env.DISTORT_TEST_LOG as "info") ?? "error",
+                fields: { node: spec.name },
+              }),
+              o.hooks?.(spec.name),
+            );
       starts.push(start);
       agents.push(await start());
     }
@@ -124,6 +135,49 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
     await close();
     throw err;
   }
+}
+
+/**
+ * Starts an agent as a child process (this checkout's agent/main.ts) and resolves once it is
+ * ready (/readyz on a health port of its own) or rejects when it exits first or takes over 60 s.
+ * stop() is SIGTERM, then SIGKILL after 10 s.
+ */
+async function spawnAgent(env: Record<string, string>, node: string): Promise<LabAgent> {
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  const child = Bun.spawn([process.execPath, join(import.meta.dir, "../../agent/main.ts")], {
+    env: {
+      ...env,
+      DISTORT_HEALTH_PORT: String(port),
+      DISTORT_LOG_LEVEL: (process.env.DISTORT_TEST_LOG as string | undefined) ?? "error",
+    },
+    stdout: "ignore",
+    stderr: "inherit",
+  });
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    child.kill("SIGTERM");
+    await Promise.race([child.exited, Bun.sleep(10_000)]);
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGKILL");
+      await child.exited;
+    }
+  };
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    if (child.exitCode !== null || child.signalCode !== null)
+      throw new Error(`agent of ${node} exited before it was ready (${child.exitCode ?? child.signalCode})`);
+    const ready = await fetch(`http://127.0.0.1:${port}/readyz`).then(
+      (r) => r.ok,
+      () => false,
+    );
+    if (ready) break;
+    if (Date.now() > deadline) {
+      await stop();
+      throw new Error(`agent of ${node} not ready within 60 s`);
+    }
+    await Bun.sleep(200);
+  }
+  return { healthPort: port, pid: child.pid, exited: child.exited, stop };
 }
 
 /**
