@@ -350,10 +350,18 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
   expect(refused.reason).toBe("Cordoned");
   expect(refused.message).toContain(`node ${NODES[2]} draining`);
   expect(refused.message).toContain(`node ${NODES[0]} cordoned`);
+  // Neither single-copy volume may outlive this test: once the nodes are schedulable again
+  // "nowhere" is placed, and on the node a later test drains it would block that drain.
+  for (const name of ["nowhere", "solo"]) await parts().delete(name, ns);
   await setDrain(NODES[2], false);
   for (const n of [NODES[0], NODES[1]])
     await storageNodes().mergePatch(n, ns, { spec: { unschedulable: null } } as never);
-}, 120_000);
+  await eventually(
+    async () => ((await parts().get("nowhere", ns)) || (await parts().get("solo", ns)) ? undefined : true),
+    60_000,
+    "the single-copy volumes gone",
+  );
+}, 180_000);
 
 test("draining the serving node: replacement first, its own copy retired, then a planned handover (release, fence, serve elsewhere); every acknowledged write reads back through the new serving node", async () => {
   const CONSUMER2_ID = randomUUID();
@@ -504,14 +512,20 @@ test("draining the serving node: replacement first, its own copy retired, then a
   consumer.close();
 
   // B ends with nothing of DISTORT.
+  let lastDrained = "";
   const nodeB = await eventually(
     async () => {
       const n = await storageNodes().get(S, ns);
-      return drained(n)?.status === "True" ? n : undefined;
+      const c = drained(n);
+      lastDrained = `${c?.reason}: ${c?.message}`;
+      return c?.status === "True" ? n : undefined;
     },
-    60_000,
+    // The agent's report (its exports gone) and the drain controller's pass, on a loaded machine.
+    180_000,
     "the old serving node Drained",
-  );
+  ).catch((err: Error) => {
+    throw new Error(`${err.message} (last: ${lastDrained})`);
+  });
   expect(nodeB.status?.exportCount ?? 0).toBe(0);
   const subsystemsB =
     lab?.nodes[NODES.indexOf(S as (typeof NODES)[number])]?.emulator.state().subsystems ?? [];
