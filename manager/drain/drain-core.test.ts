@@ -176,6 +176,47 @@ describe("decideReplicas under a drain", () => {
     expect(out.status?.set.replicas?.find((x) => x.name === "vol-r0")?.retiring).toBeUndefined();
     expect(out.delete).toEqual([]);
   });
+
+  test("a drain stopped while its replacement is not current: the replacement is the surplus, deleted", () => {
+    const v = volume([
+      online(0, "node-a"),
+      online(1, "node-b"),
+      { name: "vol-r2", uid: "uid-r2", nodeName: "node-c", state: "Rebuilding", generation: 0 },
+    ]);
+    const out = decideReplicas(v, [...copies, replica(2, "node-c")], view(), NOW, CFG);
+    expect(out.delete.map((d) => [d.name, d.why])).toEqual([
+      ["vol-r2", "not current (surplus: 3 copies for spec.replicas 2): holds nothing the volume needs"],
+    ]);
+    expect(out.unadmit.map((u) => u.copy)).toContain("vol-r2");
+    expect(out.create).toEqual([]);
+  });
+
+  test("a drain stopped once its replacement is current: the newest copy off the serving node is retired, then deleted", () => {
+    const v = volume([online(0, "node-a"), online(1, "node-b"), online(2, "node-c")]);
+    const out = decideReplicas(v, [...copies, replica(2, "node-c")], view(), NOW, CFG);
+    expect(out.delete).toEqual([]);
+    expect(out.create).toEqual([]);
+    expect(out.status?.set.replicas?.map((e) => [e.name, e.retiring])).toEqual([
+      ["vol-r0", undefined],
+      ["vol-r1", undefined],
+      ["vol-r2", "surplus: 3 copies for spec.replicas 2"],
+    ]);
+    // The serving node lowered it: then it goes.
+    const lowered = volume(
+      [
+        online(0, "node-a", 4),
+        online(1, "node-b", 4),
+        online(2, "node-c", 3, { state: "Stale", retiring: "surplus: 3 copies for spec.replicas 2" }),
+      ],
+      { gen: 4 },
+    );
+    const next = decideReplicas(lowered, [...copies, replica(2, "node-c")], view(), NOW, CFG);
+    expect(next.delete.map((d) => d.name)).toEqual(["vol-r2"]);
+    // Two copies: no surplus, nothing more to do.
+    const two = decideReplicas(volume([online(0, "node-a"), online(1, "node-b")]), copies, view(), NOW, CFG);
+    expect(two.delete).toEqual([]);
+    expect(two.status?.set.replicas?.some((e) => e.retiring) ?? false).toBe(false);
+  });
 });
 
 describe("planned handover of a draining serving node", () => {

@@ -231,6 +231,27 @@ export function decideReplicas(
       (e.state === "Online" || e.state === "Degraded")
     );
   };
+  // A drain stopped after its replacement was made leaves one copy more than spec.replicas. The
+  // surplus goes as a drained copy does (one that is not current at once, a current one retired
+  // by the serving node first): the raid's spare slot is then free for the next drain. It is the
+  // newest copy that is not current, else the newest not on the serving node.
+  if (drainOf.size === 0 && duplicate.size === 0) {
+    const alive = mine.filter(
+      (r) =>
+        !r.metadata.deletionTimestamp &&
+        r.status?.state !== "Failed" &&
+        !out.delete.some((d) => d.name === r.metadata.name),
+    );
+    if (alive.length > want) {
+      const newest = [...alive].sort(
+        (a, b) => (replicaIndex(b.metadata.name) ?? 0) - (replicaIndex(a.metadata.name) ?? 0),
+      );
+      const pick =
+        newest.find((r) => !currentPrev(r.metadata.name)) ??
+        newest.find((r) => r.spec.nodeName !== volume.spec.nodeName);
+      if (pick) drainOf.set(pick.metadata.name, `surplus: ${alive.length} copies for spec.replicas ${want}`);
+    }
+  }
   for (const r of mine) {
     const why = drainOf.get(r.metadata.name);
     if (!why || out.delete.some((d) => d.name === r.metadata.name) || currentPrev(r.metadata.name)) continue;
