@@ -16,7 +16,7 @@ export const UnschedulableSchema = v.pipe(
 export const DrainSchema = v.pipe(
   v.boolean(),
   v.description(
-    "Drain (operator, implies cordon): true = every replica of a replicated volume here is re-created elsewhere, rebuilt, and only then removed; a volume served from here is handed over to another node holding a current copy first. Single-copy volumes cannot move and block the drain (the Drained condition names them). Progress: the Drained condition. Set false or remove it to stop (what moved stays moved).",
+    "Drain (operator, implies cordon): true = every replica of a replicated volume here is re-created elsewhere, rebuilt, and only then removed; a volume served from here is handed over to another node holding a current copy first. Single-copy volumes cannot move and block the drain (the Drained condition names them). Progress: the Drained condition. Set false or remove it to stop (what moved stays moved; a replacement made for a copy that stays is removed again).",
   ),
 );
 
