@@ -7,7 +7,6 @@
 // volume with two Online copies elsewhere, and every writer's rounds ok throughout (an I/O error
 // fails its round and its Pod at once). Then each volume's last round is read back on another node.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { randomBytes } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { DRAINED, DrainReasons, kinds, type NVMePartition, type RDMAStorageNode } from "../api/index.ts";
 import { type WorkloadReport, workloadReport } from "../lab/demo.ts";
@@ -26,7 +25,7 @@ import {
   until,
   workloadPod,
 } from "./support.ts";
-import { waitHeld } from "./user-steps.ts";
+import { replicatedStorageClass, waitHeld } from "./user-steps.ts";
 
 let lab: E2eLab;
 beforeAll(async () => {
@@ -40,29 +39,6 @@ const VOLUMES = 3;
 /** Each writer's round: write this much of a fresh pattern, fsync, read it back and compare. */
 const ROUND_BYTES = "32Mi";
 const say = (s: string) => process.stdout.write(`${s}\n`);
-
-/** A StorageClass like the lab's with two copies per volume; paths held, never failed, across a handover. */
-async function replicatedClass(): Promise<string> {
-  const sc = `e2e-drain-${randomBytes(3).toString("hex")}`;
-  const base = await lab.storageApi.readStorageClass({ name: "distort-lab" });
-  await lab.storageApi.createStorageClass({
-    body: {
-      metadata: { name: sc },
-      provisioner: base.provisioner,
-      parameters: {
-        ...base.parameters,
-        replicas: "2",
-        transport: "tcp",
-        failoverAfterSeconds: "10",
-        ctrlLossTmo: "600",
-        reconnectDelay: "1",
-      },
-      reclaimPolicy: "Delete",
-      volumeBindingMode: "Immediate",
-    },
-  });
-  return sc;
-}
 
 /** The result lines a rounds writer printed so far (its log). */
 async function rounds(ns: string, pod: string): Promise<WorkloadReport[]> {
@@ -96,7 +72,11 @@ test("drain of a storage node with three replicated volumes attached and writing
   if (lab.storage.length < 3) throw new Error("the lab needs three SPDK storage nodes");
   const parts = new ResourceClient<NVMePartition>(lab.conn, kinds.NVMePartition);
   const storageNodes = new ResourceClient<RDMAStorageNode>(lab.conn, kinds.RDMAStorageNode);
-  const sc = await replicatedClass();
+  const sc = await replicatedStorageClass(lab, {
+    prefix: "e2e-drain",
+    replicas: 2,
+    failoverAfterSeconds: 10,
+  });
   const ns = await lab.newNamespace("drain");
   const claims = Array.from({ length: VOLUMES }, (_, i) => `data-${i}`);
   const writers = claims.map((_, i) => `writer-${i}`);

@@ -13,7 +13,6 @@
 // is rebuilt, and only then counts as current; the data read back is the newest bytes, and after
 // the last original copy is killed too, the rebuilt copies serve those same bytes.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { randomBytes } from "node:crypto";
 import { kinds, type NVMePartition, type NVMeVolumeAttachment, type ReplicaStatus } from "../api/index.ts";
 import { connectController, createTcpFabric } from "../lab/sim/spdk/fabric.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
@@ -33,7 +32,7 @@ import {
   until,
   workloadPod,
 } from "./support.ts";
-import { waitHeld } from "./user-steps.ts";
+import { replicatedStorageClass, waitHeld } from "./user-steps.ts";
 
 let lab: E2eLab;
 beforeAll(async () => {
@@ -47,28 +46,13 @@ const FAILOVER_AFTER_S = 5;
 const BYTES = "512Mi";
 const say = (s: string) => process.stdout.write(`${s}\n`);
 
-/** A StorageClass like the lab's with `replicas` copies, a short failover bound, paths held (never failed) through a failover. */
-async function replicatedClass(replicas: number): Promise<string> {
-  const sc = `e2e-repl${replicas}-${randomBytes(3).toString("hex")}`;
-  const base = await lab.storageApi.readStorageClass({ name: "distort-lab" });
-  await lab.storageApi.createStorageClass({
-    body: {
-      metadata: { name: sc },
-      provisioner: base.provisioner,
-      parameters: {
-        ...base.parameters,
-        replicas: String(replicas),
-        transport: "tcp",
-        failoverAfterSeconds: String(FAILOVER_AFTER_S),
-        // Held, never failed: a lost path waits for the failover (10 minutes at most).
-        ctrlLossTmo: "600",
-        reconnectDelay: "1",
-      },
-      reclaimPolicy: "Delete",
-      volumeBindingMode: "Immediate",
-    },
+/** A StorageClass like the lab's with `replicas` copies and the short failover bound. */
+function replicatedClass(replicas: number): Promise<string> {
+  return replicatedStorageClass(lab, {
+    prefix: `e2e-repl${replicas}`,
+    replicas,
+    failoverAfterSeconds: FAILOVER_AFTER_S,
   });
-  return sc;
 }
 
 /** One test's view of the cluster: the volume's objects, each storage node's target, node deaths. */

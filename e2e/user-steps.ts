@@ -1,6 +1,8 @@
 // User-level steps shared by the provisioning, cleanup and bad-input suites, beyond e2e/support.ts:
 // claims of either volume mode, workload Pods on a raw device or on several claims, the report of a
-// workload that holds, the Events `kubectl describe` shows, and taking a test's namespace down.
+// workload that holds, the Events `kubectl describe` shows, taking a test's namespace down, and
+// the replicated suites' StorageClass.
+import { randomBytes } from "node:crypto";
 import type * as k8s from "@kubernetes/client-node";
 import { kubeError } from "../lib/kube/resource.ts";
 import { deletePod, type E2eLab, until, type WorkloadReport, workloadPod } from "./support.ts";
@@ -156,4 +158,34 @@ export async function teardownNamespace(lab: E2eLab, ns: string): Promise<void> 
   } catch (err) {
     if (kubeError(err, "delete").kind !== "not-found") throw err;
   }
+}
+
+/**
+ * A StorageClass like the lab's default with `replicas` copies per volume (TCP, Immediate), a
+ * failover bound of `failoverAfterSeconds`, and paths held (never failed) while a volume moves:
+ * a lost path waits up to 10 minutes for the failover or handover. Returns its name.
+ */
+export async function replicatedStorageClass(
+  lab: E2eLab,
+  o: { prefix: string; replicas: number; failoverAfterSeconds: number },
+): Promise<string> {
+  const sc = `${o.prefix}-${randomBytes(3).toString("hex")}`;
+  const base = await lab.storageApi.readStorageClass({ name: "distort-lab" });
+  await lab.storageApi.createStorageClass({
+    body: {
+      metadata: { name: sc },
+      provisioner: base.provisioner,
+      parameters: {
+        ...base.parameters,
+        replicas: String(o.replicas),
+        transport: "tcp",
+        failoverAfterSeconds: String(o.failoverAfterSeconds),
+        ctrlLossTmo: "600",
+        reconnectDelay: "1",
+      },
+      reclaimPolicy: "Delete",
+      volumeBindingMode: "Immediate",
+    },
+  });
+  return sc;
 }
