@@ -51,6 +51,12 @@ let ns: string;
 let manager: RunningManager | undefined;
 let devC: Awaited<ReturnType<ResourceClient<import("../../api/index.ts").NVMeDevice>["get"]>>;
 const registry = new Registry();
+/**
+ * The manager sees only this test's objects (DISTORT_LABEL_SELECTOR): integration tests share one
+ * API server, and another test's unplaced partition would otherwise be placed on these nodes (in
+ * CI a leftover single-copy volume landed on a drained node and blocked its drain).
+ */
+const SCOPE = "storage.distort.io/test-scope";
 
 beforeAll(async () => {
   lab = await startReplicatedLab({
@@ -71,11 +77,29 @@ afterAll(async () => {
   await lab?.close();
 });
 
+/** Labels every object of this test the manager must see: its storage nodes, drives, claims, partitions. */
+async function scopeToTest(): Promise<void> {
+  const label = { metadata: { labels: { [SCOPE]: ns } } };
+  const nodes = new ResourceClient(tc.conn, kinds.RDMAStorageNode);
+  for (const n of NODES) await nodes.mergePatch(n, ns, label);
+  const devices = new ResourceClient(tc.conn, kinds.NVMeDevice);
+  for (const d of (await devices.list()).items)
+    if ((NODES as readonly string[]).includes(d.spec.nodeName))
+      await devices.mergePatch(d.metadata.name, undefined, label);
+  const claims = new ResourceClient(tc.conn, kinds.NVMeDeviceClaim);
+  for (const c of (await claims.list({ namespace: ns })).items)
+    await claims.mergePatch(c.metadata.name, ns, label);
+  const all = new ResourceClient(tc.conn, kinds.NVMePartition);
+  for (const p of (await all.list({ namespace: ns })).items) await all.mergePatch(p.metadata.name, ns, label);
+}
+
 async function startTestManager(): Promise<void> {
+  await scopeToTest();
   const config = parseConfig(
     {
       DISTORT_KUBECONFIG: tc.kubeconfigPath,
       DISTORT_NAMESPACE: ns,
+      DISTORT_LABEL_SELECTOR: `${SCOPE}=${ns}`,
       DISTORT_LEADER_ELECT: "false",
       DISTORT_HEARTBEAT_STALENESS_MS: "60000",
       DISTORT_RESYNC_MS: "0",
@@ -291,7 +315,7 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
   await parts().create({
     apiVersion: "storage.distort.io/v1alpha1",
     kind: "NVMePartition",
-    metadata: { name: "solo", namespace: ns },
+    metadata: { name: "solo", namespace: ns, labels: { [SCOPE]: ns } },
     spec: {
       sizeBytes: 16 * MiB,
       backend: "spdk",
@@ -331,7 +355,7 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
   await parts().create({
     apiVersion: "storage.distort.io/v1alpha1",
     kind: "NVMePartition",
-    metadata: { name: "nowhere", namespace: ns },
+    metadata: { name: "nowhere", namespace: ns, labels: { [SCOPE]: ns } },
     spec: {
       sizeBytes: 16 * MiB,
       backend: "spdk",
@@ -372,7 +396,7 @@ test("draining the serving node: replacement first, its own copy retired, then a
   const vh = await parts().create({
     apiVersion: "storage.distort.io/v1alpha1",
     kind: "NVMePartition",
-    metadata: { name: "vh", namespace: ns },
+    metadata: { name: "vh", namespace: ns, labels: { [SCOPE]: ns } },
     spec: {
       sizeBytes: VOL_BYTES,
       replicas: 2,
