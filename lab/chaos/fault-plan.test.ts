@@ -1,5 +1,6 @@
 import { expect, test } from "bun:test";
 import {
+  DEFAULT_DRAIN_MS,
   DEFAULT_GAP_MS,
   DEFAULT_NODE_DOWN_MS,
   DEFAULT_PROCESS_DOWN_MS,
@@ -19,7 +20,13 @@ test("the plan is a pure function of the seed", () => {
 test("200 faults hit every node with every action and the manager, within the bounds", () => {
   const plan = faultPlan({ seed: 7, faults: 200, nodes: 3 });
   const kinds = new Set(
-    plan.map((f) => (f.target.kind === "manager" ? "manager" : `${f.target.index}/${f.target.action}`)),
+    plan.map((f) =>
+      f.target.kind === "manager"
+        ? "manager"
+        : f.target.kind === "drain"
+          ? `${f.target.index}/drain`
+          : `${f.target.index}/${f.target.action}`,
+    ),
   );
   for (const i of [0, 1, 2])
     for (const a of ["agent", "target", "node"]) expect(kinds.has(`${i}/${a}`)).toBe(true);
@@ -35,6 +42,27 @@ test("200 faults hit every node with every action and the manager, within the bo
   // Node deaths are the commonest fault (they make the failovers).
   const deaths = plan.filter((f) => f.target.kind === "node" && f.target.action === "node").length;
   expect(deaths).toBeGreaterThan(40);
+});
+
+test("drains: absent by default (each seed's plan unchanged), within their bounds with a weight", () => {
+  const without = faultPlan({ seed: 11, faults: 200, nodes: 4 });
+  expect(without.some((f) => f.target.kind === "drain")).toBe(false);
+  expect(faultPlan({ seed: 11, faults: 200, nodes: 4, drainWeight: 0 })).toEqual(without);
+  const plan = faultPlan({ seed: 11, faults: 200, nodes: 4, drainWeight: 1 });
+  const drains = plan.filter((f) => f.target.kind === "drain");
+  // Weight 1 of 12: about 17 of 200.
+  expect(drains.length).toBeGreaterThan(5);
+  expect(drains.length).toBeLessThan(40);
+  expect(new Set(drains.map((f) => (f.target.kind === "drain" ? f.target.index : -1))).size).toBe(4);
+  for (const f of drains) {
+    expect(f.downMs).toBeGreaterThanOrEqual(DEFAULT_DRAIN_MS[0]);
+    expect(f.downMs).toBeLessThanOrEqual(DEFAULT_DRAIN_MS[1]);
+  }
+  expect(
+    describeFault({ n: 9, target: { kind: "drain", index: 2 }, downMs: 30000, gapMs: 500 }, ["a", "b", "c"]),
+  ).toBe("fault 9: drain of c for up to 30000 ms (the next faults go on), then 500 ms");
+  expect(() => faultPlan({ seed: 1, faults: 1, nodes: 3, drainWeight: -1 })).toThrow(/drainWeight/);
+  expect(() => faultPlan({ seed: 1, faults: 1, nodes: 3, drainMs: [5, 1] })).toThrow(/drainMs/);
 });
 
 test("bad options are refused with a clear error", () => {

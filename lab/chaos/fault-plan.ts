@@ -10,7 +10,14 @@ import { seededRandom } from "../../lib/seeded-random.ts";
 export const NODE_ACTIONS = ["agent", "target", "node"] as const;
 export type NodeAction = (typeof NODE_ACTIONS)[number];
 
-export type FaultTarget = { kind: "node"; index: number; action: NodeAction } | { kind: "manager" };
+/**
+ * What a fault hits: a storage node's process (or the whole node), the manager, or a drain of a
+ * storage node (spec.drain set for downMs while the next faults go on, then cleared).
+ */
+export type FaultTarget =
+  | { kind: "node"; index: number; action: NodeAction }
+  | { kind: "manager" }
+  | { kind: "drain"; index: number };
 
 export interface Fault {
   /** 1-based. */
@@ -36,11 +43,19 @@ export interface PlanOptions {
   processDownMs?: readonly [number, number];
   /** Bounds of the pause before the next fault. */
   gapMs?: readonly [number, number];
+  /**
+   * Weight of drains among the faults (0, the default: none, and every seed's plan is the one it
+   * had before drains existed; 1: as often as the manager is killed).
+   */
+  drainWeight?: number;
+  /** How long a drain stays asked for (it may finish sooner), while the next faults go on. */
+  drainMs?: readonly [number, number];
 }
 
 export const DEFAULT_NODE_DOWN_MS = [2000, 12000] as const;
 export const DEFAULT_PROCESS_DOWN_MS = [200, 4000] as const;
 export const DEFAULT_GAP_MS = [300, 3000] as const;
+export const DEFAULT_DRAIN_MS = [20000, 60000] as const;
 
 /**
  * Weights of the targets: node deaths most (they drive failovers and rebuilds), then single
@@ -69,6 +84,10 @@ export function faultPlan(o: PlanOptions): Fault[] {
     throw new Error(`faults must be a non-negative integer, got ${o.faults}`);
   if (!Number.isSafeInteger(o.nodes) || o.nodes < 2)
     throw new Error(`nodes must be at least 2, got ${o.nodes}`);
+  const drainWeight = o.drainWeight ?? 0;
+  if (!(Number.isFinite(drainWeight) && drainWeight >= 0))
+    throw new Error(`drainWeight must be a number >= 0, got ${o.drainWeight}`);
+  const drainMs = o.drainMs ?? DEFAULT_DRAIN_MS;
   const nodeDown = o.nodeDownMs ?? DEFAULT_NODE_DOWN_MS;
   const processDown = o.processDownMs ?? DEFAULT_PROCESS_DOWN_MS;
   const gap = o.gapMs ?? DEFAULT_GAP_MS;
@@ -76,16 +95,20 @@ export function faultPlan(o: PlanOptions): Fault[] {
     ["nodeDownMs", nodeDown],
     ["processDownMs", processDown],
     ["gapMs", gap],
+    ["drainMs", drainMs],
   ] as const)
     if (!(b[0] >= 0 && b[1] >= b[0]))
       throw new Error(`${name} must be [lo, hi] with 0 <= lo <= hi, got [${b}]`);
   const random = seededRandom(o.seed);
-  const total = WEIGHTS.reduce((s, [, w]) => s + w, 0);
+  // Drains come last, so that with weight 0 every draw is what it was without them.
+  const weights: readonly [FaultTarget["kind"] | NodeAction, number][] =
+    drainWeight > 0 ? [...WEIGHTS, ["drain", drainWeight]] : WEIGHTS;
+  const total = weights.reduce((s, [, w]) => s + w, 0);
   const out: Fault[] = [];
   for (let n = 1; n <= o.faults; n++) {
     let r = random() * total;
     let kind: FaultTarget["kind"] | NodeAction = "node";
-    for (const [k, w] of WEIGHTS) {
+    for (const [k, w] of weights) {
       if (r < w) {
         kind = k;
         break;
@@ -94,8 +117,12 @@ export function faultPlan(o: PlanOptions): Fault[] {
     }
     const index = Math.min(o.nodes - 1, Math.floor(random() * o.nodes));
     const target: FaultTarget =
-      kind === "manager" ? { kind: "manager" } : { kind: "node", index, action: kind };
-    const downMs = between(random, kind === "node" ? nodeDown : processDown);
+      kind === "manager"
+        ? { kind: "manager" }
+        : kind === "drain"
+          ? { kind: "drain", index }
+          : { kind: "node", index, action: kind };
+    const downMs = between(random, kind === "node" ? nodeDown : kind === "drain" ? drainMs : processDown);
     out.push({ n, target, downMs, gapMs: between(random, gap) });
   }
   return out;
@@ -103,6 +130,8 @@ export function faultPlan(o: PlanOptions): Fault[] {
 
 /** One line per fault, for the run's log. */
 export function describeFault(f: Fault, nodeNames: readonly string[]): string {
+  if (f.target.kind === "drain")
+    return `fault ${f.n}: drain of ${nodeNames[f.target.index]} for up to ${f.downMs} ms (the next faults go on), then ${f.gapMs} ms`;
   const what =
     f.target.kind === "manager"
       ? "kill -9 manager"

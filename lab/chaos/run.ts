@@ -1,13 +1,20 @@
 // The seeded chaos run of replicated volumes: a world of storage nodes and a manager as processes
 // (world.ts), replicated volumes placed by the manager, a consumer writing to each (writer.ts),
-// and the seeded fault plan (fault-plan.ts) played against them one fault at a time. At the end
+// and the seeded fault plan (fault-plan.ts) played against them one fault at a time (with
+// `drains`, a drain of a storage node also stays asked for while the next faults go on). At the end
 // every block is read back through the serving export, and each copy through its own export once
 // all are Online at the volume's generation, and checked against the acknowledged-write log.
 import { randomUUID } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { kinds, type NVMePartition, type NVMeVolumeAttachment } from "../../api/index.ts";
+import {
+  DRAINED,
+  kinds,
+  type NVMePartition,
+  type NVMeVolumeAttachment,
+  type RDMAStorageNode,
+} from "../../api/index.ts";
 import { CacheSet } from "../../lib/kube/cache-set.ts";
 import { ResourceClient } from "../../lib/kube/resource.ts";
 import { silentLogger } from "../../lib/log.ts";
@@ -33,6 +40,11 @@ export interface ChaosOptions {
   bounds?: Pick<PlanOptions, "nodeDownMs" | "processDownMs" | "gapMs">;
   /** One volume per entry, with that many copies (2 or 3). */
   volumes: readonly number[];
+  /**
+   * Drains among the faults (fault-plan's drainWeight 1), with one storage node more than the
+   * copies need, so that every copy can move. Off: the plan of each seed is the one without drains.
+   */
+  drains?: boolean;
   /** Blocks of 4 KiB written per volume. */
   blocks?: number;
   depth?: number;
@@ -72,6 +84,8 @@ export interface VolumeResult {
 export interface ChaosResult {
   seed: number;
   faults: number;
+  /** Drains asked for, finished (Drained True) before they were cleared, and not started (another ran). */
+  drains: { started: number; completed: number; skipped: number };
   faultsDuringRebuild: number;
   faultsOnServingNode: number;
   durationMs: number;
@@ -110,8 +124,14 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
   const rerun = `rerun with DISTORT_CHAOS_SEED=${o.seed}`;
   say(`chaos: seed ${o.seed}, ${o.faults} faults, volumes with ${o.volumes.join(", ")} copies (${rerun})`);
   for (const r of o.volumes) if (r !== 2 && r !== 3) throw new Error(`a volume has 2 or 3 copies, got ${r}`);
-  const nodes = Math.max(3, ...o.volumes);
-  const plan = faultPlan({ seed: o.seed, faults: o.faults, nodes, ...o.bounds });
+  const nodes = Math.max(3, ...o.volumes) + (o.drains ? 1 : 0);
+  const plan = faultPlan({
+    seed: o.seed,
+    faults: o.faults,
+    nodes,
+    ...o.bounds,
+    drainWeight: o.drains ? 1 : 0,
+  });
   const blocks = o.blocks ?? 256;
   const stallMs = o.stallMs ?? 120_000;
   const dir = mkdtempSync(join(tmpdir(), "distort-chaos-"));
@@ -187,7 +207,10 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
         30_000,
         `consumer admitted to ${name}`,
       );
-      const addresses = (v.status?.replicas ?? []).map((r) => addressOf.get(r.nodeName ?? "") as string);
+      // With drains a copy can move to any node: the writer keeps a path to every one.
+      const addresses = o.drains
+        ? world.nodes.map((n) => n.address)
+        : (v.status?.replicas ?? []).map((r) => addressOf.get(r.nodeName ?? "") as string);
       const tag = (o.seed * 31 + i) >>> 0;
       const writer = new VolumeWriter({
         fabric,
@@ -251,6 +274,22 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
 
     let faultsDuringRebuild = 0;
     let faultsOnServingNode = 0;
+    // One drain at a time, asked for until its time is up, while the next faults go on.
+    const storageNodes = new ResourceClient<RDMAStorageNode>(o.tc.conn, kinds.RDMAStorageNode);
+    const drains = { started: 0, completed: 0, skipped: 0 };
+    let drain: { node: string; endAt: number; n: number; startedAt: number } | undefined;
+    const endDrain = async (force: boolean) => {
+      if (!drain || (!force && Date.now() < drain.endAt)) return;
+      const n = await storageNodes.get(drain.node, ns).catch(() => undefined);
+      const c = n?.status?.conditions?.find((x) => x.type === DRAINED);
+      const done = c?.status === "True";
+      if (done) drains.completed++;
+      await storageNodes.mergePatch(drain.node, ns, { spec: { drain: null } });
+      say(
+        `chaos:   drain ${drain.n} of ${drain.node} cleared after ${((Date.now() - drain.startedAt) / 1000).toFixed(1)} s: ${done ? "Drained" : `${c?.reason}: ${c?.message}`}`,
+      );
+      drain = undefined;
+    };
     const check = () => {
       const exits = world.unexpectedExits();
       if (exits.length > 0) throw new Error(`processes ended on their own: ${exits.join("; ")}`);
@@ -261,6 +300,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     };
     for (const f of plan) {
       check();
+      await endDrain(false);
       const vols = [...latest.values()];
       if (vols.some((v) => v.status?.replicas?.some((r) => r.state === "Rebuilding"))) faultsDuringRebuild++;
       const hit = f.target.kind === "node" ? world.nodes[f.target.index]?.name : undefined;
@@ -277,9 +317,20 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
           world.nodes.map((n) => n.name),
         )} [acked ${tracked.map((t) => t.writer.stats.acknowledged).join("/")}]`,
       );
-      await inject(world, f);
+      if (f.target.kind === "drain") {
+        const node = world.nodes[f.target.index]?.name as string;
+        if (drain) {
+          drains.skipped++;
+          say(`chaos:   drain of ${node} not started: ${drain.node} still drains`);
+        } else {
+          await storageNodes.mergePatch(node, ns, { spec: { drain: true } });
+          drains.started++;
+          drain = { node, endAt: Date.now() + f.downMs, n: f.n, startedAt: Date.now() };
+        }
+      } else await inject(world, f);
       await Bun.sleep(f.gapMs);
     }
+    await endDrain(true);
     check();
     say("chaos: faults done; waiting for the writers' last writes");
     await Promise.race([
@@ -390,6 +441,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosResult> {
     const result: ChaosResult = {
       seed: o.seed,
       faults: plan.length,
+      drains,
       faultsDuringRebuild,
       faultsOnServingNode,
       durationMs: Date.now() - started,
@@ -463,6 +515,7 @@ async function inject(world: World, f: Fault): Promise<void> {
     await world.startManager();
     return;
   }
+  if (t.kind === "drain") throw new Error("a drain is started by the run's loop, not injected");
   const i = t.index;
   if (t.action === "agent") {
     await world.killAgent(i);
@@ -483,7 +536,7 @@ async function inject(world: World, f: Fault): Promise<void> {
 /** The run's figures, one block of text. */
 export function summary(r: ChaosResult): string {
   const lines = [
-    `chaos: seed ${r.seed}: ${r.faults} faults in ${(r.durationMs / 1000).toFixed(0)} s (${r.faultsOnServingNode} on a serving node's target, ${r.faultsDuringRebuild} during a rebuild)`,
+    `chaos: seed ${r.seed}: ${r.faults} faults in ${(r.durationMs / 1000).toFixed(0)} s (${r.faultsOnServingNode} on a serving node's target, ${r.faultsDuringRebuild} during a rebuild; drains ${r.drains.started} started, ${r.drains.completed} finished, ${r.drains.skipped} not started)`,
   ];
   for (const v of r.volumes)
     lines.push(
