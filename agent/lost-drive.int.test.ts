@@ -96,7 +96,14 @@ test("a deleted partition on a lost drive is released past the bound, its room h
     async () => {
       const p = await parts.get("p-lost", ns);
       const ready = p?.status?.conditions?.find((c) => c.type === "Ready");
-      return ready?.reason === "DeviceUnavailable" ? { p, ready } : undefined;
+      // The deletion's own report: before the agent sees the deletion it may already report the
+      // drive missing for the partition as it stands (Pending, DeviceUnavailable), a version that
+      // says nothing about deleting.
+      return ready?.reason === "DeviceUnavailable" &&
+        p?.metadata.deletionTimestamp &&
+        ready.message?.includes("released at")
+        ? { p, ready }
+        : undefined;
     },
     BOUND_S * 1000 - 500,
     "waits for the lost drive",
