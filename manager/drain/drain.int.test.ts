@@ -157,6 +157,22 @@ async function dump(name: string): Promise<void> {
   for (const e of (await eventsIn(ns)).slice(-40)) process.stderr.write(`event ${e.reason}: ${e.note}\n`);
 }
 
+/** A volume of this test (in its scope), placed by the manager: spdk, partition, TCP. */
+function createVolume(name: string, sizeBytes: number, replicas?: number): Promise<NVMePartition> {
+  return parts().create({
+    apiVersion: "storage.distort.io/v1alpha1",
+    kind: "NVMePartition",
+    metadata: { name, namespace: ns, labels: { [SCOPE]: ns } },
+    spec: {
+      sizeBytes,
+      ...(replicas === undefined ? {} : { replicas }),
+      backend: "spdk",
+      volumeManager: "partition",
+      targetOptions: { transport: "tcp" },
+    },
+  } as NVMePartition);
+}
+
 async function setDrain(node: string, drain: boolean): Promise<void> {
   await storageNodes().mergePatch(node, ns, { spec: { drain } });
 }
@@ -312,17 +328,7 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
   // Placed by the manager: A and B are cordoned, so only C can take it.
   for (const n of [NODES[0], NODES[1]])
     await storageNodes().mergePatch(n, ns, { spec: { unschedulable: true } });
-  await parts().create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "solo", namespace: ns, labels: { [SCOPE]: ns } },
-    spec: {
-      sizeBytes: 16 * MiB,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
+  await createVolume("solo", 16 * MiB);
   const solo = await eventually(
     async () => {
       const p = await parts().get("solo", ns);
@@ -352,17 +358,7 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
   const events = await eventsIn(ns);
   expect(events.some((e) => e.reason === "DrainBlocked" && e.regarding?.name === "solo")).toBe(true);
   // With every node cordoned or draining, a new volume is refused with the reason.
-  await parts().create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "nowhere", namespace: ns, labels: { [SCOPE]: ns } },
-    spec: {
-      sizeBytes: 16 * MiB,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
+  await createVolume("nowhere", 16 * MiB);
   const refused = await eventually(
     async () => {
       const c = (await parts().get("nowhere", ns))?.status?.conditions?.find((x) => x.type === "Scheduled");
@@ -393,18 +389,7 @@ test("draining the serving node: replacement first, its own copy retired, then a
   // Made by the manager this time: A cordoned while the copies are placed, so they go to B and
   // C; the volume is served from its first copy's node, which then drains.
   await storageNodes().mergePatch(NODES[0], ns, { spec: { unschedulable: true } });
-  const vh = await parts().create({
-    apiVersion: "storage.distort.io/v1alpha1",
-    kind: "NVMePartition",
-    metadata: { name: "vh", namespace: ns, labels: { [SCOPE]: ns } },
-    spec: {
-      sizeBytes: VOL_BYTES,
-      replicas: 2,
-      backend: "spdk",
-      volumeManager: "partition",
-      targetOptions: { transport: "tcp" },
-    },
-  } as NVMePartition);
+  const vh = await createVolume("vh", VOL_BYTES, 2);
   const uid = vh.metadata.uid as string;
   const first = await eventually(
     async () => {
