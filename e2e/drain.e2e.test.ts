@@ -105,15 +105,33 @@ test("drain of a storage node with three replicated volumes attached and writing
     say(
       `drain: ${drained} holds copies of ${onDrained} of ${VOLUMES} volumes: ${JSON.stringify([...before])}`,
     );
-    // Nothing else of DISTORT may be there: a single-copy volume would block the drain.
-    const strangers = (await parts.list({ namespace: lab.namespace })).items.filter(
-      (p) =>
-        p.spec.nodeName === drained &&
-        !p.spec.replicaOf &&
-        !volumes.some((v) => v.metadata.uid === p.metadata.uid),
+    // Nothing else of DISTORT may be there: a single-copy volume would block the drain. Earlier
+    // suites delete their claims as they end and the deletions finish in the background (detach,
+    // then DeleteVolume), so a volume still going away is waited for; one that stays is named.
+    const strangersOn = async () =>
+      (await parts.list({ namespace: lab.namespace })).items.filter(
+        (p) =>
+          p.spec.nodeName === drained &&
+          !p.spec.replicaOf &&
+          !volumes.some((v) => v.metadata.uid === p.metadata.uid),
+      );
+    await until(
+      `no other volume on ${drained}`,
+      async () => {
+        const left = await strangersOn();
+        if (left.length === 0) return true;
+        const named: string[] = [];
+        for (const p of left) {
+          const pv = await lab.core.readPersistentVolume({ name: p.metadata.name }).catch(() => undefined);
+          const claim = pv?.spec?.claimRef;
+          named.push(
+            `${p.metadata.name} (${p.metadata.deletionTimestamp ? "deleting" : (p.status?.state ?? "no state")}; PV ${pv ? (pv.status?.phase ?? "?") : "gone"}${claim ? `, claim ${claim.namespace}/${claim.name}` : ""})`,
+          );
+        }
+        throw new Error(`${drained} holds other volumes: ${named.join(", ")}`);
+      },
+      180_000,
     );
-    if (strangers.length > 0)
-      throw new Error(`${drained} holds other volumes: ${strangers.map((p) => p.metadata.name).join(", ")}`);
 
     // Writers on the consumer nodes, one per volume, each writing and verifying round after round.
     const consumers = lab.consumers.map((c) => c.name);
