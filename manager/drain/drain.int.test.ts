@@ -325,62 +325,80 @@ test("draining a copy node: replacement on the third node first, then the old co
 }, 300_000);
 
 test("a single-copy volume on a draining node blocks the drain: named in Drained, left untouched", async () => {
-  // Placed by the manager: A and B are cordoned, so only C can take it.
-  for (const n of [NODES[0], NODES[1]])
-    await storageNodes().mergePatch(n, ns, { spec: { unschedulable: true } });
-  await createVolume("solo", 16 * MiB);
-  const solo = await eventually(
-    async () => {
-      const p = await parts().get("solo", ns);
-      return p?.status?.state === "Exported" ? p : undefined;
-    },
-    30_000,
-    "solo Exported",
-  );
-  await setDrain(NODES[2], true);
-  const cond = await eventually(
-    async () => {
-      const c = drained(await storageNodes().get(NODES[2], ns));
-      return c?.reason === "SingleCopyVolumes" ? c : undefined;
-    },
-    30_000,
-    "Drained False with SingleCopyVolumes",
-  );
-  expect(solo.spec.nodeName).toBe(NODES[2]);
-  expect(cond.status).toBe("False");
-  expect(cond.message).toContain(`single-copy volumes ${ns}/solo (cannot move`);
-  // Untouched: still Exported on C, not deleted.
-  await Bun.sleep(2000);
-  const after = (await parts().get("solo", ns)) as NVMePartition;
-  expect(after.metadata.uid).toBe(solo.metadata.uid);
-  expect(after.metadata.deletionTimestamp).toBeUndefined();
-  expect(after.status?.state).toBe("Exported");
-  const events = await eventsIn(ns);
-  expect(events.some((e) => e.reason === "DrainBlocked" && e.regarding?.name === "solo")).toBe(true);
-  // With every node cordoned or draining, a new volume is refused with the reason.
-  await createVolume("nowhere", 16 * MiB);
-  const refused = await eventually(
-    async () => {
-      const c = (await parts().get("nowhere", ns))?.status?.conditions?.find((x) => x.type === "Scheduled");
-      return c?.status === "False" ? c : undefined;
-    },
-    30_000,
-    "nowhere unschedulable",
-  );
-  expect(refused.reason).toBe("Cordoned");
-  expect(refused.message).toContain(`node ${NODES[2]} draining`);
-  expect(refused.message).toContain(`node ${NODES[0]} cordoned`);
-  // Neither single-copy volume may outlive this test: once the nodes are schedulable again
-  // "nowhere" is placed, and on the node a later test drains it would block that drain.
-  for (const name of ["nowhere", "solo"]) await parts().delete(name, ns);
-  await setDrain(NODES[2], false);
-  for (const n of [NODES[0], NODES[1]])
-    await storageNodes().mergePatch(n, ns, { spec: { unschedulable: null } } as never);
-  await eventually(
-    async () => ((await parts().get("nowhere", ns)) || (await parts().get("solo", ns)) ? undefined : true),
-    60_000,
-    "the single-copy volumes gone",
-  );
+  try {
+    // Placed by the manager: A and B are cordoned, so only C can take it.
+    for (const n of [NODES[0], NODES[1]])
+      await storageNodes().mergePatch(n, ns, { spec: { unschedulable: true } });
+    await createVolume("solo", 16 * MiB);
+    const solo = await eventually(
+      async () => {
+        const p = await parts().get("solo", ns);
+        return p?.status?.state === "Exported" ? p : undefined;
+      },
+      30_000,
+      "solo Exported",
+    );
+    await setDrain(NODES[2], true);
+    const cond = await eventually(
+      async () => {
+        const c = drained(await storageNodes().get(NODES[2], ns));
+        return c?.reason === "SingleCopyVolumes" ? c : undefined;
+      },
+      30_000,
+      "Drained False with SingleCopyVolumes",
+    );
+    expect(solo.spec.nodeName).toBe(NODES[2]);
+    expect(cond.status).toBe("False");
+    expect(cond.message).toContain(`single-copy volumes ${ns}/solo (cannot move`);
+    // Untouched: still Exported on C, not deleted.
+    await Bun.sleep(2000);
+    const after = (await parts().get("solo", ns)) as NVMePartition;
+    expect(after.metadata.uid).toBe(solo.metadata.uid);
+    expect(after.metadata.deletionTimestamp).toBeUndefined();
+    expect(after.status?.state).toBe("Exported");
+    const events = await eventsIn(ns);
+    expect(events.some((e) => e.reason === "DrainBlocked" && e.regarding?.name === "solo")).toBe(true);
+    // With every node cordoned or draining, a new volume is refused with the reason.
+    await createVolume("nowhere", 16 * MiB);
+    const refused = await eventually(
+      async () => {
+        const c = (await parts().get("nowhere", ns))?.status?.conditions?.find((x) => x.type === "Scheduled");
+        return c?.status === "False" ? c : undefined;
+      },
+      30_000,
+      "nowhere unschedulable",
+    );
+    expect(refused.reason).toBe("Cordoned");
+    expect(refused.message).toContain(`node ${NODES[2]} draining`);
+    expect(refused.message).toContain(`node ${NODES[0]} cordoned`);
+  } catch (err) {
+    // Where it stopped: every node's Drained condition and what the manager placed where.
+    for (const n of NODES)
+      process.stderr.write(
+        `${n}: ${JSON.stringify(drained(await storageNodes().get(n, ns)))} spec ${JSON.stringify((await storageNodes().get(n, ns))?.spec)}\n`,
+      );
+    for (const p of (await parts().list({ namespace: ns })).items)
+      process.stderr.write(
+        `${p.metadata.name} on ${p.spec.nodeName} ${p.status?.state} replicaOf=${p.spec.replicaOf?.name ?? "-"}\n`,
+      );
+    for (const e of (await eventsIn(ns)).slice(-20)) process.stderr.write(`event ${e.reason}: ${e.note}\n`);
+    throw err;
+  } finally {
+    // Neither single-copy volume may outlive this test: once the nodes are schedulable again
+    // "nowhere" is placed, and on the node a later test drains it would block that drain.
+    for (const name of ["nowhere", "solo"])
+      await parts()
+        .delete(name, ns)
+        .catch(() => {});
+    await setDrain(NODES[2], false);
+    for (const n of [NODES[0], NODES[1]])
+      await storageNodes().mergePatch(n, ns, { spec: { unschedulable: null } } as never);
+    await eventually(
+      async () => ((await parts().get("nowhere", ns)) || (await parts().get("solo", ns)) ? undefined : true),
+      60_000,
+      "the single-copy volumes gone",
+    );
+  }
 }, 180_000);
 
 test("draining the serving node: replacement first, its own copy retired, then a planned handover (release, fence, serve elsewhere); every acknowledged write reads back through the new serving node", async () => {
