@@ -66,7 +66,7 @@ const t0 = performance.now();
 await ensureTools();
 // promtool checks the chart's alert rules in helm/monitoring.int.test.ts, the CSI sidecars run in
 // csi/ and lab/ tests, helm renders the chart in helm/ tests: a cold build of each takes minutes
-// (the sidecars about 15 on two cores), so they happen here rather than inside a test's timeout.
+// (the sidecars about 10 on two cores), so they happen here rather than inside a test's timeout.
 await ensurePromtool();
 await ensureSidecars();
 await ensureHelm();
