@@ -40,26 +40,38 @@ class BunFetchLibrary implements k8s.PromiseHttpLibrary {
   constructor(
     private readonly tls: () => Promise<TlsOptions>,
     private readonly observe: RequestObserver,
+    private readonly timeoutMs: number,
   ) {}
 
   async send(req: k8s.RequestContext): Promise<k8s.ResponseContext> {
     const body = req.getBody() as RequestInit["body"];
     const method = req.getHttpMethod().toString();
     const tls = await this.tls();
-    const res = await observed(this.observe, method, req.getUrl(), () =>
-      fetch(req.getUrl(), {
-        method,
-        headers: req.getHeaders(),
-        body,
-        signal: req.getSignal() as AbortSignal | undefined,
-        tls,
-      }),
-    );
+    const own = req.getSignal() as AbortSignal | undefined;
+    const deadline = this.timeoutMs > 0 ? AbortSignal.timeout(this.timeoutMs) : undefined;
+    const signal = own && deadline ? AbortSignal.any([own, deadline]) : (own ?? deadline);
+    const late = (err: unknown) =>
+      deadline?.aborted && !own?.aborted
+        ? new StorageError(
+            "timeout",
+            `${method} ${req.getUrl()}: no complete reply from the API server within ${this.timeoutMs} ms`,
+            { cause: err },
+          )
+        : err;
+    let res: Response;
+    let buf: Buffer;
+    try {
+      res = await observed(this.observe, method, req.getUrl(), () =>
+        fetch(req.getUrl(), { method, headers: req.getHeaders(), body, signal, tls }),
+      );
+      buf = Buffer.from(await res.arrayBuffer());
+    } catch (err) {
+      throw late(err);
+    }
     const headers: Record<string, string> = {};
     res.headers.forEach((value, name) => {
       headers[name] = value;
     });
-    const buf = Buffer.from(await res.arrayBuffer());
     return new k8s.ResponseContext(res.status, headers, {
       text: async () => buf.toString("utf8"),
       binary: async () => buf,
@@ -92,7 +104,16 @@ async function observed(
 export interface ConnectOptions {
   /** Told about every request sent (see request-metrics.ts); none by default. */
   onRequest?: RequestObserver;
+  /**
+   * Deadline of each request through api() (reply and body), in ms; 0: none. A connection that
+   * stops answering would otherwise hold a controller's key forever (its reconcile never ends, so
+   * the key is never handed out again). Watches (request()) stream and have none.
+   */
+  requestTimeoutMs?: number;
 }
+
+/** Default deadline of a request through api(): well above any list the apiserver serves. */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
 
 /**
  * Connects with a kubeconfig file, or with the in-cluster service account when `kubeconfigPath`
@@ -124,7 +145,10 @@ export function fromKubeConfig(kc: k8s.KubeConfig, opts: ConnectOptions = {}): K
     })();
     return tlsCache;
   };
-  const httpApi = k8s.wrapHttpLibrary(new BunFetchLibrary(tls, observe));
+  const timeoutMs = opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
+  if (!Number.isFinite(timeoutMs) || timeoutMs < 0)
+    throw new StorageError("invalid", `requestTimeoutMs must be a number of ms >= 0, not ${timeoutMs}`);
+  const httpApi = k8s.wrapHttpLibrary(new BunFetchLibrary(tls, observe, timeoutMs));
   const config = k8s.createConfiguration({
     baseServer: new k8s.ServerConfiguration(server, {}),
     authMethods: { default: kc },
