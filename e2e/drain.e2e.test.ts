@@ -117,21 +117,21 @@ test("drain of a storage node with three replicated volumes attached and writing
       );
     await until(
       `no other volume on ${drained}`,
-      async () => {
-        const left = await strangersOn();
-        if (left.length === 0) return true;
-        const named: string[] = [];
-        for (const p of left) {
-          const pv = await lab.core.readPersistentVolume({ name: p.metadata.name }).catch(() => undefined);
-          const claim = pv?.spec?.claimRef;
-          named.push(
-            `${p.metadata.name} (${p.metadata.deletionTimestamp ? "deleting" : (p.status?.state ?? "no state")}; PV ${pv ? (pv.status?.phase ?? "?") : "gone"}${claim ? `, claim ${claim.namespace}/${claim.name}` : ""})`,
-          );
-        }
-        throw new Error(`${drained} holds other volumes: ${named.join(", ")}`);
-      },
+      async () => (await strangersOn()).length === 0,
       180_000,
-    );
+    ).catch(async (err) => {
+      // Only when one stays: name it with its PV and claim (not on every poll).
+      const named: string[] = [];
+      for (const p of await strangersOn()) {
+        const pv = await lab.core.readPersistentVolume({ name: p.metadata.name }).catch(() => undefined);
+        const claim = pv?.spec?.claimRef;
+        named.push(
+          `${p.metadata.name} (${p.metadata.deletionTimestamp ? "deleting" : (p.status?.state ?? "no state")}; PV ${pv ? (pv.status?.phase ?? "?") : "gone"}${claim ? `, claim ${claim.namespace}/${claim.name}` : ""})`,
+        );
+      }
+      if (named.length === 0) throw err;
+      throw new Error(`${drained} holds other volumes after 180 s: ${named.join(", ")}`);
+    });
 
     // Writers on the consumer nodes, one per volume, each writing and verifying round after round.
     const consumers = lab.consumers.map((c) => c.name);
