@@ -373,10 +373,10 @@ test("a single-copy volume on a draining node blocks the drain: named in Drained
     expect(refused.message).toContain(`node ${NODES[0]} cordoned`);
   } catch (err) {
     // Where it stopped: every node's Drained condition and what the manager placed where.
-    for (const n of NODES)
-      process.stderr.write(
-        `${n}: ${JSON.stringify(drained(await storageNodes().get(n, ns)))} spec ${JSON.stringify((await storageNodes().get(n, ns))?.spec)}\n`,
-      );
+    for (const n of NODES) {
+      const rec = await storageNodes().get(n, ns);
+      process.stderr.write(`${n}: ${JSON.stringify(drained(rec))} spec ${JSON.stringify(rec?.spec)}\n`);
+    }
     for (const p of (await parts().list({ namespace: ns })).items)
       process.stderr.write(
         `${p.metadata.name} on ${p.spec.nodeName} ${p.status?.state} replicaOf=${p.spec.replicaOf?.name ?? "-"}\n`,
