@@ -20,6 +20,7 @@ test("defaults, for a controller", () => {
     maxVolumesPerNode: 0,
     orphanGraceMs: 120_000,
     orphanSweepMs: 30_000,
+    stagingSweepMs: 60_000,
     heartbeatStalenessMs: 90_000,
     nodeTools: ["nvme", "blkid", "mkfs.ext4", "mkfs.xfs", "mount", "umount"],
   });
@@ -78,6 +79,12 @@ const refusals: [string, string[], Record<string, string>, string][] = [
   ["namespace too long for ids", ["--mode=controller", `--namespace=${"n".repeat(51)}`], {}, "128 bytes"],
   ["relative kubeconfig", ["--mode=controller", "--kubeconfig=kube.conf"], {}, "--kubeconfig"],
   ["bad port", ["--mode=controller", "--health-port=99999"], {}, "--health-port"],
+  [
+    "staging sweep too often",
+    ["--mode=controller", "--staging-sweep-ms=500"],
+    {},
+    "--staging-sweep-ms: staging-sweep-ms must be 0 (off) or >= 1000",
+  ],
   ["bad host", ["--mode=controller", "--health-host=localhost"], {}, "--health-host"],
   ["bad log level", ["--mode=controller"], { DISTORT_LOG_LEVEL: "loud" }, "--log-level"],
   ["timeout too short", ["--mode=controller", "--default-timeout-ms=10"], {}, "--default-timeout-ms"],

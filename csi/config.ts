@@ -36,6 +36,11 @@ const OPTIONS = {
   },
   orphanGraceMs: { flag: "orphan-grace-ms", env: ["DISTORT_CSI_ORPHAN_GRACE_MS"], default: "120000" },
   orphanSweepMs: { flag: "orphan-sweep-ms", env: ["DISTORT_CSI_ORPHAN_SWEEP_MS"], default: "30000" },
+  stagingSweepMs: {
+    flag: "staging-sweep-ms",
+    env: ["DISTORT_CSI_STAGING_SWEEP_MS"],
+    default: "60000",
+  },
   heartbeatStalenessMs: {
     flag: "heartbeat-staleness-ms",
     env: ["DISTORT_HEARTBEAT_STALENESS_MS"],
@@ -109,6 +114,10 @@ const RawSchema = v.object({
   maxVolumesPerNode: wholeNumber(0, 1_000_000, "max-volumes-per-node"),
   orphanGraceMs: wholeNumber(0, 86_400_000, "orphan-grace-ms"),
   orphanSweepMs: wholeNumber(1000, 3_600_000, "orphan-sweep-ms"),
+  stagingSweepMs: v.pipe(
+    wholeNumber(0, 3_600_000, "staging-sweep-ms"),
+    v.check((n) => n === 0 || n >= 1000, "staging-sweep-ms must be 0 (off) or >= 1000"),
+  ),
   heartbeatStalenessMs: wholeNumber(1000, 86_400_000, "heartbeat-staleness-ms"),
   nodeTools: commaList,
 });
@@ -155,6 +164,12 @@ export interface CsiConfig {
   orphanGraceMs: number;
   /** Interval of the controller's orphan sweeps. */
   orphanSweepMs: number;
+  /**
+   * Interval of the node service's sweep of staged volumes kubelet forgot (csi/node/staging-sweep.ts);
+   * 0 turns it off, for a node plugin outside Kubernetes (csi-sanity, a lab without an
+   * attach/detach controller), where no Node status says what is attached.
+   */
+  stagingSweepMs: number;
   /** Heartbeat age past which volume health reports a storage node's volumes INACCESSIBLE. */
   heartbeatStalenessMs: number;
   /** Commands a node-mode Probe requires on PATH; empty disables the check. */
@@ -238,6 +253,7 @@ export function parseCsiConfig(
     maxVolumesPerNode: c.maxVolumesPerNode,
     orphanGraceMs: c.orphanGraceMs,
     orphanSweepMs: c.orphanSweepMs,
+    stagingSweepMs: c.stagingSweepMs,
     heartbeatStalenessMs: c.heartbeatStalenessMs,
     nodeTools: c.nodeTools,
   };

@@ -3,6 +3,7 @@
 // SIGTERM lets in-flight calls finish before it exits. --mode=registrar|liveness run the sidecar
 // equivalents instead (csi/sidecar/).
 import { hostname } from "node:os";
+import { API_VERSION } from "../api/common.ts";
 import { Controller, GroupController, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../lib/clock.ts";
 import { formatNodeId } from "../lib/csi-node-id.ts";
@@ -16,23 +17,26 @@ import { dirKeyFiles } from "../lib/key-files.ts";
 import { CacheSet } from "../lib/kube/cache-set.ts";
 import { connect, type KubeConnection } from "../lib/kube/connection.ts";
 import { EventRecorder } from "../lib/kube/events.ts";
-import { nodeLabels } from "../lib/kube/node-directory.ts";
+import { nodeLabels, nodeVolumeClaims } from "../lib/kube/node-directory.ts";
 import { createLogger, type Logger } from "../lib/log.ts";
 import { Registry } from "../lib/metrics.ts";
 import { logPreflight } from "../lib/preflight/log-report.ts";
 import { runPreflight } from "../lib/preflight/preflight.ts";
 import { stopOnSignals } from "../lib/signals.ts";
+import { DRIVER_NAME } from "../lib/volume-context.ts";
 import pkg from "../package.json" with { type: "json" };
 import { csiTransform } from "./caches.ts";
 import { type CsiConfig, parseCsiConfig, USAGE } from "./config.ts";
+import { parseVolumeId } from "./controller/volume-id.ts";
 import { CsiController } from "./controller.ts";
 import { HostMounter } from "./host/mounter.ts";
 import { NvmeCli } from "./host/nvme-cli.ts";
 import { createIdentityService, hostToolsCheck, notReadyReasons, type ReadinessCheck } from "./identity.ts";
 import { NODE_PATH_PERIOD_MS, registerCsiMetrics } from "./metrics.ts";
 import { meteredInitiator, PathObserver } from "./node/metrics.ts";
+import { StagingSweep } from "./node/staging-sweep.ts";
 import { fileStateStore } from "./node/state-store.ts";
-import { createNodeService, type NodeDeps } from "./node.ts";
+import { createNode, type NodeDeps } from "./node.ts";
 import { sidecarModeOf } from "./sidecar/config.ts";
 import { runSidecarProcess } from "./sidecar/process.ts";
 
@@ -66,6 +70,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
   const { measure, node: nodeMetrics } = registerCsiMetrics(registry);
   const stopObserver = new AbortController();
   let observing: Promise<void> | undefined;
+  let sweeping: Promise<void> | undefined;
   const readiness: ReadinessCheck[] = [];
   const services: ServiceRegistration[] = [];
   const serveController = cfg.mode === "controller" || cfg.mode === "all";
@@ -97,7 +102,8 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       realClock,
       stopObserver.signal,
     );
-    const node = createNodeService({
+    const state = opts.node?.state ?? fileStateStore(cfg.stateDir);
+    const node = createNode({
       nodeId,
       hostNqn,
       topology,
@@ -105,12 +111,42 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       initiator,
       mounter: opts.node?.mounter ?? new HostMounter({ exec, fs }),
       fs,
-      state: opts.node?.state ?? fileStateStore(cfg.stateDir),
+      state,
       clock: realClock,
       logger: nodeLog,
       ...(cfg.kubeletDir === undefined ? {} : { kubeletDir: cfg.kubeletDir }),
     });
-    services.push(register(Node, measure(node)));
+    services.push(register(Node, measure(node.service)));
+    if (cfg.stagingSweepMs > 0) {
+      const events = new EventRecorder(conn, {
+        controller: "storage.distort.io/csi-node",
+        instance: nodeName,
+        logger: nodeLog,
+      });
+      const sweep = new StagingSweep({
+        state,
+        claims: () => nodeVolumeClaims(conn, nodeName, DRIVER_NAME),
+        unstage: (volumeId, stagingPath) => node.unstage(volumeId, stagingPath),
+        // On the volume's NVMePartition, where `kubectl describe` of the volume shows it.
+        report: async (outcome, volumeId, _staging, detail) => {
+          const ref = parseVolumeId(volumeId);
+          if (ref === undefined) return;
+          await events.record(
+            {
+              apiVersion: API_VERSION,
+              kind: "NVMePartition",
+              metadata: { name: ref.name, namespace: ref.namespace, uid: ref.uid },
+            },
+            "Warning",
+            outcome === "unstaged" ? "ForgottenStagingUnstaged" : "ForgottenStagingNotUnstaged",
+            "Unstage",
+            `node ${nodeName}: ${detail}`,
+          );
+        },
+        logger: nodeLog.with({ component: "staging-sweep" }),
+      });
+      sweeping = sweep.run(cfg.stagingSweepMs, realClock, stopObserver.signal);
+    }
     // Preflight of the initiator side, logged only: the node plugin never exits on it, since it
     // cannot know which transport or authentication a volume will need before NodeStage, and
     // NodeStage reports a missing module or nvme-cli for exactly the volume that needs it.
@@ -189,6 +225,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
   } catch (err) {
     stopObserver.abort();
     await observing;
+    await sweeping;
     await controller?.stop();
     throw err;
   }
@@ -208,6 +245,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
       stopping ??= (async () => {
         stopObserver.abort();
         await observing;
+        await sweeping;
         await server.close();
         await controller?.stop();
         await health.close();

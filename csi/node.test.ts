@@ -24,8 +24,9 @@ import { silentLogger } from "../lib/log.ts";
 import { generateHostKeyPair, hostEntryKeys } from "../lib/nvme/dhchap-keys.ts";
 import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts";
 import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
+import { StagingSweep } from "./node/staging-sweep.ts";
 import { CallLog, FakeFs, FakeInitiator, FakeMounter, MemoryStateStore } from "./node/test-doubles.ts";
-import { createNodeService, type NodeDeps } from "./node.ts";
+import { createNode, type createNodeService, type NodeDeps, type NodePlugin } from "./node.ts";
 
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:cb39fbf1-e515-48f8-830b-34f0b60eceb0";
 const VOL_UID = "5b0c7e1a-2d3f-4a5b-8c6d-7e8f9a0b1c2d";
@@ -126,6 +127,7 @@ let mounter: FakeMounter;
 let fs: FakeFs;
 let state: MemoryStateStore;
 let svc: ReturnType<typeof createNodeService>;
+let plugin: NodePlugin;
 
 /**
  * Time for the device waits: each sleep passes at once and moves now() by its length, so a wait
@@ -141,7 +143,7 @@ class SteppingClock extends ManualClock {
 let clock: SteppingClock;
 
 function build(over: Partial<NodeDeps> = {}) {
-  svc = createNodeService({
+  plugin = createNode({
     nodeId: "worker-a",
     hostNqn: HOST,
     topology: { "topology.storage.distort.io/node": "worker-a" },
@@ -156,6 +158,7 @@ function build(over: Partial<NodeDeps> = {}) {
     pollMs: 5,
     ...over,
   });
+  svc = plugin.service;
 }
 
 beforeEach(() => {
@@ -877,6 +880,28 @@ describe("NodePublishVolume / NodeUnpublishVolume", () => {
     await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
   });
 
+  test("the last writer's unpublish writes the filesystem out first; a writeback error keeps the publication", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    await svc.nodePublishVolume?.(publishReq({ targetPath: TARGET2, readonly: true }), ctx());
+    mounter.syncError = "Input/output error";
+    expect(await codeOf(svc.nodeUnpublishVolume?.(unpublishReq(), ctx()))).toBe(Code.Unavailable);
+    expect(mounter.table.some((e) => e.mountPoint === TARGET)).toBe(true);
+    expect(state.records.get(VOL)?.publications.map((p) => p.targetPath)).toContain(TARGET);
+    mounter.syncError = undefined;
+    log.calls.length = 0;
+    await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
+    const order = log.calls.filter((c) => c[1] === "syncFilesystem" || c[1] === "unmount");
+    expect(order).toEqual([
+      ["mounter", "syncFilesystem", STAGE],
+      ["mounter", "unmount", TARGET],
+    ]);
+    // A reader going needs no flush.
+    log.calls.length = 0;
+    await svc.nodeUnpublishVolume?.(unpublishReq(TARGET2), ctx());
+    expect(log.methods("mounter")).not.toContain("syncFilesystem");
+  });
+
   test("unpublish of a path it never published removes nothing, and a mount there is refused", async () => {
     await stage();
     const foreign = "/var/lib/kubelet/pods/p9/volumes/kubernetes.io~csi/pvc-9/mount";
@@ -1022,6 +1047,54 @@ describe("NodeUnstageVolume", () => {
     await svc.nodePublishVolume?.(publishReq(), ctx());
     expect(await codeOf(svc.nodeUnstageVolume?.(unstageReq(), ctx()))).toBe(Code.FailedPrecondition);
     expect(log.methods("initiator")).not.toContain("disconnect");
+  });
+});
+
+describe("the staging sweep, through the node service", () => {
+  const unclaimed = async () => ({ attached: new Set<string>(), inUse: new Set<string>() });
+  const sweepWith = (claims = unclaimed) =>
+    new StagingSweep({
+      state,
+      claims,
+      unstage: (id, path) => plugin.unstage(id, path),
+      logger: silentLogger,
+    });
+
+  test("a staged volume kubelet forgot is unmounted, disconnected and forgotten on the second sweep", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    await svc.nodeUnpublishVolume?.(unpublishReq(), ctx());
+    const sweep = sweepWith();
+    expect((await sweep.sweep()).suspected).toEqual([VOL]);
+    expect(mounter.table.map((e) => e.mountPoint)).toEqual([STAGE]);
+    expect(log.methods("initiator")).not.toContain("disconnect");
+    expect((await sweep.sweep()).unstaged).toEqual([VOL]);
+    expect(mounter.table).toEqual([]);
+    expect(log.calls.filter((c) => c[1] === "disconnect")).toEqual([["initiator", "disconnect", NQN]]);
+    expect(state.records.size).toBe(0);
+    // kubelet's own NodeUnstage, should it come after all, finds nothing left and succeeds.
+    await svc.nodeUnstageVolume?.(unstageReq(), ctx());
+  });
+
+  test("a volume still published is refused and left mounted and connected", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    const sweep = sweepWith();
+    await sweep.sweep();
+    const r = await sweep.sweep();
+    expect(r.refused.map((x) => x.volumeId)).toEqual([VOL]);
+    expect(r.refused[0]?.reason).toContain(`still published at ${TARGET}`);
+    expect(mounter.table.map((e) => e.mountPoint).sort()).toEqual([STAGE, TARGET].sort());
+    expect(log.methods("initiator")).not.toContain("disconnect");
+    expect(state.records.has(VOL)).toBe(true);
+  });
+
+  test("a volume the Node still has attached is left staged", async () => {
+    await stage();
+    const sweep = sweepWith(async () => ({ attached: new Set([VOL]), inUse: new Set<string>() }));
+    for (let i = 0; i < 3; i++) expect((await sweep.sweep()).unstaged).toEqual([]);
+    expect(mounter.table.map((e) => e.mountPoint)).toEqual([STAGE]);
+    expect(state.records.has(VOL)).toBe(true);
   });
 });
 

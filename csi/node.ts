@@ -10,7 +10,7 @@ import {
 } from "../gen/csi/v1/csi_pb.ts";
 import type { Clock } from "../lib/clock.ts";
 import { InFlight } from "../lib/concurrency/in-flight.ts";
-import { StorageError } from "../lib/errors.ts";
+import { errorMessage, StorageError } from "../lib/errors.ts";
 import type { HostFs } from "../lib/fs.ts";
 import type { Logger } from "../lib/log.ts";
 import { parseMkfsOptions } from "../lib/mkfs-options.ts";
@@ -108,6 +108,18 @@ function describeAccess(a: VolumeAccess): string {
  * publication is read-only; unstaging clears the device's read-only flag again.
  */
 export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof Node>> {
+  return createNode(deps).service;
+}
+
+/** The Node service and the node-side work outside any RPC that shares its state and holds. */
+export interface NodePlugin {
+  readonly service: Partial<ServiceImpl<typeof Node>>;
+  /** NodeUnstageVolume of `volumeId` at `stagingPath`, for the staging sweep; rejects "busy" while a call holds it. */
+  unstage(volumeId: string, stagingPath: string): Promise<void>;
+}
+
+/** createNodeService with the plugin's own hold on the staging sweep's entry point. */
+export function createNode(deps: NodeDeps): NodePlugin {
   const { initiator, mounter, fs, state, clock } = deps;
   const defaultFs: FsType = deps.defaultFsType ?? "ext4";
   const deviceWaitMs = deps.deviceWaitMs ?? 30_000;
@@ -304,7 +316,46 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     }
   }
 
-  return {
+  /** NodeUnstageVolume's work, holding the volume; the staging sweep calls it too. */
+  function unstage(volumeId: string, staging: string): Promise<void> {
+    return inFlight.run(volumeId, "NodeUnstageVolume", async () => {
+      const rec = await state.get(volumeId);
+      if (rec === undefined) {
+        // Nothing recorded: at most a mount the CO still sees; without a record the NQN is unknown.
+        await unmountAll(staging);
+        return;
+      }
+      const log = deps.logger.with({ volume: volumeId, nqn: rec.nqn });
+      if (rec.stagingPath !== staging)
+        throw failedPrecondition(`volume ${volumeId} is staged at ${rec.stagingPath}, not ${staging}`);
+      const stillPublished: string[] = [];
+      for (const p of rec.publications) {
+        if ((await mounter.mountsAt(p.targetPath)).length > 0) stillPublished.push(p.targetPath);
+      }
+      if (stillPublished.length > 0) {
+        throw failedPrecondition(`volume ${volumeId} is still published at ${stillPublished.join(", ")}`);
+      }
+      await unmountAll(staging);
+      // Views left by an unpublish that stopped half-way.
+      for (const p of rec.publications) if (p.view) await mounter.releaseReadOnlyView(p.view);
+      if (isReaderMode(rec.mode)) {
+        // The read-only flag outlives the volume when the device stays (a shared connection):
+        // clear it on the device the NQN resolves to now, never a renumbered neighbour.
+        const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
+        if (now !== undefined && (await fs.exists(now))) await mounter.setReadWrite(now);
+      }
+      const sharing = (await state.list()).filter((r) => r.nqn === rec.nqn && r.volumeId !== volumeId);
+      if (sharing.length === 0) await initiator.disconnect(rec.nqn);
+      else
+        log.warn("subsystem shared with other staged volumes; not disconnecting", {
+          others: sharing.map((r) => r.volumeId),
+        });
+      await state.delete(volumeId);
+      log.info("volume unstaged", { staging });
+    });
+  }
+
+  const service: Partial<ServiceImpl<typeof Node>> = {
     async nodeStageVolume(req, ctx: HandlerContext) {
       const volumeId = requireVolumeId(req.volumeId);
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
@@ -412,42 +463,8 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
     async nodeUnstageVolume(req) {
       const volumeId = requireVolumeId(req.volumeId);
       const staging = requireCanonicalPath("staging_target_path", req.stagingTargetPath);
-      return inFlight.run(volumeId, "NodeUnstageVolume", async () => {
-        const rec = await state.get(volumeId);
-        if (rec === undefined) {
-          // Nothing recorded: at most a mount the CO still sees; without a record the NQN is unknown.
-          await unmountAll(staging);
-          return {};
-        }
-        const log = deps.logger.with({ volume: volumeId, nqn: rec.nqn });
-        if (rec.stagingPath !== staging)
-          throw failedPrecondition(`volume ${volumeId} is staged at ${rec.stagingPath}, not ${staging}`);
-        const stillPublished: string[] = [];
-        for (const p of rec.publications) {
-          if ((await mounter.mountsAt(p.targetPath)).length > 0) stillPublished.push(p.targetPath);
-        }
-        if (stillPublished.length > 0) {
-          throw failedPrecondition(`volume ${volumeId} is still published at ${stillPublished.join(", ")}`);
-        }
-        await unmountAll(staging);
-        // Views left by an unpublish that stopped half-way.
-        for (const p of rec.publications) if (p.view) await mounter.releaseReadOnlyView(p.view);
-        if (isReaderMode(rec.mode)) {
-          // The read-only flag outlives the volume when the device stays (a shared connection):
-          // clear it on the device the NQN resolves to now, never a renumbered neighbour.
-          const now = await initiator.findNamespaceDevice(rec.nqn, rec.namespaceUUID);
-          if (now !== undefined && (await fs.exists(now))) await mounter.setReadWrite(now);
-        }
-        const sharing = (await state.list()).filter((r) => r.nqn === rec.nqn && r.volumeId !== volumeId);
-        if (sharing.length === 0) await initiator.disconnect(rec.nqn);
-        else
-          log.warn("subsystem shared with other staged volumes; not disconnecting", {
-            others: sharing.map((r) => r.volumeId),
-          });
-        await state.delete(volumeId);
-        log.info("volume unstaged", { staging });
-        return {};
-      });
+      await unstage(volumeId, staging);
+      return {};
     },
 
     async nodePublishVolume(req) {
@@ -567,6 +584,24 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
             );
           }
           return {};
+        }
+        // The last writer going: its data is written out to the device now, not at NodeUnstage.
+        // A kubelet that dies before NodeUnstage forgets the staging mount, and the detach that
+        // follows takes the device away with whatever the page cache still held.
+        const lastWriter =
+          rec.access.kind === "mount" &&
+          !pub.readonly &&
+          !rec.publications.some((p) => p !== pub && !p.readonly);
+        if (lastWriter && (await mounter.mountsAt(rec.stagingPath)).length > 0) {
+          try {
+            await mounter.syncFilesystem(rec.stagingPath);
+          } catch (err) {
+            throw new StorageError(
+              "unavailable",
+              `volume ${volumeId}: its filesystem could not be written out before unpublishing ${target} (${errorMessage(err)}); the publication stays for a retry`,
+              { cause: err, details: { volume: volumeId, target } },
+            );
+          }
         }
         await unmountAll(target);
         if (await fs.isDirectory(target)) await fs.rmdir(target);
@@ -720,6 +755,7 @@ export function createNodeService(deps: NodeDeps): Partial<ServiceImpl<typeof No
       };
     },
   };
+  return { service, unstage };
 }
 
 /** mkdir of one level: the CO creates the parent, and a missing one is its error to fix. */

@@ -142,7 +142,11 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
       g("apps", "replicasets", ["get"], "namespace"),
     ],
     // No verb on Nodes beyond get: the host NQN travels in the CSI node ID (CSINode), not on the Node.
-    "csi-node": [g("", "nodes", ["get"], "cluster")],
+    // Events: the staging sweep's word on a partition whose staging kubelet forgot.
+    "csi-node": [
+      g("", "nodes", ["get"], "cluster"),
+      g("events.k8s.io", "events", ["create", "patch"], "namespace"),
+    ],
     // Nothing on Nodes at all: the DPU's host NQN travels in its CSI node ID (NodeGetInfo, which
     // kubelet stores in CSINode); the plugin reads only the DH-HMAC-CHAP Secrets it is given.
     dpu: p.dpu ? [g("", "secrets", ["get"], "namespace")] : [],

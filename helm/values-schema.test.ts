@@ -230,6 +230,12 @@ const BINDINGS: Binding[] = [
     exact: true,
   },
   {
+    path: "csi.node.stagingSweepMs",
+    binary: (s) => csiAccepts("staging-sweep-ms", s),
+    candidates: [0, 1, 999, 1000, 60_000, 3_600_000, 3_600_001, -1, 1.5],
+    exact: true,
+  },
+  {
     path: "csi.defaultTimeoutMs",
     binary: (s) => csiAccepts("default-timeout-ms", s),
     candidates: [999, 1000, 3_600_000, 3_600_001],

@@ -492,6 +492,10 @@ export const ValuesSchema = v.strictObject({
       command: strings("replaces the node plugin image's entrypoint; empty keeps it"),
       extraArgs: strings("arguments appended to distort-csi's"),
       healthPort: port("distort-csi /healthz on the node (hostNetwork)"),
+      stagingSweepMs: v.pipe(
+        v.union([v.literal(0), int(1000, 3_600_000)]),
+        v.description("period of the sweep for staged volumes kubelet forgot (ms); 0 turns it off"),
+      ),
       livenessProbePort: port("livenessprobe sidecar on the node"),
       registrarHealthPort: port("node-driver-registrar /healthz on the node"),
       nvmeConfigDir: absPath("host directory of the node's hostnqn, mounted read-only at /etc/nvme"),

@@ -98,6 +98,7 @@ describe("HostMounter", () => {
     await m.growFs("ext4", "/dev/x", "/stage");
     await m.mount("/dev/x", "/stage", "xfs", []);
     await m.unmount("/stage");
+    await m.syncFilesystem("/stage");
     expect(await m.statfs("/stage")).toEqual({
       totalBytes: 4096000,
       availableBytes: 1228800,
@@ -113,11 +114,13 @@ describe("HostMounter", () => {
       ["resize2fs", 222],
       ["mount", 111],
       ["umount", 111],
+      ["sync", 111],
       ["stat", 111],
       ["stat", 111],
       ["blockdev", 111],
     ]);
-    expect(exec.calls[4]?.argv).toEqual(["stat", "-f", "-c", STATFS_FORMAT, "/stage"]);
+    expect(exec.calls[4]?.argv).toEqual(["sync", "-f", "/stage"]);
+    expect(exec.calls[5]?.argv).toEqual(["stat", "-f", "-c", STATFS_FORMAT, "/stage"]);
   });
 
   test("read-only views are reused and released once", async () => {

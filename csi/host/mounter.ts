@@ -44,6 +44,11 @@ export interface Mounter {
   /** Unmounts the topmost mount at `target`. */
   unmount(target: string): Promise<void>;
   /**
+   * Writes the filesystem mounted at `path` out to its device (`sync -f`, syncfs(2)); fails when
+   * the writeback reports an error, so data the device never got is not taken for written.
+   */
+  syncFilesystem(path: string): Promise<void>;
+  /**
    * What `device` holds. Reads the device first, so "blank" means readable and without any
    * signature; an unreadable device is StorageError "unavailable", never "blank".
    */
@@ -175,6 +180,10 @@ export class HostMounter implements Mounter {
 
   async unmount(target: string): Promise<void> {
     await runChecked(this.#exec, ["umount", target], this.#cmd);
+  }
+
+  async syncFilesystem(path: string): Promise<void> {
+    await runChecked(this.#exec, ["sync", "-f", path], this.#cmd);
   }
 
   async probe(device: string): Promise<DeviceContent> {

@@ -91,6 +91,8 @@ export class FakeMounter implements Mounter {
   /** Paths (target files) bound to a device: stat follows the bind. */
   readonly #bound = new Map<string, string>();
   statfsError: string | undefined;
+  /** Set: syncFilesystem() fails with it, as a writeback error would. */
+  syncError: string | undefined;
   #nextId = 100;
   #views = 0;
 
@@ -138,6 +140,13 @@ export class FakeMounter implements Mounter {
         readonly: opts.readonly,
       });
     }
+  }
+  async syncFilesystem(path: string): Promise<void> {
+    this.log.record("mounter", "syncFilesystem", path);
+    if (this.syncError !== undefined)
+      throw new StorageError("internal", `sync -f ${path}: ${this.syncError}`);
+    if (!this.table.some((e) => e.mountPoint === path))
+      throw new StorageError("internal", `${path}: not mounted`);
   }
   async unmount(target: string): Promise<void> {
     this.log.record("mounter", "unmount", target);

@@ -284,6 +284,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       `--namespace=${namespace}`,
       "--health-port=0",
       "--log-level=warn",
+      // No attach/detach controller writes these Nodes' status.volumesAttached here, so the node
+      // service's sweep would take every staged volume for one kubelet forgot.
+      "--staging-sweep-ms=0",
     ];
     // csi-controller and csi-node are two ServiceAccounts: one process cannot be both.
     const separateController = o.csiAllInOne === true && identity.has("csi-controller");

@@ -92,3 +92,29 @@ export async function nodeLabels(conn: KubeConnection, nodeName: string): Promis
     throw kubeError(err, `read node ${nodeName}`);
   }
 }
+
+/**
+ * The handles of `driver`'s CSI volumes a Node's status names: attached here by the attach/detach
+ * controller (status.volumesAttached) and in use by kubelet (status.volumesInUse). Both name a
+ * CSI volume "kubernetes.io/csi/<driver>^<volume handle>"; other drivers' entries are left out.
+ */
+export async function nodeVolumeClaims(
+  conn: KubeConnection,
+  nodeName: string,
+  driver: string,
+): Promise<{ uid?: string; attached: Set<string>; inUse: Set<string> }> {
+  let node: k8s.V1Node;
+  try {
+    node = await conn.api(k8s.CoreV1Api).readNode({ name: nodeName });
+  } catch (err) {
+    throw kubeError(err, `read node ${nodeName}`);
+  }
+  const prefix = `kubernetes.io/csi/${driver}^`;
+  const handles = (names: readonly (string | undefined)[]) =>
+    new Set(names.flatMap((n) => (n?.startsWith(prefix) ? [n.slice(prefix.length)] : [])));
+  return {
+    ...(node.metadata?.uid ? { uid: node.metadata.uid } : {}),
+    attached: handles((node.status?.volumesAttached ?? []).map((a) => a.name)),
+    inUse: handles(node.status?.volumesInUse ?? []),
+  };
+}
