@@ -378,6 +378,25 @@ test("helm uninstall after the volumes are gone leaves nothing of DISTORT", asyn
     const pvs = await core.listPersistentVolume();
     return pvs.items.every((pv) => pv.spec?.csi?.driver !== "storage.distort.io");
   });
+  // Each node is left clean before DISTORT goes: what kubelet unstaged, and what a kubelet killed
+  // mid-detach forgot, which the node plugin's staging sweep unstages (csi.node.stagingSweepMs).
+  const stagedOn = () =>
+    lab.nodes.flatMap((n) =>
+      readFileSync(`/proc/${n.holderPid}/mountinfo`, "utf8")
+        .split("\n")
+        .filter((l) => l.includes("storage.distort.io"))
+        .map((l) => `${n.name}: ${l}`),
+    );
+  const leftAtFirst = stagedOn();
+  if (leftAtFirst.length > 0)
+    say(`mounted after every PV went (for the staging sweep): ${leftAtFirst.join("; ")}`);
+  await waitFor("no DISTORT mount left on any node", 120_000, async () =>
+    stagedOn().length === 0 ? true : undefined,
+  ).catch((err: unknown) => {
+    throw new Error(`${String(err)}; left: ${stagedOn().join("; ")}`);
+  });
+  for (const e of (await core.listNamespacedEvent({ namespace: lab.namespace })).items)
+    if (e.reason === "ForgottenStagingUnstaged") say(`staging sweep: ${e.message}`);
   await lab.helm(["uninstall", lab.release, `--namespace=${lab.namespace}`, "--wait", "--timeout=3m"]);
   await waitFor("no DISTORT Pod left", 180_000, async () => {
     const pods = await core.listNamespacedPod({ namespace: lab.namespace });

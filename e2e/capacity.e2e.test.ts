@@ -120,6 +120,33 @@ test("a WaitForFirstConsumer Pod whose claim fits only segment a is scheduled th
   const devices = new ResourceClient<NVMeDevice>(lab.conn, kinds.NVMeDevice);
   const partitions = new ResourceClient<NVMePartition>(lab.conn, kinds.NVMePartition);
 
+  // Earlier suites' volumes finish going in the background after their PVs are gone (the agent
+  // deletes the lvol, then the partition and its ledger entry go): one that went after the fill
+  // would give segment b room again. Wait for the two storage nodes to have none going.
+  await until(
+    `no volume still going away on ${storeA} or ${storeB}`,
+    async () => {
+      const going = [];
+      for (const p of (await partitions.list({ namespace: lab.namespace })).items) {
+        if (p.spec.nodeName !== storeA && p.spec.nodeName !== storeB) continue;
+        // A replica copy has no PV of its own: it goes with its volume, deletionTimestamp first.
+        if (p.spec.replicaOf) {
+          if (p.metadata.deletionTimestamp)
+            going.push(`copy ${p.metadata.name} on ${p.spec.nodeName} (deleting)`);
+          continue;
+        }
+        const pv = await lab.core.readPersistentVolume({ name: p.metadata.name }).catch(() => undefined);
+        if (p.metadata.deletionTimestamp || pv === undefined || pv.status?.phase === "Released")
+          going.push(
+            `${p.metadata.name} on ${p.spec.nodeName} (${p.metadata.deletionTimestamp ? "deleting" : pv ? "PV released" : "no PV"})`,
+          );
+      }
+      if (going.length === 0) return true;
+      throw new Error(`still going: ${going.join(", ")}`);
+    },
+    240_000,
+  );
+
   // Fill segment b's drives (an Immediate class held to segment b) down to LEFT_IN_B each, one
   // drive at a time: each filler lands on the most free drive, the one it was sized for.
   const filler = `cap-fill-${tag}`;
@@ -169,7 +196,12 @@ test("a WaitForFirstConsumer Pod whose claim fits only segment a is scheduled th
       const p = await published(sc);
       const a = p[segA];
       const b = p[segB];
-      return a && b && b.maximum < CLAIM_BYTES && a.maximum >= CLAIM_BYTES ? p : undefined;
+      if (a && b && b.maximum < CLAIM_BYTES && a.maximum >= CLAIM_BYTES) return p;
+      // Said on a timeout: what the provisioner published and what the drives hold.
+      const free = (await devices.list()).items
+        .filter((d) => d.spec.nodeName === storeA || d.spec.nodeName === storeB)
+        .map((d) => `${d.spec.nodeName}/${d.spec.serial} ${d.status?.phase} free ${d.status?.freeBytes}`);
+      throw new Error(`published ${JSON.stringify(p)}; drives: ${free.join(", ")}`);
     },
     180_000,
   );

@@ -40,7 +40,7 @@ import {
   workloadPod,
   workloadReport,
 } from "./support.ts";
-import { waitHeld } from "./user-steps.ts";
+import { eventsAbout, waitHeld } from "./user-steps.ts";
 
 const DRIVER = "storage.distort.io";
 const LEASE = "distort-manager";
@@ -480,6 +480,20 @@ async function waitDetached(r: Round, pod: string, node: Consumer): Promise<void
     WAIT_MS,
   );
   await until(`volume unstaged and unpublished on ${node.name}`, async () => !mountedOn(r, node), WAIT_MS);
+  // Who unstaged it: kubelet, or (a kubelet killed between unpublish and unstage forgets the
+  // staging mount) the node plugin's staging sweep, which says so in an Event on the partition.
+  if (r.partition) {
+    const p = r.partition;
+    const swept = (await eventsAbout(lab, p.namespace, "NVMePartition", p.name, p.uid)).some(
+      (e) => e.reason === "ForgottenStagingUnstaged" && (e.message ?? "").startsWith(`node ${node.name}:`),
+    );
+    if (swept) {
+      r.note(`kubelet forgot the staging on ${node.name}; the node plugin's staging sweep unstaged it`);
+      console.log(
+        `round ${r.plan.round}: kubelet on ${node.name} forgot the staging mount; the staging sweep unstaged it`,
+      );
+    }
+  }
   await until(
     `no VolumeAttachment of ${r.pv} to ${node.name}`,
     async () => !(await attachmentsOf(r)).some((va) => va.spec.nodeName === node.name),
