@@ -154,7 +154,8 @@ describe(`faults (seed ${seed}, ${rounds} rounds)`, () => {
           console.log(
             `round ${p.round} ok in ${((performance.now() - r.t0) / 1000).toFixed(1)} s: ` +
               `killed ${r.killed?.name} (pid ${r.killed?.pid}) during ${p.phase}, ${describeTrigger(p.trigger)}` +
-              (r.killed?.inProgress ? "" : " (after the phase's work had finished)"),
+              (r.killed?.inProgress ? "" : " (after the phase's work had finished)") +
+              (await sweptBy(r)),
           );
         } catch (err) {
           console.log(await diagnose(r, err));
@@ -480,26 +481,29 @@ async function waitDetached(r: Round, pod: string, node: Consumer): Promise<void
     WAIT_MS,
   );
   await until(`volume unstaged and unpublished on ${node.name}`, async () => !mountedOn(r, node), WAIT_MS);
-  // Who unstaged it: kubelet, or (a kubelet killed between unpublish and unstage forgets the
-  // staging mount) the node plugin's staging sweep, which says so in an Event on the partition.
-  if (r.partition) {
-    const p = r.partition;
-    const swept = (await eventsAbout(lab, p.namespace, "NVMePartition", p.name, p.uid)).some(
-      (e) => e.reason === "ForgottenStagingUnstaged" && (e.message ?? "").startsWith(`node ${node.name}:`),
-    );
-    if (swept) {
-      r.note(`kubelet forgot the staging on ${node.name}; the node plugin's staging sweep unstaged it`);
-      console.log(
-        `round ${r.plan.round}: kubelet on ${node.name} forgot the staging mount; the staging sweep unstaged it`,
-      );
-    }
-  }
   await until(
     `no VolumeAttachment of ${r.pv} to ${node.name}`,
     async () => !(await attachmentsOf(r)).some((va) => va.spec.nodeName === node.name),
     WAIT_MS,
   );
   r.note(`${pod} gone; unstaged and detached from ${node.name}`);
+}
+
+/**
+ * Who unstaged the round's volume where kubelet did not: a kubelet killed between unpublish and
+ * unstage forgets the staging mount, and the node plugin's staging sweep unstages it and says so
+ * in an Event on the partition (read at the round's end: the Event follows the unmount).
+ */
+async function sweptBy(r: Round): Promise<string> {
+  const p = r.partition;
+  if (!p) return "";
+  const events = await eventsAbout(lab, p.namespace, "NVMePartition", p.name, p.uid).catch(() => []);
+  const nodes = events
+    .filter((e) => e.reason === "ForgottenStagingUnstaged")
+    .map((e) => /^node (\S+):/.exec(e.message ?? "")?.[1] ?? "?");
+  return nodes.length
+    ? `; kubelet on ${nodes.join(", ")} forgot the staging mount, the staging sweep unstaged it`
+    : "";
 }
 
 // ---- deletion and health ---------------------------------------------------------------------
