@@ -587,21 +587,24 @@ export function createNode(deps: NodeDeps): NodePlugin {
         }
         // The last writer going: its data is written out to the device now, not at NodeUnstage.
         // A kubelet that dies before NodeUnstage forgets the staging mount, and the detach that
-        // follows takes the device away with whatever the page cache still held.
+        // follows takes the device away with whatever the page cache still held. A writeback
+        // error does not keep the publication: the data it lost is not saved by a retry (the
+        // path may be revoked for good after a takeover), and the Pod's teardown must go on.
         const lastWriter =
           rec.access.kind === "mount" &&
           !pub.readonly &&
           !rec.publications.some((p) => p !== pub && !p.readonly);
         if (lastWriter && (await mounter.mountsAt(rec.stagingPath)).length > 0) {
-          try {
-            await mounter.syncFilesystem(rec.stagingPath);
-          } catch (err) {
-            throw new StorageError(
-              "unavailable",
-              `volume ${volumeId}: its filesystem could not be written out before unpublishing ${target} (${errorMessage(err)}); the publication stays for a retry`,
-              { cause: err, details: { volume: volumeId, target } },
-            );
-          }
+          await mounter.syncFilesystem(rec.stagingPath).catch((err: unknown) =>
+            deps.logger.warn(
+              "the volume's filesystem could not be written out before unpublishing; unpublishing anyway",
+              {
+                volume: volumeId,
+                target,
+                err: errorMessage(err),
+              },
+            ),
+          );
         }
         await unmountAll(target);
         if (await fs.isDirectory(target)) await fs.rmdir(target);
