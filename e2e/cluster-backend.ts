@@ -8,7 +8,7 @@ import * as k8s from "@kubernetes/client-node";
 import { containerProcess } from "../lab/cluster/containers.ts";
 import { dpuSockets } from "../lab/cluster/dpu-node.ts";
 import { KERNEL_NODE_PATHS } from "../lab/cluster/kernel-node.ts";
-import { crashNode, restoreNode } from "../lab/cluster/node-faults.ts";
+import { crashNode, freezeNode, restoreNode, thawNode } from "../lab/cluster/node-faults.ts";
 import { REAL_LAB_VALUES, type RealLab, startRealLab } from "../lab/cluster/real-lab.ts";
 import { hostPathOf, NODE_PATHS } from "../lab/cluster/storage-prep.ts";
 import type { LabInfo } from "./support.ts";
@@ -83,6 +83,10 @@ export interface ClusterBackend {
   crashNode(node: string): Promise<number>;
   /** Starts a crashed node's daemons again, until the Node is Ready. */
   restoreNode(node: string): Promise<void>;
+  /** Freezes the node in place (its Pods' cgroup frozen, its daemons SIGSTOPped). */
+  freezeNode(node: string): Promise<void>;
+  /** Thaws a frozen node. */
+  thawNode(node: string): Promise<void>;
 }
 
 /**
@@ -224,6 +228,8 @@ export async function clusterBackend(lab: RealLab): Promise<ClusterBackend> {
     ],
     crashNode: (name) => crashNode(lab.conn, node(name)),
     restoreNode: (name) => restoreNode(lab.conn, node(name)),
+    freezeNode: (name) => freezeNode(node(name)),
+    thawNode: (name) => thawNode(node(name)),
     mountinfo(name) {
       // The node's mount namespace as the host reaches it: /proc/<holder>/root/<path in the node>.
       const root = nodeRoot(node(name).holderPid);

@@ -6,6 +6,10 @@
 // turns optimized and the Pod's held writes complete there. Every byte the writer had
 // acknowledged is read back on another node; the dead node's nexus host is refused by the
 // surviving copy (by a connect).
+// replicas=2, the serving node frozen in place (cgroup freezer and SIGSTOP: a paused VM, its
+// sockets open) past the failover bound while the Pod writes, then thawed: the survivor serves,
+// the thawed node stands by and serves again only after its copy is rebuilt; every byte the
+// writer was told is written reads back, and again from the rebuilt copy once the survivor dies.
 // replicas=3, two of three copy nodes down and back in the other order: a copy node dies while
 // the serving node writes, then the serving node dies during the next writes (different bytes
 // over the same blocks) and the last copy serves; the serving node comes back first, then the
@@ -158,6 +162,68 @@ const isCurrent = (v: NVMePartition | undefined, copy: NVMePartition) => {
   );
 };
 
+/**
+ * A replicas=2 volume's writer: the copies (both Exported), the other copy node's standby export
+ * (no namespace, listeners inaccessible), and a writer Pod ("writer", `BYTES` of `seed`, held)
+ * on a consumer node without a copy, running with a controller on both copy nodes.
+ */
+async function writerOnBothPaths(
+  f: ReturnType<typeof fixture>,
+  ns: string,
+  t: Awaited<ReturnType<typeof volumeTarget>>,
+  seed: string,
+  onWriterNode: (node: string) => void,
+): Promise<{ copies: NVMePartition[]; other: string; standby: SpdkMethods; writerNode: string }> {
+  const serving = t.storageNode;
+  const copies = await f.copies(t.partition.metadata.uid as string, 2);
+  const copyNodes = copies.map((c) => c.spec.nodeName as string);
+  const other = copyNodes.find((n) => n !== serving);
+  if (!other) throw new Error(`both copies on ${serving}`);
+  // The writer runs on a node that holds no copy (its node must outlive the serving node).
+  const writerNode =
+    lab.consumers.map((c) => c.name).find((n) => !copyNodes.includes(n)) ?? lab.kernelStorage[0]?.name ?? "";
+  if (!writerNode) throw new Error("no consumer node without a copy");
+  onWriterNode(writerNode);
+  const standby = f.spdkOf(other);
+  // The other copy node stands by: the volume's subsystem, no namespace, listener inaccessible.
+  await until(
+    `the standby export on ${other}`,
+    async () => {
+      const [sub] = await standby.nvmfGetSubsystems(t.nqn).catch(() => []);
+      return sub && (sub.namespaces ?? []).length === 0 ? sub : undefined;
+    },
+    60_000,
+  );
+  expect(await anaStates(standby, t.nqn)).toEqual(new Set(["inaccessible"]));
+
+  await lab.core.createNamespacedPod({
+    namespace: ns,
+    body: workloadPod("writer", writerNode, "data", [
+      "write",
+      `--bytes=${BYTES}`,
+      `--seed=${seed}`,
+      "--then-hold",
+    ]),
+  });
+  const host = await hostNqnOf(lab, writerNode);
+  // The Pod's node holds a controller on both nodes: the serving path and the standby one.
+  await until(
+    "the consumer's controllers on both nodes",
+    async () => {
+      const p = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
+      if (p.status?.phase === "Failed") throw new FinalError(`the writer failed: ${p.status?.message}`);
+      if (p.status?.phase !== "Running") return undefined;
+      const on = async (m: SpdkMethods) =>
+        (await m.nvmfSubsystemGetControllers(t.nqn)).some((c) => c.hostnqn === host);
+      return (await on(f.spdkOf(serving))) && (await on(standby)) ? true : undefined;
+    },
+    180_000,
+  );
+  const running = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
+  if (running.status?.message?.startsWith("{")) throw new Error("the writer finished before the node died");
+  return { copies, other, standby, writerNode };
+}
+
 test("replicas=2: the serving node is killed during writes; it is fenced, the other copy node serves, the Pod's writes resume on its standby path and verify", async () => {
   if (lab.storage.length < 2) throw new Error("the lab needs two SPDK storage nodes");
   const sc = await replicatedClass(2);
@@ -170,53 +236,10 @@ test("replicas=2: the serving node is killed during writes; it is fenced, the ot
     const t = await volumeTarget(lab, ns, "data");
     const vol = t.partition;
     const serving = t.storageNode;
-    const copies = await f.copies(vol.metadata.uid as string, 2);
-    const copyNodes = copies.map((c) => c.spec.nodeName as string);
-    const other = copyNodes.find((n) => n !== serving);
-    if (!other) throw new Error(`both copies on ${serving}`);
-    // The writer runs on a node that holds no copy (its node must outlive the serving node).
-    writerNode =
-      lab.consumers.map((c) => c.name).find((n) => !copyNodes.includes(n)) ??
-      lab.kernelStorage[0]?.name ??
-      "";
-    if (!writerNode) throw new Error("no consumer node without a copy");
-    const standby = f.spdkOf(other);
-    // The other copy node stands by: the volume's subsystem, no namespace, listener inaccessible.
-    await until(
-      `the standby export on ${other}`,
-      async () => {
-        const [sub] = await standby.nvmfGetSubsystems(t.nqn).catch(() => []);
-        return sub && (sub.namespaces ?? []).length === 0 ? sub : undefined;
-      },
-      60_000,
-    );
-    expect(await anaStates(standby, t.nqn)).toEqual(new Set(["inaccessible"]));
-
-    await lab.core.createNamespacedPod({
-      namespace: ns,
-      body: workloadPod("writer", writerNode, "data", [
-        "write",
-        `--bytes=${BYTES}`,
-        `--seed=${seed}`,
-        "--then-hold",
-      ]),
+    const w = await writerOnBothPaths(f, ns, t, seed, (n) => {
+      writerNode = n;
     });
-    const host = await hostNqnOf(lab, writerNode);
-    // The Pod's node holds a controller on both nodes: the serving path and the standby one.
-    await until(
-      "the consumer's controllers on both nodes",
-      async () => {
-        const p = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
-        if (p.status?.phase === "Failed") throw new FinalError(`the writer failed: ${p.status?.message}`);
-        if (p.status?.phase !== "Running") return undefined;
-        const on = async (m: SpdkMethods) =>
-          (await m.nvmfSubsystemGetControllers(t.nqn)).some((c) => c.hostnqn === host);
-        return (await on(f.spdkOf(serving))) && (await on(standby)) ? true : undefined;
-      },
-      180_000,
-    );
-    const running = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
-    if (running.status?.message?.startsWith("{")) throw new Error("the writer finished before the node died");
+    const { copies, other, standby } = w;
 
     const death = f.kill(serving);
 
@@ -297,6 +320,104 @@ test("replicas=2: the serving node is killed during writes; it is fenced, the ot
     await removeSuiteObjects(lab, ns, { pods: ["writer", "reader"], claims: ["data"], storageClass: sc });
   }
 }, 900_000);
+
+test("replicas=2: the serving node freezes in place (a paused VM: its processes stopped, its sockets open) past the failover bound during writes, then runs on: the other copy serves, nothing the frozen node completes late is lost, its copy serves again only after a rebuild, and then serves the same bytes", async () => {
+  if (lab.storage.length < 2) throw new Error("the lab needs two SPDK storage nodes");
+  const sc = await replicatedClass(2);
+  const ns = await lab.newNamespace("frozen");
+  const seed = `${ns}-frozen`;
+  const f = fixture();
+  let writerNode = "";
+  let frozen: string | undefined;
+  try {
+    await createPvc(lab, ns, "data", { storageClass: sc, size: "1Gi" });
+    const t = await volumeTarget(lab, ns, "data");
+    const name = t.partition.metadata.name;
+    const serving = t.storageNode;
+    const { copies, other } = await writerOnBothPaths(f, ns, t, seed, (n) => {
+      writerNode = n;
+    });
+    const survivor = copies.find((c) => c.spec.nodeName === other) as NVMePartition;
+    const old = copies.find((c) => c.spec.nodeName === serving) as NVMePartition;
+
+    // Frozen with writes in flight to it: its target holds them, unanswered, in open sockets.
+    const frozeAt = Date.now();
+    frozen = serving;
+    await lab.freezeNode(serving);
+    const moved = await f.servedBy(name, survivor, 1);
+    say(
+      `frozen node: ${other} served ${((Date.now() - frozeAt) / 1000).toFixed(1)} s after ${serving} froze (failoverAfterSeconds ${FAILOVER_AFTER_S})`,
+    );
+    expect(isCurrent(moved, old)).toBe(false);
+    // The writer goes on through the survivor for a while before the old node runs again.
+    await Bun.sleep(5_000);
+    await lab.thawNode(serving);
+    frozen = undefined;
+
+    // Thawed, the old node stands by (no namespace of the volume on its target) and its copy
+    // counts again only once rebuilt; the survivor serves throughout.
+    const oldTarget = f.spdkOf(serving);
+    let seenStale = false;
+    await until(
+      `${serving}'s copy rebuilt after the thaw, ${other} serving throughout`,
+      async () => {
+        const v = await f.volume(name);
+        if (v?.spec.nodeName !== other)
+          throw new FinalError(`the volume moved to ${v?.spec.nodeName} while ${other} was alive`);
+        if ((await namespacesOn(oldTarget, t.nqn).catch(() => 0)) > 0) return undefined;
+        if (!isCurrent(v, old)) {
+          seenStale = true;
+          return undefined;
+        }
+        return v;
+      },
+      300_000,
+    );
+    expect(seenStale).toBe(true);
+    const written = await waitHeld(lab, ns, "writer", 300_000);
+    expect(written).toMatchObject({ mode: "write", ok: true });
+
+    // Every byte the writer was told is written, read through the survivor.
+    await deletePod(lab, ns, "writer", 180_000);
+    const readBack = async (pod: string) => {
+      await lab.core.createNamespacedPod({
+        namespace: ns,
+        body: workloadPod(pod, writerNode, "data", [
+          "verify",
+          `--bytes=${BYTES}`,
+          `--seed=${seed}`,
+          "--then-hold",
+        ]),
+      });
+      expect(await waitHeld(lab, ns, pod, 300_000)).toMatchObject({ ok: true, sha256: written.sha256 });
+      await deletePod(lab, ns, pod, 180_000);
+    };
+    await readBack("reader");
+
+    // Failback: the survivor dies; the rebuilt copy on the once-frozen node serves the same bytes.
+    const g = (await f.volume(name))?.status?.dataGeneration ?? 0;
+    const death = f.kill(other);
+    await f.servedBy(name, old, g);
+    say(
+      `frozen node: ${serving} (rebuilt) served ${((Date.now() - death.at) / 1000).toFixed(1)} s after ${other} was killed`,
+    );
+    await readBack("reader-2");
+    await death.down;
+    await f.restore(other);
+  } catch (err) {
+    if (writerNode)
+      dumpNodeLogs(lab, writerNode, ["nvme-host", "csi-node"], /path|portal|connect|ana|error/i);
+    throw err;
+  } finally {
+    if (frozen) await lab.thawNode(frozen).catch(() => {});
+    await f.close();
+    await removeSuiteObjects(lab, ns, {
+      pods: ["writer", "reader", "reader-2"],
+      claims: ["data"],
+      storageClass: sc,
+    });
+  }
+}, 1_200_000);
 
 test("replicas=3: two copy nodes down (a copy node, then the serving node, during writes) and back in the other order: the stale copies never serve, are rebuilt, and then serve the newest bytes", async () => {
   if (lab.storage.length < 3) throw new Error("the lab needs three SPDK storage nodes");

@@ -109,6 +109,13 @@ export interface E2eLab extends LabInfo {
   crashNode(node: string): Promise<number>;
   /** Brings a crashed node back: its daemons start again and it is Ready. */
   restoreNode(node: string): Promise<void>;
+  /**
+   * The node stops in place, as a paused VM: its Pods' processes frozen, its daemons stopped, its
+   * sockets open. thawNode() lets it run on.
+   */
+  freezeNode(node: string): Promise<void>;
+  /** Lets a frozen node run on. */
+  thawNode(node: string): Promise<void>;
   /** Waits until `name` runs again with a pid other than `oldPid`. */
   waitRestarted(name: string, oldPid: number, timeoutMs?: number): Promise<number>;
   /**
@@ -148,7 +155,10 @@ function alive(pid: number): boolean {
 }
 
 /** What a lab backend provides to the suites' view of it. */
-type LabBackend = Pick<E2eLab, "pid" | "mountinfo" | "processNames" | "crashNode" | "restoreNode">;
+type LabBackend = Pick<
+  E2eLab,
+  "pid" | "mountinfo" | "processNames" | "crashNode" | "restoreNode" | "freezeNode" | "thawNode"
+>;
 
 /** The suites' lab over a backend's process ids, mount tables and node faults; stop() does nothing. */
 function makeE2eLab(info: LabInfo, backend: LabBackend): E2eLab {
@@ -163,6 +173,8 @@ function makeE2eLab(info: LabInfo, backend: LabBackend): E2eLab {
     processNames: backend.processNames,
     crashNode: backend.crashNode,
     restoreNode: backend.restoreNode,
+    freezeNode: backend.freezeNode,
+    thawNode: backend.thawNode,
     async kill(name, signal = "SIGKILL") {
       const p = pid(name);
       if (p === undefined) throw new Error(`lab process ${name} is not running`);
