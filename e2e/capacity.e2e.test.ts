@@ -249,7 +249,34 @@ test("a WaitForFirstConsumer Pod whose claim fits only segment a is scheduled th
     c.args = c.args?.map((a) => (a === "--dir=/data" ? "--device=/dev/xvda" : a));
   }
   const created = await lab.core.createNamespacedPod({ namespace: ns, body: pod });
-  const report = await waitWorkload(lab, ns, "writer");
+  const report = await waitWorkload(lab, ns, "writer").catch(async (err: unknown) => {
+    // Said on a failure: where the scheduler put the Pod and what every capacity object of the
+    // class said then (all of them, duplicates and objects of other segments included).
+    const pod = await lab.core.readNamespacedPod({ name: "writer", namespace: ns }).catch(() => undefined);
+    const claimNow = await lab.core
+      .readNamespacedPersistentVolumeClaim({ name: "data", namespace: ns })
+      .catch(() => undefined);
+    const all = (await lab.storageApi.listCSIStorageCapacityForAllNamespaces()).items
+      .filter((c) => c.storageClassName === sc)
+      .map((c) => ({
+        name: `${c.metadata?.namespace}/${c.metadata?.name}`,
+        topology: c.nodeTopology?.matchLabels,
+        capacity: c.capacity,
+        maximum: c.maximumVolumeSize,
+        rv: c.metadata?.resourceVersion,
+      }));
+    const labels = Object.fromEntries(
+      await Promise.all(
+        [nodeA, nodeB].map(async (n) => [
+          n,
+          (await lab.core.readNode({ name: n })).metadata?.labels?.[FABRIC_LABEL],
+        ]),
+      ),
+    );
+    throw new Error(
+      `${String(err)}; Pod on ${pod?.spec?.nodeName ?? "(none)"} phase ${pod?.status?.phase} ${JSON.stringify(pod?.status?.conditions ?? [])}; claim selected-node ${claimNow?.metadata?.annotations?.[SELECTED_NODE]} volume ${claimNow?.spec?.volumeName}; node segments ${JSON.stringify(labels)}; capacity objects ${JSON.stringify(all)}; Pod events ${JSON.stringify((await eventsAbout(lab, ns, "Pod", "writer")).map((e) => `${e.reason}: ${e.message}`))}`,
+    );
+  });
   expect(report.ok).toBe(true);
 
   const ran = await lab.core.readNamespacedPod({ name: "writer", namespace: ns });
