@@ -15,3 +15,22 @@ beforeAll(async () => {
 afterAll(async () => {
   await stopSharedRealLab();
 }, 300_000);
+
+// afterAll does not run when the run is stopped (a CI time limit, ^C, the runner's own stop): the
+// lab's nodes, control plane, namespaces and mounts would outlive it. Stop it here, once, and exit
+// as the signal would have (a second signal meanwhile is ignored: the teardown is under way).
+let stopping = false;
+for (const [signal, code] of [
+  ["SIGTERM", 143],
+  ["SIGINT", 130],
+  ["SIGHUP", 129],
+] as const) {
+  process.on(signal, () => {
+    if (stopping) return;
+    stopping = true;
+    say(`${signal}: stopping the shared real-cluster lab`);
+    stopSharedRealLab()
+      .catch((err: unknown) => say(`stopping the lab after ${signal} failed: ${String(err)}`))
+      .finally(() => process.exit(code));
+  });
+}

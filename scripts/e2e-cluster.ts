@@ -38,6 +38,16 @@ const p = Bun.spawn(
     stderr: "inherit",
   },
 );
+// Stopped ourselves (a CI limit, ^C): the child stops its lab on the signal (e2e/cluster-preload.ts),
+// so pass it on once and wait for it, then still compare the host's footprint.
+let signalled = false;
+for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"] as const)
+  process.on(signal, () => {
+    if (signalled) return;
+    signalled = true;
+    say(`${signal}: waiting for the suites to stop their lab`);
+    p.kill(signal);
+  });
 let code = await p.exited;
 const after = snapshotHost({ processFilter: labProcess, otherLab });
 const diff = diffFootprints(before, after);
