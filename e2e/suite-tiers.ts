@@ -22,6 +22,7 @@ export const CLUSTER_SUITES: readonly string[] = [
   "e2e/dpu.e2e.test.ts",
   "e2e/io-path.e2e.test.ts",
   "e2e/single-writer.e2e.test.ts",
+  "e2e/shared-block.e2e.test.ts",
   "e2e/faults.e2e.test.ts",
   "e2e/multipath.e2e.test.ts",
   "e2e/replicated.e2e.test.ts",
