@@ -644,3 +644,123 @@ describe("multipath listeners and ANA against the capture (testdata/spdk-v25.05.
     expect(plain?.ana_states).toBeUndefined();
   });
 });
+
+describe("shallow copy against the lvol delta capture (testdata/spdk-v25.05.1-lvol-delta.jsonl)", () => {
+  const delta = loadTranscript("spdk-v25.05.1-lvol-delta.jsonl");
+  const calls = delta.filter(
+    (r) => r.method === "bdev_lvol_start_shallow_copy" || r.method === "bdev_lvol_check_shallow_copy",
+  );
+  /** The kind each recorded error reply maps to, by seq. */
+  const KINDS: Record<number, string> = {
+    378: "not-found", // -19: the terminal state was reported already
+    381: "not-found", // -19: unknown source
+    382: "not-found", // -32602 "No such device": unknown destination
+    383: "not-found", // -19: unknown operation id
+    387: "not-found", // -19: checked again after "complete"
+  };
+  const callOf = (rec: TranscriptRecord) => {
+    const p = (rec.request as { params: Params }).params;
+    return rec.method === "bdev_lvol_start_shallow_copy"
+      ? m.lvolStartShallowCopy(p)
+      : m.lvolCheckShallowCopy(p.operation_id);
+  };
+
+  test("the capture has the starts and checks of section 6, errors among them", () => {
+    expect(calls).toHaveLength(25);
+    expect(calls.filter((r) => (r.response as { error?: unknown }).error).map((r) => r.seq)).toEqual(
+      Object.keys(KINDS).map(Number),
+    );
+  });
+
+  for (const rec of calls) {
+    const response = rec.response as { result?: unknown; error?: { code: number; message: string } };
+    test(`seq ${rec.seq} ${rec.method}: same request; ${response.error ? `error ${response.error.code} → ${KINDS[rec.seq]}` : JSON.stringify(response.result)}`, async () => {
+      answerWith(rec);
+      const before = server.requests.length;
+      const outcome = await callOf(rec).then(
+        (value) => ({ value }),
+        (error: unknown) => ({ error }),
+      );
+      expect(withoutId(server.requests[before] as WireRequest)).toEqual(withoutId(rec.request));
+      if (response.error) {
+        const err = (outcome as { error: SpdkError }).error;
+        expect(err).toBeInstanceOf(SpdkError);
+        expect(err.code).toBe(response.error.code);
+        expect(err.spdkMessage).toBe(response.error.message);
+        expect(err.kind).toBe(KINDS[rec.seq] as StorageError["kind"]);
+      } else {
+        expect(outcome as unknown).toEqual({ value: response.result });
+      }
+    });
+  }
+
+  test("the asynchronous failures come back as state error with SPDK's text", async () => {
+    answerWith(delta.find((r) => r.seq === 377) as TranscriptRecord);
+    expect(await m.lvolCheckShallowCopy(1)).toEqual({
+      copied_clusters: 0,
+      total_clusters: 0,
+      state: "error",
+      error: "Operation not permitted",
+    });
+    answerWith(delta.find((r) => r.seq === 380) as TranscriptRecord);
+    const small = await m.lvolCheckShallowCopy(2);
+    expect(small.state).toBe("error");
+    expect(small.error).toBe("Invalid argument");
+  });
+
+  test("a destination claimed by something else is precondition (-32602 Operation not permitted)", async () => {
+    answer = (req) =>
+      `{"jsonrpc":"2.0","id":${req.id},"error":{"code":-32602,"message":"Operation not permitted"}}\n`;
+    const err = await m.lvolStartShallowCopy({ src_lvol_name: "lvs/snap", dst_bdev_name: "aio0" }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(SpdkError);
+    expect((err as SpdkError).kind).toBe("precondition");
+  });
+
+  test("a state the schema does not know is refused as internal, naming it", async () => {
+    answer = (req) =>
+      `{"jsonrpc":"2.0","id":${req.id},"result":{"copied_clusters":1,"total_clusters":2,"state":"paused"}}\n`;
+    const err = await m.lvolCheckShallowCopy(7).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(StorageError);
+    expect(err).not.toBeInstanceOf(SpdkError);
+    expect((err as StorageError).kind).toBe("internal");
+    expect((err as StorageError).message).toContain("bdev_lvol_check_shallow_copy");
+    expect((err as StorageError).message).toContain('"paused"');
+  });
+
+  test("a start reply without an operation id is refused as internal", async () => {
+    answer = (req) => `{"jsonrpc":"2.0","id":${req.id},"result":true}\n`;
+    const err = await m.lvolStartShallowCopy({ src_lvol_name: "lvs/snap", dst_bdev_name: "aio0" }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect((err as StorageError).kind).toBe("internal");
+  });
+
+  test("bad params are refused as invalid with nothing sent", async () => {
+    answer = undefined;
+    const before = server.requests.length;
+    const bad: (() => Promise<unknown>)[] = [
+      () => m.lvolCheckShallowCopy(-1),
+      () => m.lvolCheckShallowCopy(1.5),
+      () => m.lvolCheckShallowCopy(2 ** 32),
+      () => m.lvolStartShallowCopy({ src_lvol_name: "", dst_bdev_name: "dst" }),
+      () => m.lvolStartShallowCopy({ src_lvol_name: "lvs/snap", dst_bdev_name: "" }),
+      () => m.lvolStartShallowCopy({ src_lvol_name: "lvs/snap", dst_bdev_name: "dst", extra: 1 } as Params),
+    ];
+    for (const call of bad) {
+      const err = await call().then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect((err as StorageError).kind).toBe("invalid");
+      expect((err as StorageError).message).toMatch(/^bdev_lvol_(start|check)_shallow_copy: /);
+    }
+    expect(server.requests.length).toBe(before);
+  });
+});

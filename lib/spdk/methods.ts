@@ -18,6 +18,7 @@ export type LvstoreSelector = v.InferInput<typeof P.LvstoreSelectorParams>;
 export type LvstoreCreateParams = v.InferInput<typeof P.LvstoreCreateParams>;
 export type LvolCreateParams = v.InferInput<typeof P.LvolCreateParams>;
 export type LvolListParams = v.InferInput<typeof P.LvolListParams>;
+export type ShallowCopyStartParams = v.InferInput<typeof P.ShallowCopyStartParams>;
 export type AioCreateParams = v.InferInput<typeof P.AioCreateParams>;
 export type NullCreateParams = v.InferInput<typeof P.NullCreateParams>;
 export type TransportCreateParams = v.InferInput<typeof P.TransportCreateParams>;
@@ -283,6 +284,40 @@ export class SpdkMethods {
   async bdevLvolGetLvols(selector: LvolListParams = {}, opts?: CallOptions): Promise<S.Lvol[]> {
     const p = checkParams("bdev_lvol_get_lvols", P.LvolListParams, selector);
     return this.#call("bdev_lvol_get_lvols", p, S.LvolListSchema, opts);
+  }
+
+  /**
+   * bdev_lvol_start_shallow_copy: starts copying the clusters `src_lvol_name` has allocated itself
+   * (not its parents') to the same offsets of bdev `dst_bdev_name`, which it claims until done;
+   * resolves with the id to poll with lvolCheckShallowCopy. Not idempotent: every call starts a
+   * new copy (ids count up per target process and are lost with it). Unknown source or not an
+   * lvol: "not-found" (-19); unknown destination: "not-found" (-32602 "No such device", which
+   * still uses up an id); destination claimed by something else: "precondition" (-32602
+   * "Operation not permitted"). A writable source, a too small destination or another copy of
+   * the same source is accepted here and fails in the check.
+   */
+  async lvolStartShallowCopy(
+    params: ShallowCopyStartParams,
+    opts?: CallOptions,
+  ): Promise<S.ShallowCopyStart> {
+    const p = checkParams("bdev_lvol_start_shallow_copy", P.ShallowCopyStartParams, params);
+    return this.#call("bdev_lvol_start_shallow_copy", p, S.ShallowCopyStartSchema, opts);
+  }
+
+  /**
+   * bdev_lvol_check_shallow_copy: progress of a copy ("in progress", copied_clusters <
+   * total_clusters), or its end: "complete", or "error" with SPDK's strerror text in `error`
+   * ("Operation not permitted": the source is not read-only, i.e. not a snapshot; "Invalid
+   * argument": the destination is smaller than the source or of an incompatible block size;
+   * "Device or resource busy": another copy of the source runs; "Input/output error": a cluster
+   * read or write failed). NOT a pure read: SPDK forgets the operation once it has reported its end, so the next check
+   * of that id fails with "not-found" (-19), as an unknown id does. A caller that loses the reply
+   * of the terminal check cannot ask again and must start a new copy. An unknown state string
+   * in the reply is StorageError("internal").
+   */
+  async lvolCheckShallowCopy(operationId: number, opts?: CallOptions): Promise<S.ShallowCopyStatus> {
+    const operation_id = checkParams("bdev_lvol_check_shallow_copy", P.OperationIdSchema, operationId);
+    return this.#call("bdev_lvol_check_shallow_copy", { operation_id }, S.ShallowCopyStatusSchema, opts);
   }
 
   /** bdev_aio_create; resolves with the bdev name. Name taken: "already-exists"; no file: "not-found". */

@@ -176,6 +176,15 @@ export const LvolListParams = v.pipe(
   v.check((o) => given(o, ["lvs_uuid", "lvs_name"]) <= 1, "give at most one of lvs_uuid, lvs_name"),
 );
 
+/** bdev_lvol_start_shallow_copy: a snapshot (lvol bdev name or alias) onto another bdev. */
+export const ShallowCopyStartParams = v.strictObject({
+  src_lvol_name: Name,
+  dst_bdev_name: Name,
+});
+
+/** bdev_lvol_check_shallow_copy's operation_id (SPDK decodes it as a uint32). */
+export const OperationIdSchema = U32;
+
 export const AioCreateParams = v.strictObject({
   name: Name,
   filename: AbsolutePath,

@@ -185,6 +185,29 @@ export const LvolSchema = v.looseObject({
 export type Lvol = v.InferOutput<typeof LvolSchema>;
 export const LvolListSchema = v.array(LvolSchema);
 
+/** bdev_lvol_start_shallow_copy: the id to poll with bdev_lvol_check_shallow_copy. */
+export const ShallowCopyStartSchema = v.looseObject({
+  operation_id: v.pipe(Count, v.maxValue(0xffff_ffff)),
+});
+export type ShallowCopyStart = v.InferOutput<typeof ShallowCopyStartSchema>;
+
+const SHALLOW_COPY_STATES = ["in progress", "complete", "error"] as const;
+
+/**
+ * bdev_lvol_check_shallow_copy. `error` (a strerror text) comes with state "error" only. A state
+ * this list does not know is refused: a caller must never mistake it for "in progress" or done.
+ */
+export const ShallowCopyStatusSchema = v.looseObject({
+  copied_clusters: Count,
+  total_clusters: Count,
+  state: v.picklist(
+    SHALLOW_COPY_STATES,
+    (issue) => `unknown shallow copy state ${issue.received} (expected "in progress", "complete" or "error")`,
+  ),
+  error: v.optional(v.string()),
+});
+export type ShallowCopyStatus = v.InferOutput<typeof ShallowCopyStatusSchema>;
+
 export const NvmfTransportSchema = v.looseObject({
   trtype: v.string(),
   max_queue_depth: v.optional(Count),

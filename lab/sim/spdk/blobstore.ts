@@ -80,6 +80,16 @@ export class Lvol {
   get allocatedClusters(): number {
     return this.map.filter((pc) => pc >= 0).length;
   }
+
+  /**
+   * The logical indexes of the clusters this lvol has allocated itself, ascending: what a shallow
+   * copy writes (spdk_bs_blob_shallow_copy visits `active.clusters[i] != 0`), never the parent's.
+   */
+  get ownClusters(): number[] {
+    const out: number[] = [];
+    for (let i = 0; i < this.map.length; i++) if ((this.map[i] as number) >= 0) out.push(i);
+    return out;
+  }
 }
 
 /** Persisted form of the store, validated on load. */

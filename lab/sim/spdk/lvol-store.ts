@@ -62,6 +62,25 @@ export interface LoadedStore {
   readonly ownDir: string | undefined;
 }
 
+/**
+ * One shallow copy started by beginShallowCopy: the cluster count it reports as total, and the
+ * copy itself, which `run` performs cluster by cluster.
+ */
+export interface ShallowCopy {
+  /** spdk_blob_get_num_allocated_clusters of the source when the copy started. */
+  readonly totalClusters: number;
+  /**
+   * Copies the source's own clusters to the destination at the same byte offsets, calling
+   * `pause` before each cluster (the copy yields to the event loop there, as SPDK's completes
+   * one cluster per I/O round trip) and `progress` after each with the count copied so far.
+   * Resolves when done; rejects with ErrnoError: EPERM for a writable source, EINVAL for a too
+   * small or block-incompatible destination, EBUSY when another shallow copy of the source runs,
+   * EIO when a cluster read or write fails (also when the source or the destination went away
+   * meanwhile). The destination's claim is released in every case. Call once.
+   */
+  run(pause: () => Promise<void>, progress: (copied: number) => void): Promise<void>;
+}
+
 /** How the lvol module of an app is set up. */
 export interface LvolStoresOptions {
   /**
@@ -79,6 +98,8 @@ export interface LvolStoresOptions {
 export class LvolStores {
   readonly #stores: LoadedStore[] = [];
   readonly #lvolDir: string | undefined;
+  /** Sources of running shallow copies (SPDK's blob locked_operation_in_progress). */
+  readonly #copying = new Set<Lvol>();
 
   constructor(
     private readonly registry: BdevRegistry,
@@ -277,6 +298,71 @@ export class LvolStores {
       if (home.kind === "run") await this.#deallocate(store, home);
       else if (media !== undefined) this.#dropOwn(store, lvol, media);
     });
+  }
+
+  /**
+   * Starts a shallow copy of `lvol` onto the bdev `dstName`, as vbdev_lvol_shallow_copy does:
+   * synchronously, the destination must exist (ENODEV) and take the lvol module's
+   * read_many_write_one claim (EPERM when already claimed), held until the copy ends. What
+   * spdk_bs_blob_shallow_copy checks once it has the blob open (read-only source, destination
+   * size and block size, another copy running) fails `run`, not this call, so that the RPC
+   * reports it in the check, as SPDK does.
+   */
+  beginShallowCopy(store: LoadedStore, lvol: Lvol, dstName: string, owner: string): ShallowCopy {
+    const dst = this.registry.get(dstName);
+    if (!dst) throw new ErrnoError(Errno.ENODEV, dstName);
+    this.registry.claim(dst, "read_many_write_one", owner);
+    const cs = store.bs.clusterSize;
+    // Fixed at the start, like SPDK's total; SPDK's lock on the blob keeps its clusters fixed too.
+    const clusters = lvol.ownClusters;
+    let started = false;
+    const run = async (pause: () => Promise<void>, progress: (copied: number) => void) => {
+      if (started) throw new Error("shallow copy run twice");
+      started = true;
+      try {
+        if (!lvol.snapshot) throw new ErrnoError(Errno.EPERM, "shallow copy, blob must be read only");
+        if (lvol.numClusters * cs > dst.numBlocks * dst.blockSize) {
+          throw new ErrnoError(Errno.EINVAL, "shallow copy, external device must have at least blob size");
+        }
+        if (store.bs.blockSize % dst.blockSize !== 0) {
+          throw new ErrnoError(Errno.EINVAL, "shallow copy, external device block size is not compatible");
+        }
+        if (this.#copying.has(lvol)) throw new ErrnoError(Errno.EBUSY, "another operation in progress");
+        this.#copying.add(lvol);
+        try {
+          let copied = 0;
+          for (const i of clusters) {
+            await pause();
+            // Real SPDK holds both ends: the copy keeps the source blob open and locked (a
+            // bdev_lvol_delete of it removes its bdev but fails the blob delete with EBUSY) and
+            // the destination's descriptor open (bdev_unregister_unsafe defers the removal until
+            // it closes), so there the copy runs on. The emulator lets both deletes through;
+            // the next cluster then fails as a failed read or write of it does in
+            // bs_shallow_copy_*_cpl, where bdev_blob_io_complete turns any failed I/O into -EIO:
+            // state "error", "Input/output error".
+            if (!this.#stores.includes(store) || !store.bs.lvols.includes(lvol)) {
+              throw new ErrnoError(Errno.EIO, `shallow copy source ${lvol.name} is gone`);
+            }
+            if (this.registry.get(dst.name) !== dst) {
+              throw new ErrnoError(Errno.EIO, `shallow copy destination ${dst.name} is gone`);
+            }
+            const data = await store.lock.run(async () => mediaOf(store, lvol).read(i * cs, cs));
+            try {
+              await dst.io.write(i * cs, data);
+            } catch (err) {
+              throw new ErrnoError(Errno.EIO, String(err));
+            }
+            copied++;
+            progress(copied);
+          }
+        } finally {
+          this.#copying.delete(lvol);
+        }
+      } finally {
+        this.registry.release(dst, owner);
+      }
+    };
+    return { totalClusters: lvol.allocatedClusters, run };
   }
 
   /** The driver_specific.lvol of a lvol bdev, as bdev_get_bdevs prints it. */

@@ -1,12 +1,12 @@
-// bdev_lvol_* methods: lvstores and lvols (thin/thick), resize, snapshots and clones, with
-// v25.05.1's split between synchronous errors (code -errno) and asynchronous ones (-32602 with
-// the strerror text, or -32603 for a failed delete).
+// bdev_lvol_* methods: lvstores and lvols (thin/thick), resize, snapshots and clones, shallow
+// copies, with v25.05.1's split between synchronous errors (code -errno) and asynchronous ones
+// (-32602 with the strerror text, -32603 for a failed delete, a shallow copy's in its check).
 import * as v from "valibot";
 import type { App } from "../app.ts";
-import type { LoadedStore } from "../lvol-store.ts";
+import type { LoadedStore, ShallowCopy } from "../lvol-store.ts";
 import { type MethodSpec, RUNTIME } from "../method-table.ts";
 import { bool, DECODE_FAILED_INTERNAL, decode, decodeOptional, str, u32, u64 } from "../params.ts";
-import { Errno, ErrnoError, errnoOf, RpcCode, RpcError } from "../rpc-error.ts";
+import { Errno, ErrnoError, errnoOf, RpcCode, RpcError, strerror } from "../rpc-error.ts";
 
 const MIB = 1024 * 1024;
 const CLEAR_METHODS = ["none", "unmap", "write_zeroes"];
@@ -32,9 +32,21 @@ function sync<T>(fn: () => T): T {
   }
 }
 
+/** What bdev_lvol_check_shallow_copy reports of one operation (rpc_shallow_copy_status). */
+interface ShallowCopyStatus {
+  copied: number;
+  readonly total: number;
+  /** 0 while running or once complete; -errno once failed. */
+  result: number;
+}
+
 /** The lvol methods of `app`. */
 export function lvolMethods(app: App): MethodSpec[] {
   const { lvols } = app;
+  // g_shallow_copy_count and g_shallow_copy_status_list: per process, so per App here. A status
+  // stays until a check has reported its terminal state (or the process ends).
+  let shallowCopyCount = 0;
+  const shallowCopies = new Map<number, ShallowCopyStatus>();
 
   /** vbdev_get_lvol_store_by_uuid_xor_name: EINVAL for none or both, ENODEV when absent. */
   const storeXor = (uuid: string | undefined, name: string | undefined): LoadedStore => {
@@ -222,6 +234,58 @@ export function lvolMethods(app: App): MethodSpec[] {
         await ctx.defer();
         const c = await completion(RpcCode.invalidParams, () => lvols.clone(store, lvol, p.clone_name));
         return c.uuid;
+      },
+    },
+    {
+      name: "bdev_lvol_start_shallow_copy",
+      states: RUNTIME,
+      // Synchronous in SPDK: the reply (an id, or an error) is sent before the copy does any I/O.
+      handler: (req, ctx) => {
+        const p = decode(
+          req,
+          v.strictObject({ src_lvol_name: str, dst_bdev_name: str }),
+          DECODE_FAILED_INTERNAL,
+        );
+        // An unknown source, or a bdev that is not an lvol: -19, and no id is used up.
+        const { store, lvol } = lvolOf(p.src_lvol_name);
+        const id = ++shallowCopyCount;
+        let copy: ShallowCopy;
+        try {
+          copy = lvols.beginShallowCopy(store, lvol, p.dst_bdev_name, `lvol-shallow-copy:${id}`);
+        } catch (err) {
+          // vbdev_lvol_shallow_copy's rc: -32602 with strerror (an unknown destination is
+          // "No such device", a claimed one "Operation not permitted"); the id stays used.
+          throw RpcError.coded(RpcCode.invalidParams, errnoOf(err));
+        }
+        const status: ShallowCopyStatus = { copied: 0, total: copy.totalClusters, result: 0 };
+        shallowCopies.set(id, status);
+        void copy
+          .run(
+            () => ctx.defer(),
+            (n) => {
+              status.copied = n;
+            },
+          )
+          .catch((err: unknown) => {
+            status.result = -errnoOf(err);
+          });
+        return { operation_id: id };
+      },
+    },
+    {
+      name: "bdev_lvol_check_shallow_copy",
+      states: RUNTIME,
+      handler: (req) => {
+        const p = decode(req, v.strictObject({ operation_id: u32 }), DECODE_FAILED_INTERNAL);
+        const status = shallowCopies.get(p.operation_id);
+        if (!status) throw RpcError.errno(Errno.ENODEV);
+        const { copied, total, result } = status;
+        const out = { copied_clusters: copied, total_clusters: total };
+        // rpc_bdev_lvol_check_shallow_copy's three branches; the terminal ones drop the status.
+        if (copied < total && result === 0) return { ...out, state: "in progress" };
+        shallowCopies.delete(p.operation_id);
+        if (copied === total && result === 0) return { ...out, state: "complete" };
+        return { ...out, state: "error", error: strerror(-result) };
       },
     },
   ];
