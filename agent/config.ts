@@ -92,6 +92,11 @@ const EnvSchema = v.object({
   /** Where DH-HMAC-CHAP secrets are written for SPDK's file keyring (0700 directory, 0600 files). */
   DISTORT_KEY_DIR: v.optional(absPath, "/var/lib/distort/keys"),
   /**
+   * Scratch directory for changed-block records: the agent and nvmf_tgt must both write it at
+   * this path (a shallow copy lands in a sparse file there). Unset: changed-block tracking is off.
+   */
+  DISTORT_BLOCK_METADATA_DIR: v.optional(absPath),
+  /**
    * The node's portal address, or several comma-separated (multipath: every export listens on each,
    * the first is the primary). Unset: the RDMA endpoint discovery finds.
    */
@@ -192,6 +197,7 @@ export function parseAgentConfig(env: Record<string, string | undefined>) {
     spdkTlsSaltFix: c.DISTORT_SPDK_TLS_SALT_FIX,
     hostRoot: c.DISTORT_HOST_ROOT,
     keyDir: c.DISTORT_KEY_DIR,
+    blockMetadataDir: c.DISTORT_BLOCK_METADATA_DIR,
     /** Configured portal addresses, the primary first; undefined: discovery picks one. */
     portalAddresses: c.DISTORT_PORTAL_ADDRESS,
     /** Networks the portal addresses are found in at start-up; undefined: see portalAddresses. */

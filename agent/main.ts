@@ -6,6 +6,7 @@ import { readFile } from "node:fs/promises";
 import { hostname } from "node:os";
 import { kinds, type NVMePartition } from "../api/index.ts";
 import { realClock } from "../lib/clock.ts";
+import { Mutex } from "../lib/concurrency/mutex.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
 import { type Exec, hostExec, runChecked } from "../lib/exec.ts";
 import { type HostFs, hostFs } from "../lib/fs.ts";
@@ -48,6 +49,7 @@ import { SnapshotController } from "./snapshots/controller.ts";
 import { applySpaceReport, type SpaceMemory } from "./space/space-report.ts";
 import { agentPreflightPlan, assertUsable, fatalChecks } from "./startup-preflight.ts";
 import { PartedVolumeManager } from "./volumes/parted/parted-volume-manager.ts";
+import { SpdkBlockMaps } from "./volumes/spdk-lvol/block-map.ts";
 import { SpdkLvolVolumeManager } from "./volumes/spdk-lvol/manager.ts";
 import { buildLease, type FenceRecord, parseFenceRecord, watchdogPaths } from "./watchdog/lease.ts";
 import { LeaseWriter } from "./watchdog/lease-writer.ts";
@@ -116,11 +118,15 @@ export async function runAgent(
   let reads: SpdkReadCache | undefined;
   // The calls a replicated volume's serving node makes (copies attached, raid1 built).
   let nexusSpdk: NexusSpdk | undefined;
+  // Changed-block records read live counts: past the read cache.
+  let spdkMethods: SpdkMethods | undefined;
+  const snapshotCopies = new Mutex();
   if (cfg.backends.includes("spdk")) {
     spdk = new SpdkClient({ socketPath: cfg.spdkSocket, logger: logger.with({ component: "spdk" }), clock });
     // Every backend read goes through the read cache: a verify sweep or a replay lists the
     // target once instead of reading each export's subsystem and bdev on its own.
     reads = new SpdkReadCache({ rpc: spdk, clock });
+    spdkMethods = new SpdkMethods(spdk);
     facts = new TargetFacts({ rpc: reads, clock });
     const methods = new SpdkMethods(reads);
     nexusSpdk = methods;
@@ -143,6 +149,7 @@ export async function runAgent(
     volumeManagers["spdk-lvol"] = new SpdkLvolVolumeManager({
       methods,
       rpc: reads,
+      snapshotCopies,
       logger,
       facts,
       reads,
@@ -245,12 +252,25 @@ export async function runAgent(
     events,
     secrets,
   });
+  const blockMaps =
+    spdkMethods && cfg.blockMetadataDir
+      ? new SpdkBlockMaps({
+          methods: spdkMethods,
+          scratchDir: cfg.blockMetadataDir,
+          copies: snapshotCopies,
+          clock,
+          logger: logger.with({ component: "block-maps" }),
+        })
+      : undefined;
+  if (spdkMethods && !blockMaps)
+    logger.info("changed-block tracking is off: DISTORT_BLOCK_METADATA_DIR is not set");
   new SnapshotController({
     conn,
     manager: controllers,
     nodeName: cfg.nodeName,
     namespace: cfg.namespace,
     lvols: volumeManagers["spdk-lvol"] as SpdkLvolVolumeManager | undefined,
+    blockMaps,
     logger: logger.with({ controller: "snapshots" }),
     clock,
     events,

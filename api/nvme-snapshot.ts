@@ -22,6 +22,11 @@ export const NVMeSnapshotConditionTypes = {
   Ready: "Ready",
   /** Deletion is held back (e.g. SPDK refuses while more than one clone depends on it). */
   DeletionBlocked: "DeletionBlocked",
+  /**
+   * status.blockMetadata holds the snapshot's changed-block record as SPDK has it now (False
+   * while it is being read, or when it cannot be: too large, not an lvol).
+   */
+  BlockMetadata: "BlockMetadata",
 } as const;
 
 /**
@@ -68,6 +73,44 @@ export const NVMeSnapshotSpecSchema = v.pipe(
 );
 export type NVMeSnapshotSpec = v.InferOutput<typeof NVMeSnapshotSpecSchema>;
 
+/**
+ * Longest encoded cluster map a status carries (etcd refuses objects near 1.5 MiB). A sparse map
+ * is tiny; the worst case (every other cluster) fits about 6 million clusters.
+ */
+export const MAX_ENCODED_CLUSTER_MAP = 1024 * 1024;
+
+export const NVMeSnapshotBlockMetadataSchema = v.pipe(
+  v.object({
+    clusterSizeBytes: int64("Cluster size of the lvstore: the granularity of the record.", 1),
+    numClusters: int64("Clusters of the snapshot lvol (its size in clusters)."),
+    clusters: str(
+      "The clusters this snapshot holds itself, those written since parentSnapshot was taken (a " +
+        "snapshot of a new volume: since it was created), as a bitmap (bit i set: cluster i; least " +
+        "significant bit first), raw-deflated and base64-encoded. Read from SPDK by a shallow copy " +
+        "of the snapshot into a sparse file.",
+      MAX_ENCODED_CLUSTER_MAP,
+    ),
+    parentSnapshot: v.optional(
+      str(
+        "externalId of the NVMeSnapshot this one was taken after on the same volume lineage (its " +
+          "nearest snapshot ancestor in the lvstore); absent when there is none.",
+        128,
+        1,
+      ),
+    ),
+    fingerprint: str(
+      "What the record was read from: each lvol from the snapshot up to parentSnapshot with its " +
+        "allocated cluster count. SPDK merges a deleted snapshot into its only clone, which changes " +
+        "it; the agent reads the record again then.",
+      4096,
+      1,
+    ),
+    recordedAt: dateTime("When the agent read the record."),
+  }),
+  v.description("Changed-block record of the snapshot, written by the agent (spdk backend only)."),
+);
+export type NVMeSnapshotBlockMetadata = v.InferOutput<typeof NVMeSnapshotBlockMetadataSchema>;
+
 export const NVMeSnapshotStatusSchema = v.pipe(
   v.object({
     readyToUse: v.optional(v.pipe(v.boolean(), v.description("The snapshot can be cloned from."))),
@@ -79,7 +122,8 @@ export const NVMeSnapshotStatusSchema = v.pipe(
       str("Serial of the drive whose lvstore holds the snapshot; survives the source's deletion.", 256, 1),
     ),
     creationTime: v.optional(dateTime("When the agent took the snapshot.")),
-    conditions: conditions("Ready, and DeletionBlocked while SPDK refuses to delete it."),
+    blockMetadata: v.optional(NVMeSnapshotBlockMetadataSchema),
+    conditions: conditions("Ready, DeletionBlocked while SPDK refuses to delete it, and BlockMetadata."),
     observedGeneration: ObservedGenerationSchema,
   }),
   v.description("Snapshot state, written by the agent."),

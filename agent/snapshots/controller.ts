@@ -2,8 +2,15 @@
 // of this node's partitions (a source becoming Exported wakes its snapshots), runs decideSnapshot, and carries the decision out
 // through the SnapshotLvols port (SpdkLvolVolumeManager in production) and the API server.
 import type { NVMePartition, NVMeSnapshot, NVMeSnapshotStatus } from "../../api/index.ts";
-import { GROUP_SNAPSHOT_LABEL, groupMembersOf, kinds } from "../../api/index.ts";
+import {
+  GROUP_SNAPSHOT_LABEL,
+  groupMembersOf,
+  kinds,
+  MAX_ENCODED_CLUSTER_MAP,
+  NVMeSnapshotConditionTypes,
+} from "../../api/index.ts";
 import type { Clock } from "../../lib/clock.ts";
+import { encodeClusterMap } from "../../lib/cluster-map.ts";
 import { StorageError } from "../../lib/errors.ts";
 import type { WatchCache } from "../../lib/kube/cache.ts";
 import { type ConditionStatus, formatConditionTime, setCondition } from "../../lib/kube/conditions.ts";
@@ -17,6 +24,7 @@ import type { Logger } from "../../lib/log.ts";
 import { formatQuantity } from "../../lib/units.ts";
 import type { DeviceRef } from "../backends/types.ts";
 import { inReleaseNamespace, onNode } from "../caches.ts";
+import { snapshotExternalIdFor } from "../partitions/identity.ts";
 import { decideSnapshot, SNAPSHOT_FINALIZER, type SnapshotPlace, type SnapshotWhy } from "./decide.ts";
 import { decideGroup } from "./group.ts";
 
@@ -35,6 +43,23 @@ export interface SnapshotLvols {
   deleteSnapshot(device: DeviceRef, snapshotName: string): Promise<void>;
 }
 
+/** Changed-block records of snapshot lvols (SpdkBlockMaps in production). */
+export interface SnapshotBlockMaps {
+  /** Lookups only: what a record would be read from now. Snapshot gone: "not-found". */
+  origin(device: DeviceRef, snapshotName: string): Promise<{ fingerprint: string; parentSnapshot?: string }>;
+  /** Reads the record (shallow copies); "unavailable" when SPDK changed it meanwhile. */
+  read(
+    device: DeviceRef,
+    snapshotName: string,
+  ): Promise<{
+    clusterSizeBytes: number;
+    numClusters: number;
+    clusters: number[];
+    fingerprint: string;
+    parentSnapshot?: string;
+  }>;
+}
+
 export interface SnapshotControllerOptions {
   conn: KubeConnection;
   /** Runs this controller; its caches come from the manager's CacheSet (shared with the others). */
@@ -47,6 +72,8 @@ export interface SnapshotControllerOptions {
   namespace: string;
   /** Undefined when this agent serves no spdk backend: its snapshots are refused. */
   lvols: SnapshotLvols | undefined;
+  /** Undefined: changed-block tracking is off here; ready snapshots get no blockMetadata. */
+  blockMaps?: SnapshotBlockMaps | undefined;
   logger: Logger;
   clock: Clock;
   events?: EventRecorder;
@@ -150,6 +177,8 @@ export class SnapshotController {
     const d = decideSnapshot(s, await this.sourceOf(s), this.o.nodeName);
     switch (d.action) {
       case "ignore":
+        if (d.why === "ready") return this.maintainBlockMetadata(s);
+        return;
       case "done":
         return;
       case "add-finalizer":
@@ -245,11 +274,115 @@ export class SnapshotController {
             return { requeueAfterMs: this.o.blockedRetryMs ?? 5_000 };
           }
         }
+        // SPDK merged the snapshot into its only clone: a snapshot recorded after it reads again.
+        if (d.place) {
+          const gone = d.place.externalId;
+          for (const o of this.snapshots.list())
+            if (
+              o.status?.blockMetadata?.parentSnapshot === gone &&
+              o.status.deviceSerial === d.place.deviceSerial
+            )
+              this.queue.add(objectKey(o.metadata));
+        }
         await this.setFinalizer(s, false);
         this.o.logger.info("snapshot deleted", { snapshot: key, lvol: d.place?.externalId });
         return;
       }
     }
+  }
+
+  /**
+   * Keeps a ready snapshot's changed-block record equal to what SPDK holds: read once after the
+   * snapshot is taken, and again whenever its origin changes (a deleted parent merged into it).
+   * A failed read leaves BlockMetadata False with the reason and is retried; the snapshot stays
+   * ready (clones do not need the record).
+   */
+  private async maintainBlockMetadata(s: NVMeSnapshot): Promise<undefined> {
+    const maps = this.o.blockMaps;
+    const uid = s.metadata.uid;
+    const serial = s.status?.deviceSerial;
+    if (!maps || !uid || !serial || s.status?.nodeName !== this.o.nodeName) return undefined;
+    const name = snapshotExternalIdFor(uid);
+    const device: DeviceRef = { name: "", serial, pciAddress: "" };
+    const rec = s.status?.blockMetadata;
+    const cond = s.status?.conditions?.find((c) => c.type === NVMeSnapshotConditionTypes.BlockMetadata);
+    let origin: Awaited<ReturnType<SnapshotBlockMaps["origin"]>>;
+    try {
+      origin = await maps.origin(device, name);
+    } catch (err) {
+      // A ready snapshot whose lvol is gone is not this loop's to repair.
+      if (err instanceof StorageError && err.kind === "not-found") return undefined;
+      throw err;
+    }
+    if (
+      rec &&
+      cond?.status === "True" &&
+      rec.fingerprint === origin.fingerprint &&
+      rec.parentSnapshot === origin.parentSnapshot
+    )
+      return undefined;
+    const type = NVMeSnapshotConditionTypes.BlockMetadata;
+    let reading: Awaited<ReturnType<SnapshotBlockMaps["read"]>>;
+    try {
+      reading = await maps.read(device, name);
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      // A stale record is worse than none: drop it so nothing answers from it.
+      await this.writeStatus(
+        s,
+        (st) => {
+          delete st.blockMetadata;
+        },
+        { type, status: "False", why: { reason: "ReadFailed", message } },
+      );
+      throw err;
+    }
+    const encoded = encodeClusterMap(reading.clusters, reading.numClusters);
+    if (encoded.length > MAX_ENCODED_CLUSTER_MAP) {
+      await this.writeStatus(
+        s,
+        (st) => {
+          delete st.blockMetadata;
+        },
+        {
+          type,
+          status: "False",
+          why: {
+            reason: "TooLarge",
+            message: `the record of ${reading.clusters.length} clusters encodes to ${encoded.length} bytes, more than ${MAX_ENCODED_CLUSTER_MAP}`,
+          },
+        },
+      );
+      return undefined;
+    }
+    const now = formatConditionTime(new Date(this.o.clock.now()));
+    await this.writeStatus(
+      s,
+      (st) => {
+        st.blockMetadata = {
+          clusterSizeBytes: reading.clusterSizeBytes,
+          numClusters: reading.numClusters,
+          clusters: encoded,
+          fingerprint: reading.fingerprint,
+          recordedAt: now,
+          ...(reading.parentSnapshot === undefined ? {} : { parentSnapshot: reading.parentSnapshot }),
+        };
+      },
+      {
+        type,
+        status: "True",
+        why: {
+          reason: "Recorded",
+          message: `${reading.clusters.length} of ${reading.numClusters} clusters held by this snapshot${reading.parentSnapshot ? ` since ${reading.parentSnapshot}` : ""}`,
+        },
+      },
+    );
+    this.o.logger.info("snapshot block record read", {
+      snapshot: objectKey(s.metadata),
+      clusters: reading.clusters.length,
+      parent: reading.parentSnapshot,
+    });
+    return undefined;
   }
 
   /**

@@ -23,18 +23,43 @@ export function callMetrics(registry: Registry, prefix: string, what: string) {
   return <T extends object>(impl: T): T => {
     const out: Record<string, unknown> = {};
     for (const [method, fn] of Object.entries(impl)) {
-      out[method] = async (req: unknown, ctx: unknown) => {
+      const call = fn as (r: unknown, c: unknown) => unknown;
+      const count = (started: number, err: unknown) => {
+        calls.inc({ method, code: err === undefined ? "OK" : codeName(toConnectError(err).code) });
+        seconds.observe({ method }, (performance.now() - started) / 1000);
+      };
+      out[method] = (req: unknown, ctx: unknown) => {
         const started = performance.now();
-        let code = "OK";
+        let result: unknown;
         try {
-          return await (fn as (r: unknown, c: unknown) => unknown)(req, ctx);
+          result = call(req, ctx);
         } catch (err) {
-          code = codeName(toConnectError(err).code);
+          count(started, err);
           throw err;
-        } finally {
-          calls.inc({ method, code });
-          seconds.observe({ method }, (performance.now() - started) / 1000);
         }
+        // A server-streaming method: counted when its stream ends, with the code it ends with.
+        if (result !== null && typeof result === "object" && Symbol.asyncIterator in result) {
+          const stream = result as AsyncIterable<unknown>;
+          return (async function* () {
+            try {
+              yield* stream;
+            } catch (err) {
+              count(started, err);
+              throw err;
+            }
+            count(started, undefined);
+          })();
+        }
+        return Promise.resolve(result).then(
+          (v) => {
+            count(started, undefined);
+            return v;
+          },
+          (err: unknown) => {
+            count(started, err);
+            throw err;
+          },
+        );
       };
     }
     return out as T;

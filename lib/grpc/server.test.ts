@@ -12,6 +12,8 @@ import { Controller, Identity as CsiIdentity, SnapshotMetadata } from "../../gen
 import { IdentityService, StoragePluginService } from "../../gen/nvidia/storage/plugins/v1/plugin_pb";
 import { StorageError } from "../errors";
 import { createLogger, silentLogger } from "../log";
+import { Registry } from "../metrics";
+import { callMetrics } from "./call-metrics";
 import { GrpcCallError, GrpcJsClient } from "./grpc-js-client";
 import { type GrpcServer, register, serveGrpc } from "./server";
 
@@ -285,4 +287,30 @@ test("the request log carries method, code and duration, and never CSI secrets",
   expect(typeof calls[0].durationMs).toBe("number");
   expect(calls[1]).toMatchObject({ method: "/csi.v1.Controller/DeleteVolume", code: "UNIMPLEMENTED" });
   expect(calls[1].request.secrets).toBe("<redacted>");
+});
+
+test("call metrics count a server-streaming call when its stream ends, with the code it ends with", async () => {
+  const registry = new Registry();
+  const measure = callMetrics(registry, "t", "test");
+  const { client } = await start([
+    register(
+      SnapshotMetadata,
+      measure({
+        async *getMetadataAllocated(req: { snapshotId: string }) {
+          yield { volumeCapacityBytes: 1n, blockMetadata: [] };
+          if (req.snapshotId === "fail") throw new StorageError("not-found", "no snapshot");
+          yield { volumeCapacityBytes: 2n, blockMetadata: [] };
+        },
+      }),
+    ),
+  ]);
+  const got = await client.serverStream(SnapshotMetadata.method.getMetadataAllocated, { snapshotId: "s" });
+  expect(got.map((r) => r.volumeCapacityBytes)).toEqual([1n, 2n]);
+  const err = await failure(
+    client.serverStream(SnapshotMetadata.method.getMetadataAllocated, { snapshotId: "fail" }),
+  );
+  expect(err.code).toBe(Code.NotFound);
+  const text = registry.render();
+  expect(text).toContain('t_calls_total{method="getMetadataAllocated",code="OK"} 1');
+  expect(text).toContain('t_calls_total{method="getMetadataAllocated",code="NOT_FOUND"} 1');
 });

@@ -4,6 +4,7 @@
 // earlier pass made instead of creating a second one. A volume with a content source is a clone of
 // a snapshot in the same lvstore (for a partition source, of a hidden snapshot taken for it).
 import { tmpdir } from "node:os";
+import type { Mutex } from "../../../lib/concurrency/mutex.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import { hostExec } from "../../../lib/exec.ts";
 import type { Logger } from "../../../lib/log.ts";
@@ -47,6 +48,12 @@ export interface SpdkLvolOptions {
   /** For calls without a typed wrapper (bdev_wait_for_examine). */
   rpc: SpdkRpc;
   logger: Logger;
+  /**
+   * Held by changed-block reads while they shallow-copy snapshots (SpdkBlockMaps); snapshot
+   * deletion waits for it. SPDK removes the bdev of a snapshot being copied but refuses to delete
+   * its blob (EBUSY), which would leave the blob behind with nothing naming it.
+   */
+  snapshotCopies?: Mutex;
   /** Facts verified on the current target, shared with the SPDK target backend. Default: own one. */
   facts?: TargetFacts;
   /** Classifies a drive's first and last MiB before its first lvstore. Default: blkid on the host. */
@@ -282,6 +289,12 @@ export class SpdkLvolVolumeManager implements VolumeManager {
    * one clone depends on it: "precondition", and nothing changed.
    */
   async deleteSnapshot(device: DeviceRef, snapshotName: string): Promise<void> {
+    const copies = this.opts.snapshotCopies;
+    if (copies) return copies.run(() => this.deleteSnapshotNow(device, snapshotName));
+    return this.deleteSnapshotNow(device, snapshotName);
+  }
+
+  private async deleteSnapshotNow(device: DeviceRef, snapshotName: string): Promise<void> {
     const have = await this.lvolByName(device, snapshotName);
     if (!have) return;
     try {
