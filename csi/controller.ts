@@ -16,6 +16,7 @@ import {
   type Controller,
   GroupControllerServiceCapability_RPC_Type as GroupCap,
   type GroupController,
+  type SnapshotMetadata,
 } from "../gen/csi/v1/csi_pb.ts";
 import type { InFlight } from "../lib/concurrency/in-flight.ts";
 import { KeyedMutex } from "../lib/concurrency/keyed-mutex.ts";
@@ -33,6 +34,7 @@ import { getCapacity, getSnapshot, listSnapshots, listVolumes } from "./controll
 import { modifyVolume } from "./controller/modify.ts";
 import { collectOrphans } from "./controller/orphan-collection.ts";
 import { publishVolume, unpublishVolume } from "./controller/publish.ts";
+import { getMetadataAllocated, getMetadataDelta } from "./controller/snapshot-metadata.ts";
 import { createSnapshot, deleteSnapshot } from "./controller/snapshots.ts";
 import { type ControllerOptions, ControllerState } from "./controller/state.ts";
 import { createVolume, deleteVolume, validateVolumeCapabilities } from "./controller/volumes.ts";
@@ -231,6 +233,18 @@ export class CsiController {
       createVolumeGroupSnapshot: (r, ctx) => createVolumeGroupSnapshot(s, r, ctx),
       deleteVolumeGroupSnapshot: (r, ctx) => deleteVolumeGroupSnapshot(s, r, ctx),
       getVolumeGroupSnapshot: (r) => getVolumeGroupSnapshot(s, r),
+    };
+  }
+
+  /**
+   * The SnapshotMetadata service (changed-block tracking) to register beside service(); the
+   * external-snapshot-metadata sidecar calls it on the same socket.
+   */
+  snapshotMetadataService(): Partial<ServiceImpl<typeof SnapshotMetadata>> {
+    const s = this.state;
+    return {
+      getMetadataAllocated: (r, ctx) => getMetadataAllocated(s, r, ctx),
+      getMetadataDelta: (r, ctx) => getMetadataDelta(s, r, ctx),
     };
   }
 }

@@ -55,7 +55,7 @@ test("GetPluginInfo names the driver and the package version", async () => {
   expect(info.vendorVersion).toBe(pkg.version);
 });
 
-test("capabilities: controller and group controller services only where they are served; topology and online expansion always", async () => {
+test("capabilities: controller, group controller and snapshot metadata services only where they are served; topology and online expansion always", async () => {
   const types = async (controller: boolean) => {
     const c = await serve(controller, []);
     const r = await c.unary(Identity.method.getPluginCapabilities, {});
@@ -68,6 +68,7 @@ test("capabilities: controller and group controller services only where they are
   expect(await types(true)).toEqual([
     "service:CONTROLLER_SERVICE",
     "service:GROUP_CONTROLLER_SERVICE",
+    "service:SNAPSHOT_METADATA_SERVICE",
     "service:VOLUME_ACCESSIBILITY_CONSTRAINTS",
     "expansion:ONLINE",
   ]);

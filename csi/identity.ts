@@ -53,6 +53,7 @@ export function createIdentityService(o: IdentityOptions): Partial<ServiceImpl<t
           ? [
               { type: { case: "service" as const, value: { type: ServiceType.CONTROLLER_SERVICE } } },
               { type: { case: "service" as const, value: { type: ServiceType.GROUP_CONTROLLER_SERVICE } } },
+              { type: { case: "service" as const, value: { type: ServiceType.SNAPSHOT_METADATA_SERVICE } } },
             ]
           : []),
         { type: { case: "service" as const, value: { type: ServiceType.VOLUME_ACCESSIBILITY_CONSTRAINTS } } },

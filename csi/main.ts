@@ -4,7 +4,7 @@
 // equivalents instead (csi/sidecar/).
 import { hostname } from "node:os";
 import { API_VERSION } from "../api/common.ts";
-import { Controller, GroupController, Identity, Node } from "../gen/csi/v1/csi_pb.ts";
+import { Controller, GroupController, Identity, Node, SnapshotMetadata } from "../gen/csi/v1/csi_pb.ts";
 import { realClock } from "../lib/clock.ts";
 import { formatNodeId } from "../lib/csi-node-id.ts";
 import { errorMessage, StorageError } from "../lib/errors.ts";
@@ -176,6 +176,7 @@ export async function runCsi(cfg: CsiConfig, logger: Logger, opts: RunOptions = 
     readiness.push(() => c.notReadyReason());
     services.push(register(Controller, measure(c.service())));
     services.push(register(GroupController, measure(c.groupService())));
+    services.push(register(SnapshotMetadata, measure(c.snapshotMetadataService())));
     c.start().then(
       () => logger.info("controller caches synced"),
       (err) => logger.error("controller caches failed to start", { err: errorMessage(err) }),
