@@ -3,13 +3,15 @@
 // (idempotency, conflicts, filesystem safety, disconnect failures, busy volumes).
 
 import { beforeEach, describe, expect, test } from "bun:test";
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { create, type MessageInitShape, toBinary } from "@bufbuild/protobuf";
 import { Code, type HandlerContext } from "@connectrpc/connect";
 import {
   VolumeCapability_AccessMode_Mode as Mode,
   NodeExpandVolumeRequestSchema,
   NodeGetVolumeHealthRequestSchema,
   NodeGetVolumeStatsRequestSchema,
+  type NodeGetVolumeStatsResponse,
+  NodeGetVolumeStatsResponseSchema,
   NodePublishVolumeRequestSchema,
   NodeStageVolumeRequestSchema,
   NodeUnpublishVolumeRequestSchema,
@@ -26,6 +28,7 @@ import { PublishContextKeys, VolumeContextKeys } from "../lib/volume-context.ts"
 import { externalIdFor, nqnFor } from "../lib/volume-identity.ts";
 import { StagingSweep } from "./node/staging-sweep.ts";
 import { CallLog, FakeFs, FakeInitiator, FakeMounter, MemoryStateStore } from "./node/test-doubles.ts";
+import { conditionOf, VOLUME_CONDITION_RPC } from "./node/volume-condition.ts";
 import { createNode, type createNodeService, type NodeDeps, type NodePlugin } from "./node.ts";
 
 const HOST = "nqn.2014-08.org.nvmexpress:uuid:cb39fbf1-e515-48f8-830b-34f0b60eceb0";
@@ -1107,10 +1110,14 @@ describe("stats, health, expansion, info", () => {
       create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: TARGET }),
       ctx(),
     );
-    expect(r?.usage).toEqual([
+    expect(r?.usage).toMatchObject([
       { unit: VolumeUsage_Unit.BYTES, total: 1000n, available: 600n, used: 400n },
       { unit: VolumeUsage_Unit.INODES, total: 64n, available: 60n, used: 4n },
     ]);
+    expect(conditionOf(toBinary(NodeGetVolumeStatsResponseSchema, r as NodeGetVolumeStatsResponse))).toEqual({
+      abnormal: false,
+      message: "",
+    });
     const other = create(NodeGetVolumeStatsRequestSchema, {
       volumeId: VOL,
       volumePath: "/var/lib/kubelet/pods/p9/mount",
@@ -1126,7 +1133,51 @@ describe("stats, health, expansion, info", () => {
       create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: STAGE }),
       ctx(),
     );
-    expect(r?.usage).toEqual([{ unit: VolumeUsage_Unit.BYTES, total: BigInt(1 << 30) }]);
+    expect(r?.usage).toMatchObject([{ unit: VolumeUsage_Unit.BYTES, total: BigInt(1 << 30) }]);
+  });
+
+  test("stats carry kubelet's volume condition (CSI v1.9 field 2): abnormal with the reason while the controller is not live or the mount is broken", async () => {
+    await stage();
+    await svc.nodePublishVolume?.(publishReq(), ctx());
+    const stats = async () => {
+      const r = await svc.nodeGetVolumeStats?.(
+        create(NodeGetVolumeStatsRequestSchema, { volumeId: VOL, volumePath: TARGET }),
+        ctx(),
+      );
+      const bytes = toBinary(NodeGetVolumeStatsResponseSchema, r as NodeGetVolumeStatsResponse);
+      return { usage: r?.usage?.length, condition: conditionOf(bytes) };
+    };
+    expect(await stats()).toEqual({ usage: 2, condition: { abnormal: false, message: "" } });
+    const sub = initiator.connected.get(NQN);
+    if (!sub) throw new Error("not connected");
+    initiator.connected.set(NQN, {
+      ...sub,
+      paths: [{ ...(sub.paths[0] as (typeof sub.paths)[0]), state: "connecting" }],
+    });
+    const down = await stats();
+    expect(down.usage).toBe(2);
+    expect(down.condition?.abnormal).toBe(true);
+    expect(down.condition?.message).toStartWith("ControllerNotLive: no live controller");
+    // statfs failing (EIO after the controller is lost) still answers, with no usage.
+    mounter.statfsError = "Input/output error";
+    const broken = await stats();
+    expect(broken.usage).toBe(0);
+    expect(broken.condition?.message).toContain("StagingMountBroken");
+    // Healthy again: the condition clears.
+    mounter.statfsError = undefined;
+    initiator.connected.set(NQN, sub);
+    expect(await stats()).toEqual({ usage: 2, condition: { abnormal: false, message: "" } });
+    // A degraded path alone is not abnormal for kubelet (I/O still flows), but is named.
+    initiator.connected.set(NQN, {
+      ...sub,
+      paths: [
+        sub.paths[0] as (typeof sub.paths)[0],
+        { ...(sub.paths[0] as (typeof sub.paths)[0]), name: "nvme9c9n1", state: "connecting" },
+      ],
+    });
+    const degraded = await stats();
+    expect(degraded.condition?.abnormal).toBe(false);
+    expect(degraded.condition?.message).toStartWith("PathDown:");
   });
 
   const health = async (volumePublishPath = "") =>
@@ -1211,7 +1262,9 @@ describe("stats, health, expansion, info", () => {
       ctx(),
     );
     expect(
-      caps?.capabilities?.map((c) => (c.type?.case === "rpc" ? RpcType[c.type.value.type ?? 0] : "?")),
+      caps?.capabilities?.map((c) =>
+        c.type?.case === "rpc" ? (RpcType[c.type.value.type ?? 0] ?? c.type.value.type) : "?",
+      ),
     ).toEqual([
       "STAGE_UNSTAGE_VOLUME",
       "GET_VOLUME_STATS",
@@ -1219,6 +1272,8 @@ describe("stats, health, expansion, info", () => {
       "SINGLE_NODE_MULTI_WRITER",
       "GET_VOLUME_HEALTH",
       "VOLUME_MOUNT_GROUP",
+      // CSI v1.9's VOLUME_CONDITION, which kubelet v1.36 asks for.
+      VOLUME_CONDITION_RPC,
     ]);
   });
 });

@@ -21,7 +21,7 @@ import { alreadyExists, failedPrecondition, invalidArgument, notFound } from "./
 import type { FsType, Mounter } from "./host/mounter.ts";
 import type { MountEntry } from "./host/mountinfo.ts";
 import type { ConnectSecrets, NvmeInitiator } from "./host/nvme-initiator.ts";
-import { assessHealth, type MountObservation } from "./node/health.ts";
+import { assessHealth, type HealthIssue, type MountObservation } from "./node/health.ts";
 import type { NodeStateStore, Publication, StagedVolume } from "./node/state-store.ts";
 import {
   isReaderMode,
@@ -31,6 +31,7 @@ import {
   sameAccess,
   type VolumeAccess,
 } from "./node/validate.ts";
+import { statsWithCondition, VOLUME_CONDITION_RPC } from "./node/volume-condition.ts";
 import { pathProblem, requireCanonicalPath } from "./paths.ts";
 
 /** What the Node service needs from its process: identity, configuration and host ports. */
@@ -241,6 +242,40 @@ export function createNode(deps: NodeDeps): NodePlugin {
     if (rec === undefined)
       throw notFound(`volume ${volumeId} is not staged on this node`, { volume: volumeId });
     return rec;
+  }
+
+  /**
+   * What is wrong with a staged volume as this node sees it: its controllers' paths, its device
+   * node, its staging mount and, when given, one publish path (the staging path counts as none).
+   */
+  async function healthIssues(rec: StagedVolume, publishPath: string | undefined): Promise<HealthIssue[]> {
+    const subsystem = (await initiator.list()).find((s) => s.nqn === rec.nqn);
+    const deviceExists = rec.device !== undefined && (await fs.exists(rec.device));
+    const deviceNumber = rec.device === undefined ? undefined : await deviceNumberOrUndefined(rec.device);
+    const observe = async (path: string): Promise<MountObservation> => {
+      const top = (await mounter.mountsAt(path)).at(-1);
+      if (top === undefined) return { path, mounted: false, ours: false };
+      let ours: boolean;
+      if (rec.access.kind === "mount") ours = deviceNumber !== undefined && top.majorMinor === deviceNumber;
+      else {
+        const pub = rec.publications.find((p) => p.targetPath === path);
+        ours = rec.device !== undefined && (await isOurPublication(rec, rec.device, path, top, pub));
+      }
+      if (!ours || rec.access.kind === "block") return { path, mounted: true, ours };
+      try {
+        await mounter.statfs(path);
+        return { path, mounted: true, ours };
+      } catch (err) {
+        return { path, mounted: true, ours, statfsError: (err as Error).message };
+      }
+    };
+    return assessHealth({
+      subsystem,
+      deviceExists,
+      staging: rec.access.kind === "mount" ? await observe(rec.stagingPath) : undefined,
+      published:
+        publishPath === undefined || publishPath === rec.stagingPath ? undefined : await observe(publishPath),
+    });
   }
 
   /** NOT_FOUND unless `path` is the volume's staging path or one of its publications. */
@@ -623,14 +658,30 @@ export function createNode(deps: NodeDeps): NodePlugin {
       const rec = await recordOf(volumeId);
       requireVolumePath(rec, path);
       if (rec.device === undefined) throw notFound(`volume ${volumeId} has no device yet`);
+      // kubelet's volume health reads the condition from here (see node/volume-condition.ts).
+      const condition = async () => {
+        const issues = await healthIssues(rec, path);
+        return {
+          abnormal: issues.some((i) => i.status === "INACCESSIBLE"),
+          message: issues.map((i) => `${i.reason}: ${i.message}`).join("; "),
+        };
+      };
       if (rec.access.kind === "block") {
         const total = BigInt(await mounter.deviceSize(rec.device));
-        return { usage: [{ unit: VolumeUsage_Unit.BYTES, total }] };
+        return statsWithCondition([{ unit: VolumeUsage_Unit.BYTES, total }], await condition());
       }
       if ((await mounter.mountsAt(path)).length === 0) throw notFound(`nothing is mounted at ${path}`);
-      const u = await mounter.statfs(path);
-      return {
-        usage: [
+      let u: Awaited<ReturnType<Mounter["statfs"]>>;
+      try {
+        u = await mounter.statfs(path);
+      } catch (err) {
+        // A broken mount (EIO once the controller is lost) is a condition to report, not a failure.
+        const c = await condition();
+        if (!c.abnormal) throw err;
+        return statsWithCondition([], c);
+      }
+      return statsWithCondition(
+        [
           {
             unit: VolumeUsage_Unit.BYTES,
             total: BigInt(u.totalBytes),
@@ -644,7 +695,8 @@ export function createNode(deps: NodeDeps): NodePlugin {
             used: BigInt(u.usedInodes),
           },
         ],
-      };
+        await condition(),
+      );
     },
 
     async nodeGetVolumeHealth(req) {
@@ -656,32 +708,7 @@ export function createNode(deps: NodeDeps): NodePlugin {
       if (req.stagingTargetPath !== "") requireCanonicalPath("staging_target_path", req.stagingTargetPath);
       const rec = await recordOf(volumeId);
       if (publishPath !== undefined) requireVolumePath(rec, publishPath);
-      const subsystem = (await initiator.list()).find((s) => s.nqn === rec.nqn);
-      const deviceExists = rec.device !== undefined && (await fs.exists(rec.device));
-      const deviceNumber = rec.device === undefined ? undefined : await deviceNumberOrUndefined(rec.device);
-      const observe = async (path: string): Promise<MountObservation> => {
-        const top = (await mounter.mountsAt(path)).at(-1);
-        if (top === undefined) return { path, mounted: false, ours: false };
-        let ours: boolean;
-        if (rec.access.kind === "mount") ours = deviceNumber !== undefined && top.majorMinor === deviceNumber;
-        else {
-          const pub = rec.publications.find((p) => p.targetPath === path);
-          ours = rec.device !== undefined && (await isOurPublication(rec, rec.device, path, top, pub));
-        }
-        if (!ours || rec.access.kind === "block") return { path, mounted: true, ours };
-        try {
-          await mounter.statfs(path);
-          return { path, mounted: true, ours };
-        } catch (err) {
-          return { path, mounted: true, ours, statfsError: (err as Error).message };
-        }
-      };
-      const issues = assessHealth({
-        subsystem,
-        deviceExists,
-        staging: rec.access.kind === "mount" ? await observe(rec.stagingPath) : undefined,
-        published: publishPath === undefined ? undefined : await observe(publishPath),
-      });
+      const issues = await healthIssues(rec, publishPath);
       return {
         volumeHealth: {
           volumeId,
@@ -745,6 +772,7 @@ export function createNode(deps: NodeDeps): NodePlugin {
         RpcType.SINGLE_NODE_MULTI_WRITER,
         RpcType.GET_VOLUME_HEALTH,
         RpcType.VOLUME_MOUNT_GROUP,
+        VOLUME_CONDITION_RPC,
       ];
       return { capabilities: types.map((type) => ({ type: { case: "rpc" as const, value: { type } } })) };
     },

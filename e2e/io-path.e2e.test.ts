@@ -194,6 +194,19 @@ async function nodeHealth(node: string, t: VolumeTarget): Promise<{ status: stri
   }
 }
 
+/**
+ * kubelet's own verdict on a PVC's volume (feature gate CSIVolumeHealth): its
+ * kubelet_volume_stats_health_status_abnormal gauge, read through the API server's node proxy;
+ * undefined while kubelet has not measured the volume yet.
+ */
+async function kubeletAbnormal(node: string, ns: string, pvc: string): Promise<number | undefined> {
+  const res = await lab.conn.request(`/api/v1/nodes/${node}/proxy/metrics`);
+  if (!res.ok) throw new Error(`kubelet metrics of ${node}: HTTP ${res.status}`);
+  const want = `kubelet_volume_stats_health_status_abnormal{namespace="${ns}",persistentvolumeclaim="${pvc}"}`;
+  const line = (await res.text()).split("\n").find((l) => l.startsWith(want));
+  return line === undefined ? undefined : Number(line.slice(want.length).trim());
+}
+
 async function startPod(ns: string, pod: string, node: string, args: string[]): Promise<void> {
   await lab.core.createNamespacedPod({ namespace: ns, body: workloadPod(pod, node, "data", args) });
 }
@@ -315,6 +328,12 @@ for (const { backend, baseClass, targetProcess } of BACKENDS) {
             },
             180_000,
           );
+          // kubelet asks the node plugin for the volume's condition (NodeGetVolumeStats): healthy.
+          await until(
+            "kubelet measured the volume healthy",
+            async () => (await kubeletAbnormal(a.name, ns, "data")) === 0,
+            120_000,
+          );
           const old = await lab.kill(storage.target);
           // While the target is away the path reconnects: the node says so.
           const down = await nodeHealth(a.name, t);
@@ -337,6 +356,12 @@ for (const { backend, baseClass, targetProcess } of BACKENDS) {
           );
           const health = await nodeHealth(a.name, t);
           expect(health.some((h) => h.status === "INACCESSIBLE")).toBe(true);
+          // ...and kubelet reports the volume abnormal from the condition the node plugin gives it.
+          await until(
+            "kubelet reports the volume abnormal",
+            async () => (await kubeletAbnormal(a.name, ns, "data")) === 1,
+            120_000,
+          );
         } finally {
           if (stopped !== undefined) process.kill(stopped, "SIGCONT");
           await cleanUp(ns, sc, ["writer", "late"]);

@@ -421,6 +421,10 @@ function kubeletConfig(ip: string, cgroupRoot: string, caPath: string): string {
       volumePluginDir: "/var/lib/kubelet/volume-plugins",
       containerLogMaxSize: "10Mi",
       nodeStatusUpdateFrequency: "10s",
+      // kubelet asks CSI drivers for each volume's condition (NodeGetVolumeStats) and exports it
+      // as kubelet_volume_stats_health_status_abnormal; measured every 10 s instead of every minute.
+      featureGates: { CSIVolumeHealth: true },
+      volumeStatsAggPeriod: "10s",
     },
     null,
     2,
