@@ -1,6 +1,6 @@
 // kubelet's volume health (feature gate CSIVolumeHealth, alpha) reads CSI v1.9's alpha
 // VolumeCondition: NodeGetVolumeStatsResponse field 2, `message VolumeCondition { bool abnormal = 1;
-// string message = 2; }`, offered by NodeServiceCapability.RPC.Type VOLUME_CONDITION = 11. The CSI
+// string message = 2; }`, offered by NodeServiceCapability.RPC.Type VOLUME_CONDITION = 4. The CSI
 // spec this driver is generated from (v1.13) removed both in favour of NodeGetVolumeHealth, which
 // kubelet v1.36 (built against spec v1.9.0) does not call. So the driver writes the alpha field as
 // the wire carries it: an unknown field on the v1.13 message, read by kubelet as a known one.
@@ -13,8 +13,8 @@ import {
   type VolumeUsageSchema,
 } from "../../gen/csi/v1/csi_pb.ts";
 
-/** NodeServiceCapability.RPC.Type VOLUME_CONDITION in CSI v1.9 (reserved since v1.13). */
-export const VOLUME_CONDITION_RPC = 11 as NodeServiceCapability_RPC_Type;
+/** NodeServiceCapability.RPC.Type VOLUME_CONDITION in CSI v1.9 (value 4, reserved since v1.13). */
+export const VOLUME_CONDITION_RPC = 4 as NodeServiceCapability_RPC_Type;
 
 /** NodeGetVolumeStatsResponse.volume_condition's field number in CSI v1.9. */
 const VOLUME_CONDITION_FIELD = 2;
