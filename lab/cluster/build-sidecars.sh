@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the CSI sidecars (provisioner, attacher, resizer, snapshotter) and snapshot-controller from
-# the Go module proxy, and copies the (group) snapshot CRDs, into the version-keyed tool cache.
+# Builds the CSI sidecars (provisioner, attacher, resizer, snapshotter, snapshot-metadata) and
+# snapshot-controller from the Go module proxy, and copies the (group) snapshot CRDs and the
+# SnapshotMetadataService CRD, into the version-keyed tool cache.
 # Usage: lab/cluster/build-sidecars.sh [all|bins|crds]   (env: DISTORT_CACHE, *_VERSION; idempotent)
 set -euo pipefail
 
@@ -11,6 +12,11 @@ RESIZER_VERSION=${RESIZER_VERSION:-v2.3.0}
 # One version for csi-snapshotter, snapshot-controller and the CRDs: they come from one repository
 # and the controller must understand the CRD schema it watches.
 SNAPSHOTTER_VERSION=${SNAPSHOTTER_VERSION:-v8.7.0}
+# csi-snapshot-metadata and its SnapshotMetadataService CRD (the nested client module, tagged
+# client/<version> at the same commit). The proxy answers `go list -m -versions` for this module
+# with 403, so the tag is fetched by name (`go mod download <module>@<version>`).
+SNAPSHOT_METADATA_VERSION=${SNAPSHOT_METADATA_VERSION:-v1.0.0}
+SNAPSHOT_METADATA_CRD=cbt.storage.k8s.io_snapshotmetadataservices.yaml
 CACHE=${DISTORT_CACHE:-$HOME/.cache/distort}
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
@@ -85,15 +91,18 @@ build_module() {
       local tb=$SECONDS out="$CACHE/sidecars/$b/$ver"
       log "compiling $b $ver"
       mkdir -p "$out"
-      # Build beside the cache entry and rename, so an interrupted build never leaves a half binary.
-      go build -trimpath -ldflags "-s -w -X main.version=$ver" -o "$out/.$b.partial" "./cmd/$b"
+      # Build beside the cache entry and rename, so an interrupted build never leaves a half binary;
+      # the partial name carries this shell's pid, so two builds racing for one entry (two test
+      # runs on one cache) never write, check or rename each other's file.
+      local part="$out/.$b.partial.$$"
+      go build -trimpath -ldflags "-s -w -X main.version=$ver" -o "$part" "./cmd/$b"
       # Every sidecar prints "<argv0> <version>" for --version; a mismatch means stamping failed.
-      if ! "$out/.$b.partial" --version 2>&1 | grep -qF "$ver"; then
+      if ! "$part" --version 2>&1 | grep -qF "$ver"; then
         log "$b does not report $ver from --version (version stamping failed)"
-        rm -f "$out/.$b.partial"
+        rm -f "$part"
         exit 1
       fi
-      mv "$out/.$b.partial" "$out/$b"
+      mv "$part" "$out/$b"
       log "$b $ver compiled in $((SECONDS - tb))s"
     done
   )
@@ -119,18 +128,33 @@ copy_snapshot_crds() {
   log "snapshot CRDs $ver copied to $out"
 }
 
+# The SnapshotMetadataService CRD lives in the nested client module (config/crd/).
+copy_snapshot_metadata_crd() {
+  local ver=$SNAPSHOT_METADATA_VERSION out="$CACHE/sidecars/snapshot-metadata-crds/$SNAPSHOT_METADATA_VERSION"
+  local f=$SNAPSHOT_METADATA_CRD dir
+  if [ -s "$out/$f" ]; then log "SnapshotMetadataService CRD $ver cached at $out"; return 0; fi
+  dir=$(module_dir "$CSI/external-snapshot-metadata/client" "$ver")
+  [ -s "$dir/config/crd/$f" ] || { log "missing $f in $dir/config/crd"; return 1; }
+  mkdir -p "$out"
+  cp "$dir/config/crd/$f" "$out/.$f.partial"
+  chmod u+w "$out/.$f.partial"
+  mv "$out/.$f.partial" "$out/$f"
+  log "SnapshotMetadataService CRD $ver copied to $out"
+}
+
 build_bins() {
   build_module "$CSI/external-provisioner/v6" "$PROVISIONER_VERSION" csi-provisioner
   build_module "$CSI/external-attacher/v4" "$ATTACHER_VERSION" csi-attacher
   build_module "$CSI/external-resizer/v2" "$RESIZER_VERSION" csi-resizer
   build_module "$CSI/external-snapshotter/v8" "$SNAPSHOTTER_VERSION" csi-snapshotter snapshot-controller
+  build_module "$CSI/external-snapshot-metadata" "$SNAPSHOT_METADATA_VERSION" csi-snapshot-metadata
 }
 
 t_all=$SECONDS
 case "$what" in
   bins) build_bins ;;
-  crds) copy_snapshot_crds ;;
-  all) build_bins; copy_snapshot_crds ;;
+  crds) copy_snapshot_crds; copy_snapshot_metadata_crd ;;
+  all) build_bins; copy_snapshot_crds; copy_snapshot_metadata_crd ;;
   *) echo "usage: $0 [all|bins|crds]" >&2; exit 2 ;;
 esac
 log "done in $((SECONDS - t_all))s under $CACHE/sidecars"

@@ -16,6 +16,7 @@ export const IMAGE_NAMES = [
   "csi-resizer",
   "csi-snapshotter",
   "snapshot-controller",
+  "csi-snapshot-metadata",
 ] as const;
 export type ImageName = (typeof IMAGE_NAMES)[number];
 
@@ -90,7 +91,13 @@ export interface ImageSpec {
   /** Named build contexts (`--build-context <name>=<dir or image>`), replacing the stages of that name. */
   readonly contexts: Readonly<Record<string, ContextSource>>;
   /** Sidecars: the build context is the directory holding this Go binary from lab/cluster/tools.ts. */
-  readonly sidecar?: "provisioner" | "attacher" | "resizer" | "snapshotter" | "snapshotController";
+  readonly sidecar?:
+    | "provisioner"
+    | "attacher"
+    | "resizer"
+    | "snapshotter"
+    | "snapshotController"
+    | "snapshotMetadata";
 }
 
 const bin = (binary: BinaryName): ContextSource => ({ kind: "binary", binary });
@@ -150,6 +157,7 @@ export const IMAGES: Readonly<Record<ImageName, ImageSpec>> = {
   "csi-resizer": sidecar("csi-resizer", "resizer"),
   "csi-snapshotter": sidecar("csi-snapshotter", "snapshotter"),
   "snapshot-controller": sidecar("snapshot-controller", "snapshotController"),
+  "csi-snapshot-metadata": sidecar("csi-snapshot-metadata", "snapshotMetadata"),
 };
 
 function sidecar(name: ImageName, key: NonNullable<ImageSpec["sidecar"]>): ImageSpec {

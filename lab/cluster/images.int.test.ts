@@ -259,6 +259,9 @@ describe("lab images in containerd", () => {
     "snapshot-controller": [
       { argv: ["/snapshot-controller", "--version"], says: SIDECAR_VERSIONS.snapshotter },
     ],
+    "csi-snapshot-metadata": [
+      { argv: ["/csi-snapshot-metadata", "--version"], says: SIDECAR_VERSIONS.snapshotMetadata },
+    ],
   };
 
   test("every image's binaries run in its container", async () => {

@@ -372,12 +372,15 @@ export async function teardownLeftovers(dir: string): Promise<void> {
 }
 
 /**
- * Cluster add-ons a real cluster has before DISTORT: the VolumeSnapshot CRDs and snapshot-controller
- * (a cluster add-on, not part of the chart), run as a Deployment from the image built here.
+ * Cluster add-ons a real cluster has before DISTORT: the VolumeSnapshot CRDs, the
+ * SnapshotMetadataService CRD (the chart's csi.controller.snapshotMetadata object is one) and
+ * snapshot-controller (a cluster add-on, not part of the chart), run as a Deployment from the
+ * image built here.
  */
 async function installAddons(conn: KubeConnection, images: BuiltImages): Promise<void> {
-  const { installSnapshotCrds } = await import("./snapshot-crds.ts");
+  const { installSnapshotCrds, installSnapshotMetadataCrd } = await import("./snapshot-crds.ts");
   await installSnapshotCrds(conn);
+  await installSnapshotMetadataCrd(conn);
   const core = conn.api(k8s.CoreV1Api);
   const rbac = conn.api(k8s.RbacAuthorizationV1Api);
   const apps = conn.api(k8s.AppsV1Api);

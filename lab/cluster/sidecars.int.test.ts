@@ -69,6 +69,7 @@ test.each([
   ["csi-resizer", SIDECAR_VERSIONS.resizer, "resizer"],
   ["csi-snapshotter", SIDECAR_VERSIONS.snapshotter, "snapshotter"],
   ["snapshot-controller", SIDECAR_VERSIONS.snapshotter, "snapshotController"],
+  ["csi-snapshot-metadata", SIDECAR_VERSIONS.snapshotMetadata, "snapshotMetadata"],
 ] as const)("%s --version reports %s", (_name, version, key) => {
   const p = Bun.spawnSync([bins[key], "--version"], { stdout: "pipe", stderr: "pipe" });
   expect(p.exitCode).toBe(0);

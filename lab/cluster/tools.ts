@@ -23,13 +23,21 @@ export interface ToolPaths {
  * CSI sidecar versions built by build-sidecars.sh: the newest tags the Go module proxy serves
  * (`go list -m -versions github.com/kubernetes-csi/<repo>/vN`). csi-snapshotter,
  * snapshot-controller and the VolumeSnapshot CRDs share `snapshotter`: one repository, one schema.
+ * csi-snapshot-metadata and its SnapshotMetadataService CRD share `snapshotMetadata` (module
+ * github.com/kubernetes-csi/external-snapshot-metadata and its nested client module, tags
+ * v1.0.0 and client/v1.0.0 of one commit); the proxy refuses to list that module's versions
+ * (403), so the tag is fetched by name.
  */
 export const SIDECAR_VERSIONS = {
   provisioner: "v6.4.0",
   attacher: "v4.13.0",
   resizer: "v2.3.0",
   snapshotter: "v8.7.0",
+  snapshotMetadata: "v1.0.0",
 } as const;
+
+/** The SnapshotMetadataService CRD (cbt.storage.k8s.io/v1beta1, cluster-scoped) build-sidecars.sh copies. */
+export const SNAPSHOT_METADATA_CRD_FILE = "cbt.storage.k8s.io_snapshotmetadataservices.yaml";
 
 /**
  * The CRD files build-sidecars.sh copies from external-snapshotter's client module. The group
@@ -51,8 +59,11 @@ export interface SidecarPaths {
   resizer: string;
   snapshotter: string;
   snapshotController: string;
+  snapshotMetadata: string;
   /** Directory holding exactly the SNAPSHOT_CRD_FILES. */
   snapshotCrdDir: string;
+  /** Directory holding exactly SNAPSHOT_METADATA_CRD_FILE. */
+  snapshotMetadataCrdDir: string;
 }
 
 /** The cache root; DISTORT_CACHE overrides it so CI or a developer can relocate the cache. */
@@ -126,7 +137,14 @@ export function sidecarPaths(root = cacheRoot()): SidecarPaths {
     resizer: bin("csi-resizer", SIDECAR_VERSIONS.resizer),
     snapshotter: bin("csi-snapshotter", SIDECAR_VERSIONS.snapshotter),
     snapshotController: bin("snapshot-controller", SIDECAR_VERSIONS.snapshotter),
+    snapshotMetadata: bin("csi-snapshot-metadata", SIDECAR_VERSIONS.snapshotMetadata),
     snapshotCrdDir: join(root, "sidecars", "snapshot-crds", SIDECAR_VERSIONS.snapshotter),
+    snapshotMetadataCrdDir: join(
+      root,
+      "sidecars",
+      "snapshot-metadata-crds",
+      SIDECAR_VERSIONS.snapshotMetadata,
+    ),
   };
 }
 
@@ -137,11 +155,19 @@ function sidecarEnv(root: string): Record<string, string> {
     ATTACHER_VERSION: SIDECAR_VERSIONS.attacher,
     RESIZER_VERSION: SIDECAR_VERSIONS.resizer,
     SNAPSHOTTER_VERSION: SIDECAR_VERSIONS.snapshotter,
+    SNAPSHOT_METADATA_VERSION: SIDECAR_VERSIONS.snapshotMetadata,
   };
 }
 
 function snapshotCrdPaths(dir: string): Record<string, string> {
   return Object.fromEntries(SNAPSHOT_CRD_FILES.map((f) => [f, join(dir, f)]));
+}
+
+function crdPaths(paths: SidecarPaths): Record<string, string> {
+  return {
+    ...snapshotCrdPaths(paths.snapshotCrdDir),
+    [SNAPSHOT_METADATA_CRD_FILE]: join(paths.snapshotMetadataCrdDir, SNAPSHOT_METADATA_CRD_FILE),
+  };
 }
 
 /**
@@ -151,7 +177,7 @@ function snapshotCrdPaths(dir: string): Record<string, string> {
  */
 export async function ensureSidecars(root = cacheRoot()): Promise<SidecarPaths> {
   const paths = sidecarPaths(root);
-  const all = () => ({ ...paths, ...snapshotCrdPaths(paths.snapshotCrdDir) });
+  const all = () => ({ ...paths, ...crdPaths(paths) });
   if (missingPaths(all()).length === 0) return paths;
   await runBuild("build-sidecars.sh", ["all"], sidecarEnv(root), "CSI sidecars");
   const missing = missingPaths(all());
@@ -160,16 +186,30 @@ export async function ensureSidecars(root = cacheRoot()): Promise<SidecarPaths> 
 }
 
 /**
- * Returns the directory holding the VolumeSnapshot CRDs, copying them from the Go module proxy
- * when absent (seconds: a module download, no compilation). Throws if that fails.
+ * Returns the directory holding the VolumeSnapshot CRDs, copying them (and the
+ * SnapshotMetadataService CRD) from the Go module proxy when absent (seconds: module downloads,
+ * no compilation). Throws if that fails.
  */
 export async function ensureSnapshotCrds(root = cacheRoot()): Promise<string> {
-  const dir = sidecarPaths(root).snapshotCrdDir;
-  if (missingPaths(snapshotCrdPaths(dir)).length === 0) return dir;
-  await runBuild("build-sidecars.sh", ["crds"], sidecarEnv(root), "VolumeSnapshot CRDs");
-  const missing = missingPaths(snapshotCrdPaths(dir));
+  await ensureCrdFiles(root);
+  return sidecarPaths(root).snapshotCrdDir;
+}
+
+/**
+ * Returns the directory holding exactly the SnapshotMetadataService CRD, copying it (and the
+ * VolumeSnapshot CRDs) from the Go module proxy when absent. Throws if that fails.
+ */
+export async function ensureSnapshotMetadataCrd(root = cacheRoot()): Promise<string> {
+  await ensureCrdFiles(root);
+  return sidecarPaths(root).snapshotMetadataCrdDir;
+}
+
+async function ensureCrdFiles(root: string): Promise<void> {
+  const want = crdPaths(sidecarPaths(root));
+  if (missingPaths(want).length === 0) return;
+  await runBuild("build-sidecars.sh", ["crds"], sidecarEnv(root), "snapshot CRDs");
+  const missing = missingPaths(want);
   if (missing.length > 0) throw new Error(`CRD copy finished but ${missing.join(", ")} is missing`);
-  return dir;
 }
 
 /** The network-policy-api release whose ClusterNetworkPolicy the chart's portal policy is written for. */
