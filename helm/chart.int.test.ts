@@ -11,6 +11,7 @@ import { parseCsiConfig } from "../csi/config.ts";
 import { parseParameters } from "../csi/controller/parameters.ts";
 import { parseLivenessConfig, parseRegistrarConfig, sidecarModeOf } from "../csi/sidecar/config.ts";
 import { ensureHelm } from "../lab/cluster/helm-tool.ts";
+import { installSnapshotMetadataCrd } from "../lab/cluster/snapshot-crds.ts";
 import { type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
 import { splitSimArgs } from "../lab/csi-node.ts";
 import { DRIVER_NAME } from "../lib/volume-context.ts";
@@ -175,6 +176,9 @@ beforeAll(async () => {
   tc = await testCluster();
   discovery = new Discovery(tc.conn);
   await installForeignCrds();
+  // The real SnapshotMetadataService CRD (external-snapshot-metadata's, with its CEL rules): the
+  // snapshot profiles render one.
+  await installSnapshotMetadataCrd(tc.conn);
   // The DPU-cluster example puts the StorageVendor in DPF's namespace.
   await ensure(tc.conn, "/api/v1/namespaces", { metadata: { name: "dpf-operator-system" } });
 }, 600_000);

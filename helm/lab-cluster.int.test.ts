@@ -116,6 +116,7 @@ describe("lab-cluster.yaml", () => {
         "csi-lab",
         "csi-provisioner",
         "csi-resizer",
+        "csi-snapshot-metadata",
         "csi-snapshotter",
         "dpu",
         "manager",
@@ -301,7 +302,7 @@ describe("lab-cluster.yaml", () => {
     expect(liveness.command).toEqual(["/usr/local/bin/distort-csi", "--mode=liveness"]);
   });
 
-  test("the CSI controller: the four upstream sidecars built here, DISTORT's liveness, short orphan timers", () => {
+  test("the CSI controller: the five upstream sidecars built here, DISTORT's liveness, short orphan timers", () => {
     const dep = workload(lab, "Deployment", "csi-controller");
     expect((dep.spec as { replicas: number }).replicas).toBe(1);
     const spec = podSpec(dep);
@@ -311,9 +312,16 @@ describe("lab-cluster.yaml", () => {
       "csi-attacher",
       "csi-resizer",
       "csi-snapshotter",
+      "csi-snapshot-metadata",
       "liveness-probe",
     ]);
-    for (const name of ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"]) {
+    for (const name of [
+      "csi-provisioner",
+      "csi-attacher",
+      "csi-resizer",
+      "csi-snapshotter",
+      "csi-snapshot-metadata",
+    ]) {
       const c = container(spec, name);
       expect({ name, image: c.image, command: c.command }).toEqual({
         name,

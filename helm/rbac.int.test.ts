@@ -117,6 +117,11 @@ function grants(p: { snapshots: boolean; dpuCluster: boolean; dpu: boolean }): R
               ["update", "patch"],
               "cluster",
             ),
+            // csi-snapshot-metadata (csi.controller.snapshotMetadata, on by default with
+            // snapshots): TokenReview and SubjectAccessReview per call, its own registration.
+            g("authentication.k8s.io", "tokenreviews", ["create"], "cluster"),
+            g("authorization.k8s.io", "subjectaccessreviews", ["create"], "cluster"),
+            g("cbt.storage.k8s.io", "snapshotmetadataservices", ["get"], "cluster"),
           ]
         : []),
       ...(p.dpuCluster

@@ -377,6 +377,7 @@ export const ValuesSchema = v.strictObject({
     attacher: sidecar(false),
     resizer: sidecar(false),
     snapshotter: sidecar(false),
+    snapshotMetadata: sidecar(false),
     nodeDriverRegistrar: sidecar(true),
     livenessProbe: sidecar(true),
   }),
@@ -471,6 +472,29 @@ export const ValuesSchema = v.strictObject({
       }),
       resizer: v.strictObject({ workers: int(1, 1000), timeout: duration("CSI call timeout") }),
       snapshotter: v.strictObject({ workerThreads: int(1, 1000), timeout: duration("CSI call timeout") }),
+      snapshotMetadata: v.strictObject({
+        enabled: v.pipe(
+          v.boolean(),
+          v.description(
+            "csi-snapshot-metadata, its Service, TLS Secret and SnapshotMetadataService (with snapshots.enabled)",
+          ),
+        ),
+        port: port("csi-snapshot-metadata gRPC (TLS) port, of the container and its Service"),
+        httpPort: port("csi-snapshot-metadata /health and /metrics"),
+        audience: text("audience clients' tokens must carry; empty: the CSI driver name"),
+        timeout: duration("timeout of the sidecar's calls to the driver"),
+        maxStreamingDurationMin: v.pipe(
+          int(1, 1440),
+          v.description("longest one metadata stream may last (minutes)"),
+        ),
+        certValidityDays: v.pipe(
+          int(1, 36500),
+          v.description("validity of the generated CA and certificate (days)"),
+        ),
+        clusterDomain: name(
+          "cluster DNS domain of the certificate's <service>.<namespace>.svc.<domain> name",
+        ),
+      }),
       kubeApiQps: int(1, 10000),
       kubeApiBurst: int(1, 10000),
       // Bounds of csi/config.ts.
@@ -586,6 +610,9 @@ export const ValuesSchema = v.strictObject({
   networkPolicy: v.strictObject({
     enabled: v.boolean(),
     metricsFrom: anyList("NetworkPolicyPeers allowed to reach the metrics ports"),
+    snapshotMetadataFrom: anyList(
+      "NetworkPolicyPeers allowed to reach the snapshot metadata port; empty: any source",
+    ),
     portal: v.pipe(
       v.strictObject({
         enabled: v.pipe(

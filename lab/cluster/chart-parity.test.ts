@@ -136,6 +136,55 @@ ${SA}`;
   });
 });
 
+describe("fields the chart generates at install", () => {
+  const SECRET = `# Source: distort/templates/snapshot-metadata.yaml
+apiVersion: v1
+kind: Secret
+metadata:
+  name: distort-csi-snapshot-metadata-tls
+  namespace: distort-system
+  annotations:
+    storage.distort.io/generated-fields: data.ca.crt,data.tls.crt,data.tls.key
+type: kubernetes.io/tls
+data:
+  ca.crt: Q0EtMQ==
+  tls.crt: Q0VSVC0x
+  tls.key: S0VZLTE=
+`;
+
+  test("another generated value is no difference; an ungenerated field still is", () => {
+    const regenerated = SECRET.replace("Q0EtMQ==", "Q0EtMg==").replace("S0VZLTE=", "S0VZLTI=");
+    expect(compareManifests(manifest(SECRET), manifest(regenerated))).toEqual([]);
+    const retyped = SECRET.replace("type: kubernetes.io/tls", "type: Opaque");
+    expect(compareManifests(manifest(retyped), manifest(SECRET))).toEqual([
+      {
+        kind: "changed",
+        object: "v1 Secret distort-system/distort-csi-snapshot-metadata-tls",
+        path: "type",
+        installed: "Opaque",
+        expected: "kubernetes.io/tls",
+      },
+    ]);
+  });
+
+  test("a generated field missing or empty on one side is a difference", () => {
+    const emptied = SECRET.replace("  tls.key: S0VZLTE=\n", '  tls.key: ""\n');
+    expect(compareManifests(manifest(emptied), manifest(SECRET))).toEqual([
+      {
+        kind: "changed",
+        object: "v1 Secret distort-system/distort-csi-snapshot-metadata-tls",
+        path: "data.tls.key",
+        installed: "",
+        expected: "S0VZLTE=",
+      },
+    ]);
+    const dropped = SECRET.replace("  tls.crt: Q0VSVC0x\n", "");
+    expect(
+      compareManifests(manifest(dropped), manifest(SECRET)).map((d) => d.kind === "changed" && d.path),
+    ).toEqual(["data.tls.crt"]);
+  });
+});
+
 describe("compareValues", () => {
   const file = {
     images: { pullPolicy: "Never", agent: { repository: "distort.lab/agent-lab", tag: "" } },

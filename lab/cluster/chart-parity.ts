@@ -1,7 +1,9 @@
 // Whether the release the lab installed is exactly helm/distort with the lab's values file and the
 // image tag: the installed manifest (`helm get manifest`) against `helm template` of the chart,
 // object by object, and the release's user-supplied values (`helm get values`) against the file
-// plus the tag. Only what YAML leaves free is normalised: document order, formatting, comments.
+// plus the tag. Only what YAML leaves free is normalised: document order, formatting, comments;
+// and the fields the chart generates at install (GENERATED_FIELDS_ANNOTATION) are checked for
+// presence, not value.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { parse, parseAllDocuments } from "yaml";
@@ -22,6 +24,15 @@ export type ParityDifference =
   | { kind: "changed"; object: string; path: string; installed: unknown; expected: unknown }
   /** A user-supplied value of the release that the values file and the tag do not give. */
   | { kind: "value"; path: string; installed: unknown; expected: unknown };
+
+/**
+ * Annotation by which the chart names fields it generates at install and keeps through upgrades
+ * (helm genCA/genSignedCert behind lookup: the snapshot metadata TLS Secret and the CA in the
+ * SnapshotMetadataService): comma-separated dotted paths, as diffValues spells them. A fresh
+ * `helm template` cannot reproduce their values, so such a field is a difference only when one
+ * side lacks it or holds an empty or non-string value.
+ */
+export const GENERATED_FIELDS_ANNOTATION = "storage.distort.io/generated-fields";
 
 type Obj = Record<string, unknown>;
 const isObj = (x: unknown): x is Obj => typeof x === "object" && x !== null && !Array.isArray(x);
@@ -67,6 +78,21 @@ export function diffValues(a: unknown, b: unknown, path = ""): [string, unknown,
   return Object.is(a, b) ? [] : [[path, a, b]];
 }
 
+function generatedFields(doc: Obj): Set<string> {
+  const meta = isObj(doc.metadata) ? doc.metadata : {};
+  const annotations = isObj(meta.annotations) ? meta.annotations : {};
+  const list = annotations[GENERATED_FIELDS_ANNOTATION];
+  if (typeof list !== "string") return new Set();
+  return new Set(
+    list
+      .split(",")
+      .map((p) => p.trim())
+      .filter((p) => p !== ""),
+  );
+}
+
+const nonEmptyString = (x: unknown): boolean => typeof x === "string" && x !== "";
+
 /** Compares an installed manifest with the expected render. Empty when they are the same objects. */
 export function compareManifests(installed: string, expected: string): ParityDifference[] {
   const got = parseManifest(installed);
@@ -81,8 +107,11 @@ export function compareManifests(installed: string, expected: string): ParityDif
       out.push({ kind: "missing", object: id });
       continue;
     }
-    for (const [path, a, b] of diffValues(g, w))
+    const generated = generatedFields(w);
+    for (const [path, a, b] of diffValues(g, w)) {
+      if (generated.has(path) && nonEmptyString(a) && nonEmptyString(b)) continue;
       out.push({ kind: "changed", object: id, path, installed: a, expected: b });
+    }
   }
   for (const id of got.objects.keys()) if (!want.objects.has(id)) out.push({ kind: "extra", object: id });
   return out;

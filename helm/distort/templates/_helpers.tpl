@@ -124,3 +124,13 @@ qos.rMBps: {{ .rMBps | int64 | quote }}
 qos.wMBps: {{ .wMBps | int64 | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* Non-empty when the CSI controller runs csi-snapshot-metadata: snapshots on and csi.controller.snapshotMetadata.enabled. */}}
+{{- define "distort.snapshotMetadataEnabled" -}}
+{{- if and .Values.snapshots.enabled .Values.csi.controller.snapshotMetadata.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The audience snapshot metadata clients' tokens must carry: the value, else the CSI driver name. */}}
+{{- define "distort.snapshotMetadataAudience" -}}
+{{- default (include "distort.driverName" .) .Values.csi.controller.snapshotMetadata.audience -}}
+{{- end -}}
