@@ -19,7 +19,13 @@ const COMPONENT_LABEL = "app.kubernetes.io/component";
 /** Where kubelet mounts a Pod's projected ServiceAccount token in every container (under /var/run or /run). */
 const TOKEN_DIR = "/secrets/kubernetes.io/serviceaccount";
 /** The CSI sidecars: containers of a chart workload, so they run with that workload's ServiceAccount. */
-const SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"];
+const SIDECARS = [
+  "csi-provisioner",
+  "csi-attacher",
+  "csi-resizer",
+  "csi-snapshotter",
+  "csi-snapshot-metadata",
+];
 
 interface UserInfo {
   username: string;
@@ -218,7 +224,7 @@ test("each DISTORT container and CSI sidecar authenticates with its own chart Se
     seen.push(SIDECARS.includes(r.container) ? r.container : r.component);
   }
   // Every kind was there to check: two managers, an agent per storage node, the controller with its
-  // four sidecars, a csi-node plugin per consumer node.
+  // five sidecars, a csi-node plugin per consumer node.
   const count = (k: string) => seen.filter((x) => x === k).length;
   expect(count("manager")).toBeGreaterThanOrEqual(2);
   expect(count("agent")).toBeGreaterThanOrEqual(lab.storage.length);

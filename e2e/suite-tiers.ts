@@ -10,6 +10,7 @@ import { join } from "node:path";
 export const CLUSTER_SUITES: readonly string[] = [
   "e2e/provisioning.e2e.test.ts",
   "e2e/snapshots.e2e.test.ts",
+  "e2e/changed-blocks.e2e.test.ts",
   "e2e/expansion.e2e.test.ts",
   "e2e/identities.e2e.test.ts",
   "e2e/cleanup.e2e.test.ts",

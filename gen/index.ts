@@ -4,3 +4,4 @@
 export * as csiV1 from "./csi/v1/csi_pb";
 export * as nvidiaStoragePluginsV1 from "./nvidia/storage/plugins/v1/plugin_pb";
 export * as pluginregistration from "./pluginregistration/v1/api_pb";
+export * as snapshotmetadata from "./snapshot-metadata/schema_pb";
