@@ -25,6 +25,7 @@ import {
   PluginCapability_Service_Type as ServiceType,
 } from "../gen/csi/v1/csi_pb.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { startTestCsiController, type TestCsiController } from "../lab/harness/csi-controller.ts";
 import {
   claimDevice,
   createPlaced,
@@ -32,16 +33,13 @@ import {
   type SimStorageNode,
   startSimStorageNode,
 } from "../lab/harness/storage-node.ts";
-import { realClock } from "../lib/clock.ts";
-import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
-import { register, serveGrpc } from "../lib/grpc/server.ts";
+import { GrpcCallError, type GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
+import { register } from "../lib/grpc/server.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { SpdkClient } from "../lib/spdk/client.ts";
 import { SpdkMethods } from "../lib/spdk/methods.ts";
 import { formatVolumeId, parseVolumeId } from "./controller/volume-id.ts";
-import { CsiController } from "./controller.ts";
-import { createIdentityService } from "./identity.ts";
 
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;
@@ -51,9 +49,8 @@ let tc: TestCluster;
 let root: string;
 let node: SimStorageNode;
 let agent: RunningAgent;
-let controller: CsiController;
+let csi: TestCsiController;
 let client: GrpcJsClient;
-let server: Awaited<ReturnType<typeof serveGrpc>>;
 let ns: string;
 let device: NVMeDevice;
 let claim: NVMeDeviceClaim;
@@ -76,38 +73,17 @@ beforeAll(async () => {
   );
   claim = await claimDevice(tc.conn, device, ns);
   parts = new ResourceClient(tc.conn, kinds.NVMePartition);
-  controller = new CsiController({
+  csi = await startTestCsiController({
     conn: tc.conn,
     namespace: ns,
-    logger: silentLogger,
-    clock: realClock,
-    defaultTimeoutMs: 20_000,
-    defaultVolumeBytes: GiB,
+    dir: root,
+    services: (c) => [register(GroupController, c.groupService())],
   });
-  server = await serveGrpc({
-    socketPath: join(root, "controller.sock"),
-    services: [
-      register(
-        Identity,
-        createIdentityService({
-          vendorVersion: "test",
-          controllerService: true,
-          readiness: [() => controller.notReadyReason()],
-          logger: silentLogger,
-        }),
-      ),
-      register(GroupController, controller.groupService()),
-    ],
-    logger: silentLogger,
-  });
-  client = new GrpcJsClient(server.address);
-  await controller.start();
+  client = csi.client;
 }, 300_000);
 
 afterAll(async () => {
-  client?.close();
-  await server?.close();
-  await controller?.stop();
+  await csi?.close();
   await agent?.stop();
   await node?.close();
   await tc?.stop();

@@ -24,6 +24,7 @@ import {
   SnapshotMetadata,
 } from "../gen/csi/v1/csi_pb.ts";
 import { eventually, type TestCluster, testCluster } from "../lab/cluster/test-support.ts";
+import { startTestCsiController, type TestCsiController } from "../lab/harness/csi-controller.ts";
 import {
   claimDevice,
   createPlaced,
@@ -31,15 +32,12 @@ import {
   type SimStorageNode,
   startSimStorageNode,
 } from "../lab/harness/storage-node.ts";
-import { realClock } from "../lib/clock.ts";
-import { GrpcCallError, GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
-import { register, serveGrpc } from "../lib/grpc/server.ts";
+import { GrpcCallError, type GrpcJsClient } from "../lib/grpc/grpc-js-client.ts";
+import { register } from "../lib/grpc/server.ts";
 import { ResourceClient } from "../lib/kube/resource.ts";
 import { silentLogger } from "../lib/log.ts";
 import { ALLOCATION_UNIT } from "../lib/units.ts";
 import { formatVolumeId, parseVolumeId } from "./controller/volume-id.ts";
-import { CsiController } from "./controller.ts";
-import { createIdentityService } from "./identity.ts";
 
 const GiB = 1024 ** 3;
 const CLUSTER = ALLOCATION_UNIT;
@@ -49,9 +47,8 @@ const SM = SnapshotMetadata.method;
 let tc: TestCluster;
 let root: string;
 let ns: string;
-let controller: CsiController;
+let csi: TestCsiController;
 let client: GrpcJsClient;
-let server: Awaited<ReturnType<typeof serveGrpc>>;
 let parts: ResourceClient<NVMePartition>;
 let snaps: ResourceClient<NVMeSnapshot>;
 const nodes: { node: SimStorageNode; agent: RunningAgent; device: NVMeDevice; claim: NVMeDeviceClaim }[] = [];
@@ -83,39 +80,20 @@ beforeAll(async () => {
   await storageNode("node-b", "SIMCBT0002", {});
   parts = new ResourceClient(tc.conn, kinds.NVMePartition);
   snaps = new ResourceClient(tc.conn, kinds.NVMeSnapshot);
-  controller = new CsiController({
+  csi = await startTestCsiController({
     conn: tc.conn,
     namespace: ns,
-    logger: silentLogger,
-    clock: realClock,
-    defaultTimeoutMs: 20_000,
-    defaultVolumeBytes: GiB,
-  });
-  server = await serveGrpc({
-    socketPath: join(root, "controller.sock"),
-    services: [
-      register(
-        Identity,
-        createIdentityService({
-          vendorVersion: "test",
-          controllerService: true,
-          readiness: [() => controller.notReadyReason()],
-          logger: silentLogger,
-        }),
-      ),
-      register(Controller, controller.service()),
-      register(SnapshotMetadata, controller.snapshotMetadataService()),
+    dir: root,
+    services: (c) => [
+      register(Controller, c.service()),
+      register(SnapshotMetadata, c.snapshotMetadataService()),
     ],
-    logger: silentLogger,
   });
-  client = new GrpcJsClient(server.address);
-  await controller.start();
+  client = csi.client;
 }, 300_000);
 
 afterAll(async () => {
-  client?.close();
-  await server?.close();
-  await controller?.stop();
+  await csi?.close();
   for (const n of nodes) {
     await n.agent.stop();
     await n.node.close();

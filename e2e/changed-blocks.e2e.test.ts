@@ -22,9 +22,8 @@ import {
   snapshotHandle,
 } from "./snapshot-metadata-client.ts";
 import { deletePod, type E2eLab, e2eLab, FinalError, until } from "./support.ts";
-import { blockWorkloadPod, DRIVER, teardownNamespace } from "./user-steps.ts";
+import { blockWorkloadPod, createVolumeSnapshot, DRIVER, teardownNamespace } from "./user-steps.ts";
 
-const SNAPSHOT_CLASS = "distort-snapshots";
 const GROUP = "snapshot.storage.k8s.io";
 const DEVICE = "/dev/xvda";
 /** The lvstore cluster: the granularity the driver reports (FIXED_LENGTH blocks of this size). */
@@ -125,38 +124,6 @@ async function deleteSnapshot(name: string): Promise<void> {
   await until(
     `VolumeSnapshot ${ns}/${name} gone`,
     async () => !(await custom.getNamespacedCustomObject(ref).catch(() => undefined)),
-    180_000,
-  );
-}
-
-/** Creates VolumeSnapshot `name` of `claim` and waits until it is ready to use. */
-async function snapshot(name: string, claim: string): Promise<void> {
-  await custom.createNamespacedCustomObject({
-    group: GROUP,
-    version: "v1",
-    namespace: ns,
-    plural: "volumesnapshots",
-    body: {
-      apiVersion: `${GROUP}/v1`,
-      kind: "VolumeSnapshot",
-      metadata: { name },
-      spec: { volumeSnapshotClassName: SNAPSHOT_CLASS, source: { persistentVolumeClaimName: claim } },
-    },
-  });
-  await until(
-    `VolumeSnapshot ${ns}/${name} ready to use`,
-    async () => {
-      const s = (await custom.getNamespacedCustomObject({
-        group: GROUP,
-        version: "v1",
-        namespace: ns,
-        plural: "volumesnapshots",
-        name,
-      })) as { status?: { readyToUse?: boolean; error?: { message?: string } } };
-      if (s.status?.error?.message)
-        throw new FinalError(`snapshot ${name} failed: ${s.status.error.message}`);
-      return s.status?.readyToUse === true;
-    },
     180_000,
   );
 }
@@ -267,7 +234,7 @@ describe("changed blocks of a thin Block volume between two snapshots", () => {
     expect(round1).toContain("done");
     cluster2AtA = hashes(round1)[2] ?? "";
     expect(cluster2AtA).toMatch(/^[0-9a-f]{64}$/);
-    await snapshot("a", "data");
+    await createVolumeSnapshot(lab, ns, "a", "data");
 
     const round2 = await runScript(
       "write-b",
@@ -289,7 +256,7 @@ describe("changed blocks of a thin Block volume between two snapshots", () => {
         .sort((a, b) => a - b),
     ).toEqual(WRITTEN);
     expect(atB[2]).not.toBe(cluster2AtA);
-    await snapshot("b", "data");
+    await createVolumeSnapshot(lab, ns, "b", "data");
   }, 900_000);
 
   test("GetMetadataAllocated: A holds clusters 0-3, B also 5 and 9, in clusters of 4 MiB", async () => {

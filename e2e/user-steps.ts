@@ -3,9 +3,9 @@
 // workload that holds, the Events `kubectl describe` shows, taking a test's namespace down, and
 // the replicated suites' StorageClass.
 import { randomBytes } from "node:crypto";
-import type * as k8s from "@kubernetes/client-node";
+import * as k8s from "@kubernetes/client-node";
 import { kubeError } from "../lib/kube/resource.ts";
-import { deletePod, type E2eLab, until, type WorkloadReport, workloadPod } from "./support.ts";
+import { deletePod, type E2eLab, FinalError, until, type WorkloadReport, workloadPod } from "./support.ts";
 
 export const DRIVER = "storage.distort.io";
 export const SELECTED_NODE = "volume.kubernetes.io/selected-node";
@@ -188,4 +188,39 @@ export async function replicatedStorageClass(
     },
   });
   return sc;
+}
+
+/** The chart's VolumeSnapshotClass in the lab. */
+export const SNAPSHOT_CLASS = "distort-snapshots";
+
+/** Creates VolumeSnapshot `name` of `claim` in `ns` and waits until it is ready to use. */
+export async function createVolumeSnapshot(
+  lab: E2eLab,
+  ns: string,
+  name: string,
+  claim: string,
+): Promise<void> {
+  const custom = lab.conn.api(k8s.CustomObjectsApi);
+  const ref = { group: "snapshot.storage.k8s.io", version: "v1", namespace: ns, plural: "volumesnapshots" };
+  await custom.createNamespacedCustomObject({
+    ...ref,
+    body: {
+      apiVersion: `${ref.group}/${ref.version}`,
+      kind: "VolumeSnapshot",
+      metadata: { name },
+      spec: { volumeSnapshotClassName: SNAPSHOT_CLASS, source: { persistentVolumeClaimName: claim } },
+    },
+  });
+  await until(
+    `VolumeSnapshot ${ns}/${name} ready to use`,
+    async () => {
+      const s = (await custom.getNamespacedCustomObject({ ...ref, name })) as {
+        status?: { readyToUse?: boolean; error?: { message?: string } };
+      };
+      if (s.status?.error?.message)
+        throw new FinalError(`snapshot ${name} failed: ${s.status.error.message}`);
+      return s.status?.readyToUse === true;
+    },
+    180_000,
+  );
 }
