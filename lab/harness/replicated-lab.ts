@@ -140,10 +140,23 @@ export async function startReplicatedLab(o: ReplicatedLabOptions): Promise<Repli
 /**
  * Starts an agent as a child process (this checkout's agent/main.ts) and resolves once it is
  * ready (/readyz on a health port of its own) or rejects when it exits first or takes over 60 s.
+ * The port is drawn below Linux's ephemeral range (32768 up); an agent that exits before it is
+ * ready (another process took the port first) is started again on another, twice at most.
  * stop() is SIGTERM, then SIGKILL after 10 s.
  */
 async function spawnAgent(env: Record<string, string>, node: string): Promise<LabAgent> {
-  const port = 20000 + Math.floor(Math.random() * 20000);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await spawnAgentOnce(env, node, 20000 + Math.floor(Math.random() * 12000));
+    } catch (err) {
+      if (!(err instanceof AgentExitedEarly) || attempt >= 3) throw err;
+    }
+  }
+}
+
+class AgentExitedEarly extends Error {}
+
+async function spawnAgentOnce(env: Record<string, string>, node: string, port: number): Promise<LabAgent> {
   const child = Bun.spawn([process.execPath, join(import.meta.dir, "../../agent/main.ts")], {
     env: {
       ...env,
@@ -165,7 +178,9 @@ async function spawnAgent(env: Record<string, string>, node: string): Promise<La
   const deadline = Date.now() + 60_000;
   for (;;) {
     if (child.exitCode !== null || child.signalCode !== null)
-      throw new Error(`agent of ${node} exited before it was ready (${child.exitCode ?? child.signalCode})`);
+      throw new AgentExitedEarly(
+        `agent of ${node} exited before it was ready (${child.exitCode ?? child.signalCode}), health port ${port}`,
+      );
     const ready = await fetch(`http://127.0.0.1:${port}/readyz`).then(
       (r) => r.ok,
       () => false,
