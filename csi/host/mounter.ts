@@ -6,8 +6,14 @@ import { StorageError } from "../../lib/errors.ts";
 import { type Exec, type ExecOptions, runChecked } from "../../lib/exec.ts";
 import type { HostFs } from "../../lib/fs.ts";
 import { blkidArgv, type DeviceContent, interpretBlkid } from "../../lib/host/blkid.ts";
+import {
+  attachArgv,
+  detachArgv,
+  LOSETUP_LIST_ARGV,
+  parseAttached,
+  parseLosetupList,
+} from "../../lib/host/losetup.ts";
 import { mountArgv } from "../../lib/host/mount-argv.ts";
-import { attachArgv, detachArgv, LOSETUP_LIST_ARGV, parseAttached, parseLosetupList } from "./losetup.ts";
 import { type MountEntry, mountsAt, parseMountinfo } from "./mountinfo.ts";
 
 /** Filesystems the node formats and mounts. */

@@ -6,9 +6,9 @@
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { detachArgv, LOSETUP_LIST_ARGV, parseLosetupList } from "../../../csi/host/losetup.ts";
 import { errorMessage } from "../../../lib/errors.ts";
 import { hostExec, runChecked } from "../../../lib/exec.ts";
+import { detachArgv, LOSETUP_LIST_ARGV, parseLosetupList } from "../../../lib/host/losetup.ts";
 import { createLogger, type Logger } from "../../../lib/log.ts";
 import { stopOnSignals } from "../../../lib/signals.ts";
 import { mountBlockFiles } from "../fuse/block-files.ts";

@@ -3,7 +3,6 @@
 // ctrl_loss_tmo, fast_io_fail_tmo, and one block device per namespace (a FUSE file under a loop
 // device) whose every read, write, flush, discard and write-zeroes is a command on a live path.
 
-import { detachArgv, parseAttached, setCapacityArgv } from "../../../csi/host/losetup.ts";
 import {
   type ConnectedSubsystem,
   type ConnectParams,
@@ -15,6 +14,7 @@ import { KeyedMutex } from "../../../lib/concurrency/keyed-mutex.ts";
 import { StorageError } from "../../../lib/errors.ts";
 import type { Exec } from "../../../lib/exec.ts";
 import { runChecked } from "../../../lib/exec.ts";
+import { detachArgv, parseAttached, setCapacityArgv } from "../../../lib/host/losetup.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { connectController, type FabricController, type SimFabric } from "../spdk/fabric.ts";
 import type { AnaState, NamespaceInfo } from "../spdk/fabric-protocol.ts";

@@ -2,7 +2,7 @@
 // `losetup --list --json`. Used for read-only views of raw block volumes, and by the lab's
 // initiator that stands loop devices in for NVMe namespaces.
 import * as v from "valibot";
-import { StorageError } from "../../lib/errors.ts";
+import { StorageError } from "../errors.ts";
 
 /** One attached loop device. */
 export interface LoopDevice {

@@ -1,6 +1,6 @@
 // losetup argv and --list --json parsing (util-linux 2.38 output, older string forms too).
 import { expect, test } from "bun:test";
-import { StorageError } from "../../lib/errors.ts";
+import { StorageError } from "../errors.ts";
 import { attachArgv, detachArgv, parseAttached, parseLosetupList, setCapacityArgv } from "./losetup.ts";
 
 test.each<[string, Parameters<typeof attachArgv>[1], string[]]>([
