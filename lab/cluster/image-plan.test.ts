@@ -9,6 +9,7 @@ import {
   baseKey,
   binaryKey,
   combinedKey,
+  compileEntries,
   type FileDigest,
   IMAGE_NAMES,
   IMAGES,
@@ -166,7 +167,9 @@ describe("the plan matches the repository", () => {
       const text = readFileSync(join(REPO, spec.containerfile), "utf8");
       for (const src of Object.values(spec.contexts)) {
         if (src.kind !== "binary") continue;
-        expect(text).toContain(`${BINARIES[src.binary].entry} --outfile /out/${src.binary}`);
+        expect(text).toContain(
+          `${compileEntries(BINARIES[src.binary]).join(" ")} --outfile /out/${src.binary}`,
+        );
       }
     }
   });
@@ -187,7 +190,7 @@ describe("the plan matches the repository", () => {
     ]);
     for (const [name, spec] of Object.entries(BINARIES)) {
       const result = await Bun.build({
-        entrypoints: [join(REPO, spec.entry)],
+        entrypoints: compileEntries(spec).map((e) => join(REPO, e)),
         target: "bun",
         metafile: true,
         packages: "external",

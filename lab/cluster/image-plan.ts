@@ -43,6 +43,17 @@ export interface BinarySpec {
    * bun's own list of bundle inputs.
    */
   readonly sources: readonly string[];
+  /**
+   * Worker scripts the binary starts (`new Worker`), compiled in as further entry points: a
+   * standalone executable holds only what its command line names, and a Worker's file is loaded
+   * by path, not imported.
+   */
+  readonly workers?: readonly string[];
+}
+
+/** The entry points of `spec` in `bun build --compile` order: the main one, then its workers. */
+export function compileEntries(spec: BinarySpec): readonly string[] {
+  return [spec.entry, ...(spec.workers ?? [])];
 }
 
 /** The Containerfiles' build stages compile exactly these (same entry, same flags). */
@@ -51,7 +62,12 @@ export const BINARIES: Readonly<Record<BinaryName, BinarySpec>> = {
   "distort-agent": { entry: "agent/main.ts", sources: ["api", "gen", "lib", "agent"] },
   "distort-csi": { entry: "csi/main.ts", sources: ["api", "gen", "lib", "csi"] },
   "distort-dpu": { entry: "dpu/main.ts", sources: ["api", "gen", "lib", "dpu"] },
-  nvmf_tgt: { entry: "lab/sim/spdk/nvmf-tgt.ts", sources: ["api", "gen", "lib", "lab/sim"] },
+  nvmf_tgt: {
+    entry: "lab/sim/spdk/nvmf-tgt.ts",
+    sources: ["api", "gen", "lib", "lab/sim"],
+    // The NBD stand-in's FUSE server (lab/sim/spdk/nbd.ts) reads /dev/fuse on this thread.
+    workers: ["lab/sim/fuse/dev-reader-worker.ts"],
+  },
   "distort-agent-kernel-lab": {
     entry: "lab/kernel-agent.ts",
     sources: ["api", "gen", "lib", "agent", "lab/kernel-agent.ts", "lab/sim"],
@@ -263,7 +279,7 @@ export function binaryKey(
     bunVersion,
     arch,
     BUN_COMPILE_FLAGS.join(" "),
-    spec.entry,
+    ...compileEntries(spec),
     ...picked,
   ]).slice(0, 24);
 }

@@ -28,6 +28,7 @@ import {
   baseKey,
   binaryKey,
   combinedKey,
+  compileEntries,
   type FileDigest,
   IMAGE_NAMES,
   IMAGES,
@@ -352,11 +353,11 @@ async function ensureBinary(
         process.execPath,
         ...BUN_COMPILE_FLAGS,
         `--target=bun-linux-${ARCH}`,
-        spec.entry,
+        ...compileEntries(spec),
         "--outfile",
         join(partial, "out", name),
       ],
-      { cwd: repo, what: `bun build --compile ${spec.entry}` },
+      { cwd: repo, what: `bun build --compile ${compileEntries(spec).join(" ")}` },
     ),
   );
   rmSync(dir, { recursive: true, force: true });

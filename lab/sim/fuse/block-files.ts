@@ -2,7 +2,7 @@
 // process, whose root directory holds one file per block device, each backed by a handler. losetup
 // on such a file gives a real block device whose every read, write, flush and discard reaches the
 // handler. A Worker thread reads /dev/fuse; requests are answered here on the main thread.
-import { closeSync, openSync, realpathSync, writevSync } from "node:fs";
+import { closeSync, type Dirent as FsDirent, openSync, readdirSync, realpathSync, writevSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { LibcError } from "../spdk/libc.ts";
@@ -256,7 +256,7 @@ class FuseBlockServer implements BlockFileServer {
     this.ended = new Promise<void>((r) => {
       this.#endedResolve = r;
     });
-    this.#worker = new Worker(new URL("./dev-reader-worker.ts", import.meta.url).href);
+    this.#worker = new Worker(readerWorkerUrl());
     this.#worker.onmessage = (e: MessageEvent<ArrayBuffer | ReaderEnd>) => {
       if (e.data instanceof ArrayBuffer) this.#onRequest(e.data);
       else this.#onEnd(e.data.end);
@@ -683,4 +683,40 @@ class FuseBlockServer implements BlockFileServer {
     }
     this.#reply(req, 0);
   }
+}
+
+const READER_WORKER = "dev-reader-worker";
+
+/**
+ * Where the reader thread's script is. From sources, beside this file. In a standalone executable
+ * (`bun build --compile` with the worker as a further entry point, lab/cluster/image-plan.ts) every
+ * module's URL is the executable's, and the worker lies in the embedded file system under its path
+ * relative to the entry points' common directory (which depends on the binary) and with a .js
+ * extension once minified: found by name there.
+ */
+export function readerWorkerUrl(): string {
+  const here = new URL(`./${READER_WORKER}.ts`, import.meta.url);
+  if (!here.pathname.startsWith("/$bunfs/")) return here.href;
+  const found = findFile("/$bunfs/root", [`${READER_WORKER}.js`, `${READER_WORKER}.ts`], 4);
+  if (!found) {
+    throw new Error(`${READER_WORKER}.ts is not in this executable: compile it in as an entry point`);
+  }
+  return found;
+}
+
+function findFile(dir: string, names: readonly string[], depth: number): string | undefined {
+  let entries: FsDirent[];
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return undefined;
+  }
+  for (const e of entries) if (names.includes(e.name) && !e.isDirectory()) return `${dir}/${e.name}`;
+  if (depth === 0) return undefined;
+  for (const e of entries) {
+    if (!e.isDirectory()) continue;
+    const found = findFile(`${dir}/${e.name}`, names, depth - 1);
+    if (found) return found;
+  }
+  return undefined;
 }
