@@ -7,6 +7,7 @@ import { existsSync, mkdirSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import { type Clock, realClock } from "../../../lib/clock.ts";
 import { StorageError } from "../../../lib/errors.ts";
+import { type Exec, hostExec } from "../../../lib/exec.ts";
 import { type Logger, silentLogger } from "../../../lib/log.ts";
 import { App, type AppConfig, type SimSpdkVersion } from "./app.ts";
 import { checkRange, type FileExtent, zeroRange } from "./block-io.ts";
@@ -19,10 +20,12 @@ import { frameworkMethods } from "./methods/framework.ts";
 import { fsdevMethods } from "./methods/fsdev.ts";
 import { keyringMethods } from "./methods/keyring.ts";
 import { lvolMethods } from "./methods/lvol.ts";
+import { nbdMethods } from "./methods/nbd.ts";
 import { nvmeMethods } from "./methods/nvme.ts";
 import { nvmeSendCmdMethods } from "./methods/nvme-send-cmd.ts";
 import { nvmfMethods } from "./methods/nvmf.ts";
 import { raidMethods } from "./methods/raid.ts";
+import { NbdExports } from "./nbd.ts";
 import type { ListenAddress, Trtype } from "./nvmf-target.ts";
 import { RPC_POLL_MS, RpcServer } from "./rpc-server.ts";
 import { type PreparedDrive, prepareDrives, type SimDrive } from "./sim-drive.ts";
@@ -75,6 +78,18 @@ export interface SpdkEmulatorOptions {
   readonly hostAddresses?: readonly string[];
   /** The SPDK release to pose as (AppConfig.spdkVersion); default the recorded v25.05.1. */
   readonly spdkVersion?: SimSpdkVersion;
+  /**
+   * Enables nbd_start_disk / nbd_stop_disk / nbd_get_disks (SPDK's NBD export, as SNAP has it):
+   * a directory this emulator mounts a FUSE block-files file system on (needs root and
+   * /dev/fuse), one file per exported bdev, each attached to a loop device that stands in for
+   * /dev/nbdN. Each process incarnation mounts it at start (clearing what a killed predecessor
+   * left: its loop devices detached, its dead mount detached) and tears every export down and
+   * unmounts when it stops, crashes or is closed. Without it the nbd methods are absent
+   * ("Method not found") and nothing is mounted.
+   */
+  readonly nbdMountpoint?: string;
+  /** Runs losetup and blockdev for the NBD stand-in; default the host's. */
+  readonly nbdExec?: Exec;
 }
 
 /** Where the emulated process is in its life. */
@@ -227,6 +242,7 @@ class Emulator implements SpdkEmulator {
   #status: EmulatorStatus = "down";
   #app: App | undefined;
   #rpc: RpcServer | undefined;
+  #nbd: NbdExports | undefined;
   readonly #exitListeners: ((signal: string) => void)[] = [];
 
   constructor(
@@ -258,6 +274,25 @@ class Emulator implements SpdkEmulator {
       resumeRpc: () => this.#rpc?.resume(),
       kill: (signal) => void this.#killed(app, signal),
     });
+    let nbd: NbdExports | undefined;
+    if (this.opts.nbdMountpoint !== undefined) {
+      try {
+        nbd = await NbdExports.open({
+          mountpoint: this.opts.nbdMountpoint,
+          registry: app.registry,
+          exec: this.opts.nbdExec ?? hostExec,
+          logger: this.config.logger,
+        });
+      } catch (err) {
+        throw new StorageError(
+          "unavailable",
+          `cannot serve NBD disks on ${this.opts.nbdMountpoint}: ${String(err)}`,
+          {
+            cause: err,
+          },
+        );
+      }
+    }
     for (const m of [
       ...frameworkMethods(app, () => methods),
       ...bdevMethods(app),
@@ -268,6 +303,7 @@ class Emulator implements SpdkEmulator {
       ...nvmfMethods(app),
       ...keyringMethods(app),
       ...fsdevMethods(app),
+      ...(nbd ? nbdMethods(app, nbd) : []),
     ]) {
       methods.set(m.name, m);
     }
@@ -282,6 +318,7 @@ class Emulator implements SpdkEmulator {
     try {
       await rpc.start();
     } catch (err) {
+      await nbd?.close();
       const busy = (err as { errno?: number }).errno === 16;
       throw new StorageError(
         busy ? "precondition" : "unavailable",
@@ -293,6 +330,7 @@ class Emulator implements SpdkEmulator {
     }
     this.#app = app;
     this.#rpc = rpc;
+    this.#nbd = nbd;
     this.#status = "up";
     this.config.logger.info("nvmf_tgt emulator up", {
       socket: this.opts.socketPath,
@@ -430,10 +468,15 @@ class Emulator implements SpdkEmulator {
   async #stop(crash: boolean): Promise<void> {
     const app = this.#app;
     const rpc = this.#rpc;
+    const nbd = this.#nbd;
     this.#app = undefined;
     this.#rpc = undefined;
+    this.#nbd = undefined;
     this.#status = "down";
     await rpc?.stop(crash);
+    // Even a crash detaches: a dead SPDK's NBD disks lose their socket and fail, and a loop device
+    // over a file no process serves would outlive the emulator (the crash is in-process).
+    await nbd?.close();
     if (!app) return;
     app.nvme.crash();
     if (crash) await app.target.crash();

@@ -30,6 +30,8 @@ export interface NvmfTgtArgs {
   readonly rpcPollMs?: number;
   /** --sim-spdk-version: the release posed as (absent: the lab's default, 26.01). */
   readonly spdkVersion?: "25.05.1" | "26.01";
+  /** --sim-nbd-dir: enables the nbd_* methods, their block files mounted here (SNAP's stand-in). */
+  readonly nbdDir?: string;
   /** Real nvmf_tgt options accepted and ignored (memory, tracing, PCI filters...). */
   readonly ignored: readonly string[];
 }
@@ -53,6 +55,9 @@ export const USAGE = `usage: nvmf-tgt.ts [options]
       --sim-host-addresses <l> comma list of the node's IP addresses, or auto (this network
                              namespace's own); listeners elsewhere are refused like a failed
                              bind(); default: any address
+      --sim-nbd-dir <dir>    enable nbd_start_disk/nbd_stop_disk/nbd_get_disks: each exported
+                             bdev is a FUSE file mounted on <dir> behind a loop device, whose
+                             /dev/loopN stands in for /dev/nbdN (root and /dev/fuse); default off
   accepted and ignored: -s/--mem-size, -i/--shm-id, -e/--tpoint-group, -L/--logflag,
       -p/--main-core, -n/--mem-channels, --huge-dir, --iova-mode, --num-trace-entries,
       -A/--pci-allowed, -B/--pci-blocked, --no-huge, -R/--huge-unlink, -g/--single-file-segments,
@@ -109,6 +114,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
   let hostAddresses: string[] | undefined;
   let rpcPollMs: number | undefined;
   let spdkVersion: "25.05.1" | "26.01" | undefined;
+  let nbdDir: string | undefined;
   const ignored: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     let arg = argv[i] as string;
@@ -198,6 +204,10 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
           throw new UsageError(`--sim-rpc-poll-ms takes whole milliseconds from 0 to 1000, got ${raw}`);
         break;
       }
+      case "--sim-nbd-dir":
+        nbdDir = value();
+        if (nbdDir === "") throw new UsageError("--sim-nbd-dir needs a directory");
+        break;
       default:
         if (IGNORED_WITH_VALUE.has(arg)) ignored.push(`${arg} ${value()}`);
         else if (IGNORED_FLAGS.has(arg)) ignored.push(arg);
@@ -221,6 +231,7 @@ export function parseArgs(argv: readonly string[]): NvmfTgtArgs | "help" {
     ...(hostAddresses ? { hostAddresses } : {}),
     ...(rpcPollMs === undefined ? {} : { rpcPollMs }),
     ...(spdkVersion === undefined ? {} : { spdkVersion }),
+    ...(nbdDir === undefined ? {} : { nbdDir }),
     ignored,
   };
 }
@@ -255,6 +266,7 @@ export async function run(
     ...(args.rpcPollMs === undefined ? {} : { rpcPollMs: args.rpcPollMs }),
     // The lab's target carries the TLS-PSK salt fix unless told to pose as the recorded release.
     spdkVersion: args.spdkVersion ?? "26.01",
+    ...(args.nbdDir === undefined ? {} : { nbdMountpoint: args.nbdDir }),
     logger: log,
   });
   return new Promise<number>((resolve) => {
