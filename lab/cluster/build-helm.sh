@@ -42,9 +42,10 @@ log "building helm $HELM_VERSION ($mod, default KubeVersion v$kmajor.$kminor.0) 
   go get -tool "$mod/cmd/helm@$HELM_VERSION"
   log "modules ready after $((SECONDS - t0))s; compiling"
   mkdir -p "$out"
-  # Build beside the cache entry and rename, so an interrupted build never leaves a half binary.
-  go build -trimpath -ldflags "$ld" -o "$out/.helm.partial" "$mod/cmd/helm"
-  mv "$out/.helm.partial" "$out/helm"
+  # Build beside the cache entry and rename, so an interrupted build never leaves a half binary;
+  # the partial name carries this shell's pid, so two builds racing for one entry each rename their own.
+  go build -trimpath -ldflags "$ld" -o "$out/.helm.partial.$$" "$mod/cmd/helm"
+  mv "$out/.helm.partial.$$" "$out/helm"
 )
 got=$("$out/helm" version --template '{{.Version}}')
 if [ "$got" != "$HELM_VERSION" ]; then

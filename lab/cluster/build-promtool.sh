@@ -32,8 +32,8 @@ log "building promtool $PROMETHEUS_VERSION (release $release) into $out"
   log "modules ready after $((SECONDS - t0))s; compiling"
   mkdir -p "$out"
   # Build beside the cache entry and rename, so an interrupted build never leaves a half binary.
-  go build -trimpath -ldflags "$ld" -o "$out/.promtool.partial" github.com/prometheus/prometheus/cmd/promtool
-  mv "$out/.promtool.partial" "$out/promtool"
+  go build -trimpath -ldflags "$ld" -o "$out/.promtool.partial.$$" github.com/prometheus/prometheus/cmd/promtool
+  mv "$out/.promtool.partial.$$" "$out/promtool"
 )
 if ! "$out/promtool" --version 2>&1 | grep -q "version $release"; then
   log "built promtool does not report version $release (version stamping failed)"

@@ -65,9 +65,10 @@ build_kube() {
     for b in "${missing[@]}"; do
       local tb=$SECONDS
       log "compiling $b"
-      # Build beside the cache entry and rename, so an interrupted build never leaves a half binary.
-      go build -trimpath -ldflags "$ld" -o "$out/.$b.partial" "k8s.io/kubernetes/cmd/$b"
-      mv "$out/.$b.partial" "$out/$b"
+      # Build beside the cache entry and rename, so an interrupted build never leaves a half binary;
+      # the partial name carries this shell's pid, so two builds racing for one entry each rename their own.
+      go build -trimpath -ldflags "$ld" -o "$out/.$b.partial.$$" "k8s.io/kubernetes/cmd/$b"
+      mv "$out/.$b.partial.$$" "$out/$b"
       log "$b compiled in $((SECONDS - tb))s"
     done
   )
