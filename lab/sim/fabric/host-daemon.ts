@@ -7,11 +7,11 @@ import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { errorMessage } from "../../../lib/errors.ts";
-import { hostExec, runChecked } from "../../../lib/exec.ts";
-import { detachArgv, LOSETUP_LIST_ARGV, parseLosetupList } from "../../../lib/host/losetup.ts";
-import { createLogger, type Logger } from "../../../lib/log.ts";
+import { hostExec } from "../../../lib/exec.ts";
+import { createLogger } from "../../../lib/log.ts";
 import { stopOnSignals } from "../../../lib/signals.ts";
 import { mountBlockFiles } from "../fuse/block-files.ts";
+import { detachLoopsUnder } from "../fuse/leftover-loops.ts";
 import { createFabric, createTcpFabric } from "../spdk/fabric.ts";
 import { serveHostControl } from "./host-control.ts";
 import { NvmeHost } from "./nvme-host.ts";
@@ -65,19 +65,6 @@ function hostId(dir: string): string {
   return readFileSync(path, "utf8").trim();
 }
 
-/**
- * Loop devices a previous incarnation left over the mount (it was killed: its FUSE connection is
- * dead, as after a host crash): detached, deferred by the kernel while something has them open.
- */
-async function detachLeftovers(mountpoint: string, log: Logger): Promise<void> {
-  const loops = parseLosetupList(await runChecked(hostExec, LOSETUP_LIST_ARGV, { timeoutMs: 30_000 }));
-  for (const l of loops) {
-    if (!l.backFile.startsWith(`${mountpoint}/`)) continue;
-    await runChecked(hostExec, detachArgv(l.name), { timeoutMs: 30_000 }).catch(() => {});
-    log.info("detached a loop device left by the previous host", { device: l.name, file: l.backFile });
-  }
-}
-
 if (import.meta.main) {
   let args: HostDaemonArgs;
   try {
@@ -93,7 +80,7 @@ if (import.meta.main) {
     mkdirSync(mountpoint, { recursive: true });
     // A mount the previous incarnation left (outside a private mount namespace) goes first.
     Bun.spawnSync(["umount", "-l", mountpoint]);
-    await detachLeftovers(mountpoint, log);
+    await detachLoopsUnder(hostExec, mountpoint, log);
     const files = await mountBlockFiles({ mountpoint, logger: log });
     const host = new NvmeHost({
       fabric: args.fabric === "tcp" ? createTcpFabric() : createFabric(args.fabric.dir),

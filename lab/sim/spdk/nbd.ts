@@ -4,7 +4,7 @@
 import { mkdirSync } from "node:fs";
 import { errorMessage } from "../../../lib/errors.ts";
 import { type Exec, runChecked } from "../../../lib/exec.ts";
-import { detachArgv, LOSETUP_LIST_ARGV, parseAttached, parseLosetupList } from "../../../lib/host/losetup.ts";
+import { detachArgv, parseAttached } from "../../../lib/host/losetup.ts";
 import type { Logger } from "../../../lib/log.ts";
 import {
   type BlockFileHandler,
@@ -12,6 +12,7 @@ import {
   BlockIoError,
   mountBlockFiles,
 } from "../fuse/block-files.ts";
+import { detachLoopsUnder } from "../fuse/leftover-loops.ts";
 import type { Bdev, BdevRegistry } from "./bdev.ts";
 import { zeroRange } from "./block-io.ts";
 import { Errno, ErrnoError, errnoOf } from "./rpc-error.ts";
@@ -165,16 +166,6 @@ export class NbdExports {
 
   #run(argv: string[]): Promise<string> {
     return runChecked(this.#opts.exec, argv, { timeoutMs: this.#opts.timeoutMs ?? 30_000 });
-  }
-}
-
-/** Loop devices over files under `dir` (a killed predecessor's), detached. */
-async function detachLoopsUnder(exec: Exec, dir: string, log: Logger, timeoutMs = 30_000): Promise<void> {
-  const loops = parseLosetupList(await runChecked(exec, LOSETUP_LIST_ARGV, { timeoutMs }));
-  for (const l of loops) {
-    if (!l.backFile.startsWith(`${dir}/`)) continue;
-    await runChecked(exec, detachArgv(l.name), { timeoutMs }).catch(() => {});
-    log.info("detached a loop device left by a previous incarnation", { device: l.name, file: l.backFile });
   }
 }
 
